@@ -1,0 +1,43 @@
+// Shared helpers for the Lua bindings and their module entry points.
+#pragma once
+
+#include <lauxlib.h>
+#include <lua.h>
+
+/// Opens `wsync._core`: version, status names, build features, ffi cdef.
+int luaopen_wsync_core(lua_State *L);
+
+/// Opens `wsync._manifest`: streaming SHA-256 manifests.
+int luaopen_wsync_manifest(lua_State *L);
+
+/// Opens `wsync._shm`: shared-memory buffers of the host backend.
+int luaopen_wsync_shm(lua_State *L);
+
+/// Opens `wsync._device`: device identity and memory per backend.
+int luaopen_wsync_device(lua_State *L);
+
+/// Message handler for protected calls: adds a traceback to string errors and
+/// a `traceback` field to error objects.
+int ws_lua_message_handler(lua_State *L);
+
+/// Pushes `nil, message, CODE` for a failed core call and returns 3, the
+/// binding's return count. The message is the core's detail or the generic
+/// message of the status.
+int ws_lua_push_failure(lua_State *L, int status);
+
+/// Creates a boxed-pointer userdata holding `pointer` with the named metatable
+/// (created by ws_lua_new_class) and leaves it on the stack.
+void ws_lua_push_box(lua_State *L, const char *class_name, void *pointer);
+
+/// Returns the pointer in the box at `index`; raises an argument error naming
+/// the expected class when the value is something else or is closed.
+void *ws_lua_check_box(lua_State *L, int index, const char *class_name);
+
+/// Returns the box slot at `index` (raising when it is the wrong class) so
+/// that close() can read and NULL it; the slot may hold NULL.
+void **ws_lua_check_slot(lua_State *L, int index, const char *class_name);
+
+/// Creates the metatable `class_name` with `methods` as __index and `__gc`,
+/// `__tostring` taken from `metamethods`; leaves nothing on the stack.
+void ws_lua_new_class(lua_State *L, const char *class_name,
+                      const luaL_Reg *methods, const luaL_Reg *metamethods);

@@ -1,0 +1,46 @@
+// `wsync._core`: version, status table, build features and the ffi cdef.
+#include "bindings.h"
+#include "device.h"
+#include "scripts.h"
+#include "status.h"
+
+// _core.status_name(code) -> "EINVAL"
+static int core_status_name(lua_State *L) {
+  lua_pushstring(L, ws_status_name((int)luaL_checkinteger(L, 1)));
+  return 1;
+}
+
+// _core.status_message(code) -> "invalid argument"
+static int core_status_message(lua_State *L) {
+  lua_pushstring(L, ws_status_message((int)luaL_checkinteger(L, 1)));
+  return 1;
+}
+
+// Pushes {NAME = code, ...} for every status in the table.
+static void push_status_codes(lua_State *L) {
+  lua_newtable(L);
+#define WS_STATUS_FIELD(name, value, message)                                  \
+  lua_pushinteger(L, value);                                                   \
+  lua_setfield(L, -2, #name);
+  WS_STATUS_TABLE(WS_STATUS_FIELD)
+#undef WS_STATUS_FIELD
+}
+
+int luaopen_wsync_core(lua_State *L) {
+  static const luaL_Reg functions[] = {
+      {"status_name", core_status_name},
+      {"status_message", core_status_message},
+      {NULL, NULL},
+  };
+  lua_newtable(L);
+  luaL_register(L, NULL, functions);
+  lua_pushstring(L, WSYNC_VERSION);
+  lua_setfield(L, -2, "version");
+  push_status_codes(L);
+  lua_setfield(L, -2, "status");
+  lua_pushboolean(L, ws_device_cuda_built());
+  lua_setfield(L, -2, "cuda_built");
+  lua_pushstring(L, ws_ffi_cdef);
+  lua_setfield(L, -2, "cdef");
+  return 1;
+}

@@ -1,0 +1,125 @@
+// `wsync._manifest`: streaming manifests over structural tensor records.
+#include "bindings.h"
+#include "manifest.h"
+
+static const char manifest_class[] = "wsync.manifest";
+
+static ws_dtype check_dtype(lua_State *L, int index) {
+  size_t length = 0;
+  const char *name = luaL_checklstring(L, index, &length);
+  ws_dtype dtype = ws_dtype_from_name(name, length);
+  if (dtype == WS_DTYPE_COUNT)
+    luaL_argerror(L, index, lua_pushfstring(L, "unknown dtype '%s'", name));
+  return dtype;
+}
+
+static int check_shape(lua_State *L, int index, int64_t *shape) {
+  luaL_checktype(L, index, LUA_TTABLE);
+  int dims = (int)lua_objlen(L, index);
+  if (dims > WS_MANIFEST_MAX_DIMS)
+    luaL_argerror(L, index,
+                  lua_pushfstring(L, "shape has %d dimensions, at most %d",
+                                  dims, WS_MANIFEST_MAX_DIMS));
+  for (int i = 0; i < dims; i++) {
+    lua_rawgeti(L, index, i + 1);
+    if (!lua_isnumber(L, -1))
+      luaL_argerror(L, index,
+                    lua_pushfstring(L, "shape[%d] is not a number", i + 1));
+    lua_Number value = lua_tonumber(L, -1);
+    shape[i] = (int64_t)value;
+    if ((lua_Number)shape[i] != value)
+      luaL_argerror(L, index,
+                    lua_pushfstring(L, "shape[%d] is not an integer", i + 1));
+    lua_pop(L, 1);
+  }
+  return dims;
+}
+
+// _manifest.new() -> manifest | nil, message, CODE
+static int manifest_new(lua_State *L) {
+  ws_manifest *manifest = NULL;
+  int status = ws_manifest_new(&manifest);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  ws_lua_push_box(L, manifest_class, manifest);
+  return 1;
+}
+
+// manifest:add(name, dtype, shape) -> manifest | nil, message, CODE
+static int manifest_add(lua_State *L) {
+  ws_manifest *manifest = ws_lua_check_box(L, 1, manifest_class);
+  size_t name_length = 0;
+  const char *name = luaL_checklstring(L, 2, &name_length);
+  ws_dtype dtype = check_dtype(L, 3);
+  int64_t shape[WS_MANIFEST_MAX_DIMS];
+  int dims = check_shape(L, 4, shape);
+  int status = ws_manifest_add(manifest, name, name_length, dtype, shape, dims);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_settop(L, 1);
+  return 1;
+}
+
+// manifest:finish() -> hex digest | nil, message, CODE
+static int manifest_finish(lua_State *L) {
+  ws_manifest *manifest = ws_lua_check_box(L, 1, manifest_class);
+  char hex[WS_MANIFEST_HEX_LENGTH + 1];
+  int status = ws_manifest_finish(manifest, hex);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushlstring(L, hex, WS_MANIFEST_HEX_LENGTH);
+  return 1;
+}
+
+// manifest:count() -> records added
+static int manifest_count(lua_State *L) {
+  ws_manifest *manifest = ws_lua_check_box(L, 1, manifest_class);
+  lua_pushnumber(L, (lua_Number)ws_manifest_count(manifest));
+  return 1;
+}
+
+// manifest:bytes() -> sum of the records' byte counts
+static int manifest_bytes(lua_State *L) {
+  ws_manifest *manifest = ws_lua_check_box(L, 1, manifest_class);
+  lua_pushnumber(L, (lua_Number)ws_manifest_bytes(manifest));
+  return 1;
+}
+
+// manifest:close(); also the __gc safety net
+static int manifest_close(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, manifest_class);
+  ws_manifest_free(*slot);
+  *slot = NULL;
+  return 0;
+}
+
+static int manifest_tostring(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, manifest_class);
+  if (*slot == NULL)
+    lua_pushstring(L, "wsync.manifest (closed)");
+  else
+    lua_pushfstring(L, "wsync.manifest (%d records)",
+                    (int)ws_manifest_count(*slot));
+  return 1;
+}
+
+int luaopen_wsync_manifest(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"add", manifest_add},       {"finish", manifest_finish},
+      {"count", manifest_count},   {"bytes", manifest_bytes},
+      {"close", manifest_close},   {NULL, NULL},
+  };
+  static const luaL_Reg metamethods[] = {
+      {"__gc", manifest_close},
+      {"__tostring", manifest_tostring},
+      {NULL, NULL},
+  };
+  static const luaL_Reg functions[] = {
+      {"new", manifest_new},
+      {NULL, NULL},
+  };
+  ws_lua_new_class(L, manifest_class, methods, metamethods);
+  lua_newtable(L);
+  luaL_register(L, NULL, functions);
+  return 1;
+}

@@ -1,0 +1,152 @@
+// `wsync._shm`: shared-memory buffers of the host backend.
+#include "bindings.h"
+#include "shm.h"
+
+#include <string.h>
+
+static const char shm_class[] = "wsync.shm";
+
+// Checks that [offset, offset + length) lies inside the buffer.
+static void check_range(lua_State *L, ws_shm *shm, lua_Number offset,
+                        lua_Number length) {
+  lua_Number size = (lua_Number)ws_shm_size(shm);
+  if (offset < 0 || length < 0 || offset + length > size ||
+      offset != (lua_Number)(size_t)offset)
+    luaL_error(L, "range [%f, %f) is outside the %f-byte buffer", offset,
+               offset + length, size);
+}
+
+// _shm.create(bytes) -> buffer | nil, message, CODE
+static int shm_create(lua_State *L) {
+  lua_Number size = luaL_checknumber(L, 1);
+  if (size < 1 || size != (lua_Number)(size_t)size)
+    luaL_argerror(L, 1, "size must be a positive integer");
+  ws_shm *shm = NULL;
+  int status = ws_shm_create((size_t)size, &shm);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  ws_lua_push_box(L, shm_class, shm);
+  return 1;
+}
+
+// _shm.open(name) -> buffer | nil, message, CODE
+static int shm_open_existing(lua_State *L) {
+  const char *name = luaL_checkstring(L, 1);
+  ws_shm *shm = NULL;
+  int status = ws_shm_open(name, &shm);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  ws_lua_push_box(L, shm_class, shm);
+  return 1;
+}
+
+// buffer:name() -> "/wsync-..."
+static int shm_name(lua_State *L) {
+  lua_pushstring(L, ws_shm_name(ws_lua_check_box(L, 1, shm_class)));
+  return 1;
+}
+
+// buffer:size() -> bytes
+static int shm_size(lua_State *L) {
+  lua_pushnumber(L, (lua_Number)ws_shm_size(ws_lua_check_box(L, 1, shm_class)));
+  return 1;
+}
+
+// buffer:is_owner() -> boolean
+static int shm_is_owner(lua_State *L) {
+  lua_pushboolean(L, ws_shm_is_owner(ws_lua_check_box(L, 1, shm_class)));
+  return 1;
+}
+
+// buffer:pointer() -> lightuserdata to the mapped bytes (for ffi.cast)
+static int shm_pointer(lua_State *L) {
+  lua_pushlightuserdata(L, ws_shm_data(ws_lua_check_box(L, 1, shm_class)));
+  return 1;
+}
+
+// buffer:write(offset, bytes)
+static int shm_write(lua_State *L) {
+  ws_shm *shm = ws_lua_check_box(L, 1, shm_class);
+  lua_Number offset = luaL_checknumber(L, 2);
+  size_t length = 0;
+  const char *bytes = luaL_checklstring(L, 3, &length);
+  check_range(L, shm, offset, (lua_Number)length);
+  memcpy((char *)ws_shm_data(shm) + (size_t)offset, bytes, length);
+  return 0;
+}
+
+// buffer:read(offset, length) -> bytes
+static int shm_read(lua_State *L) {
+  ws_shm *shm = ws_lua_check_box(L, 1, shm_class);
+  lua_Number offset = luaL_checknumber(L, 2);
+  lua_Number length = luaL_checknumber(L, 3);
+  check_range(L, shm, offset, length);
+  lua_pushlstring(L, (const char *)ws_shm_data(shm) + (size_t)offset,
+                  (size_t)length);
+  return 1;
+}
+
+// buffer:unlink() -> true | nil, message, CODE
+static int shm_unlink_name(lua_State *L) {
+  int status = ws_shm_unlink(ws_lua_check_box(L, 1, shm_class));
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+// buffer:close() -> true | nil, message, CODE; unmaps, and unlinks when owner
+static int shm_close(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, shm_class);
+  if (*slot == NULL) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  int status = ws_shm_close(*slot);
+  *slot = NULL;
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int shm_gc(lua_State *L) {
+  void **slot = lua_touserdata(L, 1);
+  ws_shm_close(*slot);
+  *slot = NULL;
+  return 0;
+}
+
+static int shm_tostring(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, shm_class);
+  if (*slot == NULL)
+    lua_pushstring(L, "wsync.shm (closed)");
+  else
+    lua_pushfstring(L, "wsync.shm %s (%f bytes)", ws_shm_name(*slot),
+                    (lua_Number)ws_shm_size(*slot));
+  return 1;
+}
+
+int luaopen_wsync_shm(lua_State *L) {
+  static const luaL_Reg methods[] = {
+      {"name", shm_name},         {"size", shm_size},
+      {"is_owner", shm_is_owner}, {"pointer", shm_pointer},
+      {"write", shm_write},       {"read", shm_read},
+      {"unlink", shm_unlink_name}, {"close", shm_close},
+      {NULL, NULL},
+  };
+  static const luaL_Reg metamethods[] = {
+      {"__gc", shm_gc},
+      {"__tostring", shm_tostring},
+      {NULL, NULL},
+  };
+  static const luaL_Reg functions[] = {
+      {"create", shm_create},
+      {"open", shm_open_existing},
+      {NULL, NULL},
+  };
+  ws_lua_new_class(L, shm_class, methods, metamethods);
+  lua_newtable(L);
+  luaL_register(L, NULL, functions);
+  return 1;
+}

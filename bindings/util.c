@@ -1,0 +1,49 @@
+#include "bindings.h"
+
+#include "status.h"
+
+int ws_lua_push_failure(lua_State *L, int status) {
+  const char *detail = ws_error_detail();
+  lua_pushnil(L);
+  lua_pushstring(L, detail[0] != '\0' ? detail : ws_status_message(status));
+  lua_pushstring(L, ws_status_name(status));
+  return 3;
+}
+
+void ws_lua_push_box(lua_State *L, const char *class_name, void *pointer) {
+  void **box = lua_newuserdata(L, sizeof *box);
+  *box = pointer;
+  luaL_getmetatable(L, class_name);
+  lua_setmetatable(L, -2);
+}
+
+void **ws_lua_check_slot(lua_State *L, int index, const char *class_name) {
+  void **box = luaL_testudata(L, index, class_name);
+  if (box == NULL) {
+    const char *message = lua_pushfstring(L, "%s expected, got %s", class_name,
+                                          luaL_typename(L, index));
+    luaL_argerror(L, index, message);
+  }
+  return box;
+}
+
+void *ws_lua_check_box(lua_State *L, int index, const char *class_name) {
+  void **box = ws_lua_check_slot(L, index, class_name);
+  if (*box == NULL) {
+    const char *message = lua_pushfstring(L, "%s is closed", class_name);
+    luaL_argerror(L, index, message);
+  }
+  return *box;
+}
+
+void ws_lua_new_class(lua_State *L, const char *class_name,
+                      const luaL_Reg *methods, const luaL_Reg *metamethods) {
+  luaL_newmetatable(L, class_name); // [meta]
+  luaL_register(L, NULL, metamethods);
+  lua_newtable(L); // [meta, methods]
+  luaL_register(L, NULL, methods);
+  lua_setfield(L, -2, "__index");
+  lua_pushstring(L, class_name);
+  lua_setfield(L, -2, "__name");
+  lua_pop(L, 1);
+}

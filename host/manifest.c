@@ -1,0 +1,161 @@
+#include "manifest.h"
+
+#include "status.h"
+
+#include <openssl/evp.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char manifest_preamble[] = "wsync-manifest-v1\n";
+
+struct ws_manifest {
+  EVP_MD_CTX *digest;
+  uint64_t count;
+  uint64_t bytes;
+  int finished;
+  char hex[WS_MANIFEST_HEX_LENGTH + 1];
+};
+
+static void put_u32(unsigned char *out, uint32_t value) {
+  for (int i = 0; i < 4; i++)
+    out[i] = (unsigned char)(value >> (8 * i));
+}
+
+static void put_u64(unsigned char *out, uint64_t value) {
+  for (int i = 0; i < 8; i++)
+    out[i] = (unsigned char)(value >> (8 * i));
+}
+
+static int digest_update(ws_manifest *manifest, const void *data, size_t size) {
+  if (EVP_DigestUpdate(manifest->digest, data, size) != 1)
+    return ws_fail(WS_ECRYPTO, "manifest: EVP_DigestUpdate failed");
+  return WS_OK;
+}
+
+int ws_manifest_new(ws_manifest **out) {
+  ws_manifest *manifest = calloc(1, sizeof *manifest);
+  if (manifest == NULL)
+    return ws_fail(WS_ENOMEM, "manifest: cannot allocate");
+  manifest->digest = EVP_MD_CTX_new();
+  if (manifest->digest == NULL ||
+      EVP_DigestInit_ex(manifest->digest, EVP_sha256(), NULL) != 1) {
+    ws_manifest_free(manifest);
+    return ws_fail(WS_ECRYPTO, "manifest: cannot start SHA-256");
+  }
+  int status =
+      digest_update(manifest, manifest_preamble, sizeof manifest_preamble - 1);
+  if (status != WS_OK) {
+    ws_manifest_free(manifest);
+    return status;
+  }
+  *out = manifest;
+  return WS_OK;
+}
+
+int ws_manifest_add(ws_manifest *manifest, const char *name,
+                    size_t name_length, ws_dtype dtype, const int64_t *shape,
+                    int dims) {
+  if (manifest->finished)
+    return ws_fail(WS_ESTATE, "manifest: record added after finish");
+  const char *dtype_name = ws_dtype_name(dtype);
+  if (dtype_name == NULL)
+    return ws_fail(WS_EINVAL, "manifest: unknown dtype %d for '%.*s'",
+                   (int)dtype, (int)name_length, name);
+  if (name_length == 0 || name_length > UINT32_MAX)
+    return ws_fail(WS_EINVAL, "manifest: record name length %zu is invalid",
+                   name_length);
+  if (dims < 0 || dims > WS_MANIFEST_MAX_DIMS)
+    return ws_fail(WS_EINVAL, "manifest: '%.*s' has %d dimensions (0..%d)",
+                   (int)name_length, name, dims, WS_MANIFEST_MAX_DIMS);
+
+  unsigned char record[4 + 4 + 8 * WS_MANIFEST_MAX_DIMS + 8 + 8];
+  size_t dtype_length = strlen(dtype_name);
+  uint64_t elements = 1;
+  for (int i = 0; i < dims; i++) {
+    if (shape[i] < 0)
+      return ws_fail(WS_EINVAL, "manifest: '%.*s' dimension %d is %lld",
+                     (int)name_length, name, i, (long long)shape[i]);
+    if (shape[i] != 0 && elements > UINT64_MAX / (uint64_t)shape[i])
+      return ws_fail(WS_EOVERFLOW, "manifest: '%.*s' element count overflows",
+                     (int)name_length, name);
+    elements *= (uint64_t)shape[i];
+  }
+  uint64_t element_size = ws_dtype_size(dtype);
+  if (elements > UINT64_MAX / element_size ||
+      manifest->bytes > UINT64_MAX - elements * element_size)
+    return ws_fail(WS_EOVERFLOW, "manifest: '%.*s' byte count overflows",
+                   (int)name_length, name);
+
+  unsigned char length_bytes[4];
+  put_u32(length_bytes, (uint32_t)name_length);
+  int status = digest_update(manifest, length_bytes, 4);
+  if (status == WS_OK)
+    status = digest_update(manifest, name, name_length);
+  if (status != WS_OK)
+    return status;
+
+  size_t used = 0;
+  put_u32(record + used, (uint32_t)dtype_length);
+  used += 4;
+  status = digest_update(manifest, record, used);
+  if (status == WS_OK)
+    status = digest_update(manifest, dtype_name, dtype_length);
+  if (status != WS_OK)
+    return status;
+
+  used = 0;
+  put_u32(record + used, (uint32_t)dims);
+  used += 4;
+  for (int i = 0; i < dims; i++, used += 8)
+    put_u64(record + used, (uint64_t)shape[i]);
+  put_u64(record + used, elements);
+  used += 8;
+  put_u64(record + used, elements * element_size);
+  used += 8;
+  status = digest_update(manifest, record, used);
+  if (status != WS_OK)
+    return status;
+
+  manifest->count++;
+  manifest->bytes += elements * element_size;
+  return WS_OK;
+}
+
+int ws_manifest_finish(ws_manifest *manifest, char *hex_out) {
+  if (!manifest->finished) {
+    unsigned char trailer[8];
+    put_u64(trailer, manifest->count);
+    int status = digest_update(manifest, trailer, sizeof trailer);
+    if (status != WS_OK)
+      return status;
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int digest_length = 0;
+    if (EVP_DigestFinal_ex(manifest->digest, digest, &digest_length) != 1 ||
+        digest_length * 2 != WS_MANIFEST_HEX_LENGTH)
+      return ws_fail(WS_ECRYPTO, "manifest: EVP_DigestFinal_ex failed");
+    static const char hex_digits[] = "0123456789abcdef";
+    for (unsigned int i = 0; i < digest_length; i++) {
+      manifest->hex[2 * i] = hex_digits[digest[i] >> 4];
+      manifest->hex[2 * i + 1] = hex_digits[digest[i] & 15];
+    }
+    manifest->hex[WS_MANIFEST_HEX_LENGTH] = '\0';
+    manifest->finished = 1;
+  }
+  memcpy(hex_out, manifest->hex, WS_MANIFEST_HEX_LENGTH + 1);
+  return WS_OK;
+}
+
+uint64_t ws_manifest_count(const ws_manifest *manifest) {
+  return manifest->count;
+}
+
+uint64_t ws_manifest_bytes(const ws_manifest *manifest) {
+  return manifest->bytes;
+}
+
+void ws_manifest_free(ws_manifest *manifest) {
+  if (manifest == NULL)
+    return;
+  EVP_MD_CTX_free(manifest->digest);
+  free(manifest);
+}

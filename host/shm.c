@@ -1,0 +1,151 @@
+#include "shm.h"
+
+#include "status.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct ws_shm {
+  void *data;
+  size_t size;
+  int owner;
+  int unlinked;
+  char name[WS_SHM_NAME_MAX];
+};
+
+static int map_segment(ws_shm *shm, int fd) {
+  shm->data = mmap(NULL, shm->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (shm->data == MAP_FAILED) {
+    shm->data = NULL;
+    return ws_fail(WS_ESYS, "shm: mmap %s (%zu bytes): %s", shm->name,
+                   shm->size, strerror(errno));
+  }
+  return WS_OK;
+}
+
+int ws_shm_create(size_t size, ws_shm **out) {
+  if (size == 0)
+    return ws_fail(WS_EINVAL, "shm: size must be positive");
+  ws_shm *shm = calloc(1, sizeof *shm);
+  if (shm == NULL)
+    return ws_fail(WS_ENOMEM, "shm: cannot allocate");
+  unsigned char random_bytes[8];
+  if (getrandom(random_bytes, sizeof random_bytes, 0) !=
+      (ssize_t)sizeof random_bytes) {
+    free(shm);
+    return ws_fail(WS_ESYS, "shm: getrandom: %s", strerror(errno));
+  }
+  int used = snprintf(shm->name, sizeof shm->name, "/wsync-%ld-",
+                      (long)getpid());
+  for (size_t i = 0; i < sizeof random_bytes; i++)
+    used += snprintf(shm->name + used, sizeof shm->name - used, "%02x",
+                     random_bytes[i]);
+  shm->size = size;
+  shm->owner = 1;
+
+  int fd = shm_open(shm->name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) {
+    int status = ws_fail(WS_ESYS, "shm: shm_open %s: %s", shm->name,
+                         strerror(errno));
+    free(shm);
+    return status;
+  }
+  int status = WS_OK;
+  int error = posix_fallocate(fd, 0, (off_t)size);
+  if (error != 0)
+    status = ws_fail(WS_ESYS, "shm: cannot reserve %zu bytes for %s: %s",
+                     size, shm->name, strerror(error));
+  if (status == WS_OK)
+    status = map_segment(shm, fd);
+  close(fd);
+  if (status != WS_OK) {
+    shm_unlink(shm->name);
+    free(shm);
+    return status;
+  }
+  *out = shm;
+  return WS_OK;
+}
+
+static int valid_name(const char *name) {
+  size_t length = strnlen(name, WS_SHM_NAME_MAX);
+  return length > 1 && length < WS_SHM_NAME_MAX && name[0] == '/' &&
+         strchr(name + 1, '/') == NULL;
+}
+
+int ws_shm_open(const char *name, ws_shm **out) {
+  if (!valid_name(name))
+    return ws_fail(WS_EINVAL,
+                   "shm: '%s' is not a segment name ('/name', under %d bytes)",
+                   name, WS_SHM_NAME_MAX);
+  ws_shm *shm = calloc(1, sizeof *shm);
+  if (shm == NULL)
+    return ws_fail(WS_ENOMEM, "shm: cannot allocate");
+  snprintf(shm->name, sizeof shm->name, "%s", name);
+
+  int fd = shm_open(name, O_RDWR, 0);
+  if (fd < 0) {
+    int status = ws_fail(errno == ENOENT ? WS_ENOTFOUND : WS_ESYS,
+                         "shm: shm_open %s: %s", name, strerror(errno));
+    free(shm);
+    return status;
+  }
+  struct stat info;
+  int status = WS_OK;
+  if (fstat(fd, &info) != 0)
+    status = ws_fail(WS_ESYS, "shm: fstat %s: %s", name, strerror(errno));
+  else if (info.st_size <= 0)
+    status = ws_fail(WS_EINVAL, "shm: %s is empty", name);
+  if (status == WS_OK) {
+    shm->size = (size_t)info.st_size;
+    status = map_segment(shm, fd);
+  }
+  close(fd);
+  if (status != WS_OK) {
+    free(shm);
+    return status;
+  }
+  *out = shm;
+  return WS_OK;
+}
+
+void *ws_shm_data(const ws_shm *shm) { return shm->data; }
+
+size_t ws_shm_size(const ws_shm *shm) { return shm->size; }
+
+const char *ws_shm_name(const ws_shm *shm) { return shm->name; }
+
+int ws_shm_is_owner(const ws_shm *shm) { return shm->owner; }
+
+int ws_shm_unlink(ws_shm *shm) {
+  if (shm->unlinked)
+    return WS_OK;
+  shm->unlinked = 1;
+  if (shm_unlink(shm->name) != 0)
+    return ws_fail(errno == ENOENT ? WS_ENOTFOUND : WS_ESYS,
+                   "shm: shm_unlink %s: %s", shm->name, strerror(errno));
+  return WS_OK;
+}
+
+int ws_shm_close(ws_shm *shm) {
+  if (shm == NULL)
+    return WS_OK;
+  int status = WS_OK;
+  if (shm->data != NULL && munmap(shm->data, shm->size) != 0)
+    status = ws_fail(WS_ESYS, "shm: munmap %s: %s", shm->name,
+                     strerror(errno));
+  if (shm->owner && !shm->unlinked) {
+    int unlink_status = ws_shm_unlink(shm);
+    if (status == WS_OK)
+      status = unlink_status;
+  }
+  free(shm);
+  return status;
+}

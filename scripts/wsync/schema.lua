@@ -1,0 +1,225 @@
+--- Declarative validation of plain Lua tables (recipes, payloads).
+---
+--- A schema is a table made by the constructors below. `check(schema, value)`
+--- returns the value with defaults filled in, or nil plus a failure
+--- `{path = "a.b[2]", message = "..."}` naming the first bad field.
+local M = {}
+
+---@class wsync.SchemaFailure
+---@field path string   dotted path of the bad field ("" for the whole value)
+---@field message string
+
+local function join(path, key)
+  if type(key) == "number" then
+    return path .. "[" .. key .. "]"
+  end
+  return path == "" and key or (path .. "." .. key)
+end
+
+local function describe(value)
+  if type(value) == "string" then
+    return string.format("%q", value)
+  end
+  return type(value) == "table" and "a table" or tostring(value)
+end
+
+local function fail(path, message, ...)
+  error({ path = path, message = message:format(...) }, 0)
+end
+
+local validators = {}
+
+function validators.string(spec, value, path)
+  if type(value) ~= "string" then
+    fail(path, "expected a string, got %s", describe(value))
+  end
+  if spec.pattern and not value:match(spec.pattern) then
+    fail(path, "%s does not match %s", describe(value), spec.pattern)
+  end
+  return value
+end
+
+function validators.number(spec, value, path)
+  if type(value) ~= "number" or value ~= value then
+    fail(path, "expected a number, got %s", describe(value))
+  end
+  if spec.integer and value ~= math.floor(value) then
+    fail(path, "expected an integer, got %s", describe(value))
+  end
+  if spec.min and value < spec.min then
+    fail(path, "must be at least %s, got %s", spec.min, describe(value))
+  end
+  if spec.max and value > spec.max then
+    fail(path, "must be at most %s, got %s", spec.max, describe(value))
+  end
+  return value
+end
+
+function validators.boolean(_, value, path)
+  if type(value) ~= "boolean" then
+    fail(path, "expected true or false, got %s", describe(value))
+  end
+  return value
+end
+
+function validators.enum(spec, value, path)
+  for _, allowed in ipairs(spec.values) do
+    if value == allowed then
+      return value
+    end
+  end
+  local names = {}
+  for i, allowed in ipairs(spec.values) do
+    names[i] = tostring(allowed)
+  end
+  fail(path, "expected one of %s, got %s", table.concat(names, ", "), describe(value))
+end
+
+validators["function"] = function(_, value, path)
+  if type(value) ~= "function" then
+    fail(path, "expected a function, got %s", describe(value))
+  end
+  return value
+end
+
+function validators.scalar(_, value, path)
+  local kind = type(value)
+  if kind ~= "string" and kind ~= "number" and kind ~= "boolean" then
+    fail(path, "expected a string, number or boolean, got %s", describe(value))
+  end
+  return value
+end
+
+local check_value
+
+function validators.list(spec, value, path)
+  if type(value) ~= "table" then
+    fail(path, "expected a list, got %s", describe(value))
+  end
+  local count = #value
+  for key in pairs(value) do
+    if type(key) ~= "number" or key < 1 or key > count or key ~= math.floor(key) then
+      fail(join(path, tostring(key)), "unexpected key in a list")
+    end
+  end
+  if spec.min_length and count < spec.min_length then
+    fail(path, "needs at least %d entries, has %d", spec.min_length, count)
+  end
+  local result = {}
+  for i = 1, count do
+    result[i] = check_value(spec.item, value[i], join(path, i))
+  end
+  return result
+end
+
+function validators.map(spec, value, path)
+  if type(value) ~= "table" then
+    fail(path, "expected a table, got %s", describe(value))
+  end
+  local result = {}
+  for key, item in pairs(value) do
+    if type(key) ~= "string" then
+      fail(path, "keys must be strings, got %s", describe(key))
+    end
+    result[key] = check_value(spec.item, item, join(path, key))
+  end
+  return result
+end
+
+function validators.record(spec, value, path)
+  if type(value) ~= "table" then
+    fail(path, "expected a table, got %s", describe(value))
+  end
+  for key in pairs(value) do
+    if spec.fields[key] == nil and not spec.open then
+      local known = {}
+      for name in pairs(spec.fields) do
+        known[#known + 1] = name
+      end
+      table.sort(known)
+      fail(join(path, tostring(key)), "unknown field (known: %s)", table.concat(known, ", "))
+    end
+  end
+  local result = {}
+  if spec.open then
+    for key, item in pairs(value) do
+      result[key] = item
+    end
+  end
+  for name, field in pairs(spec.fields) do
+    local item = value[name]
+    if item == nil then
+      if field.required then
+        fail(join(path, name), "is required")
+      end
+      item = field.default
+      if type(item) == "table" then
+        item = check_value(field, item, join(path, name))
+      end
+    else
+      item = check_value(field, item, join(path, name))
+    end
+    result[name] = item
+  end
+  if spec.check then
+    local ok, message, field = spec.check(result)
+    if not ok then
+      fail(field and join(path, field) or path, "%s", message)
+    end
+  end
+  return result
+end
+
+function check_value(spec, value, path)
+  return validators[spec.kind](spec, value, path)
+end
+
+local function constructor(kind)
+  return function(options)
+    local spec = {}
+    for key, value in pairs(options or {}) do
+      spec[key] = value
+    end
+    spec.kind = kind
+    return spec
+  end
+end
+
+M.string = constructor("string")
+M.number = constructor("number")
+M.boolean = constructor("boolean")
+M.func = constructor("function")
+M.scalar = constructor("scalar")
+
+--- `schema.enum{"a", "b", default = "a"}`
+function M.enum(options)
+  local spec = constructor("enum")(options)
+  spec.values = {}
+  for i, value in ipairs(options) do
+    spec.values[i] = value
+    spec[i] = nil
+  end
+  return spec
+end
+
+--- `schema.list{item = schema.string{}}`
+M.list = constructor("list")
+--- `schema.map{item = schema.number{}}`: string keys, uniform values.
+M.map = constructor("map")
+--- `schema.record{fields = {...}, open = false, check = fn(value)}`
+M.record = constructor("record")
+
+--- Validates `value`; returns the normalized value, or nil and a failure.
+---@return any, wsync.SchemaFailure?
+function M.check(spec, value)
+  local ok, result = pcall(check_value, spec, value, "")
+  if ok then
+    return result
+  end
+  if type(result) == "table" and result.path then
+    return nil, result
+  end
+  error(result, 0)
+end
+
+return M

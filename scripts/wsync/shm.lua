@@ -1,0 +1,9 @@
+--- Shared-memory buffers of the host backend. `create(bytes)` makes and maps a
+--- private segment whose name `buffer:name()` another process passes to
+--- `open(name)`. `buffer:close()` unmaps (and unlinks when it created it).
+local native = require("wsync._shm")
+
+return {
+  create = native.create,
+  open = native.open,
+}
