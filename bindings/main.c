@@ -3,9 +3,27 @@
 #include "status.h"
 #include "wsync.h"
 
+#include <fcntl.h>
 #include <stdio.h>
+#include <unistd.h>
+
+// Opens /dev/null on any of fds 0, 1, 2 that the caller closed, so that the
+// loop's own descriptors never take their numbers (libuv then treats them as
+// stdio and aborts when a handle on them closes).
+static void reserve_standard_fds(void) {
+  for (int fd = 0; fd <= 2; fd++) {
+    if (fcntl(fd, F_GETFD) == -1) {
+      int opened = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+      if (opened >= 0 && opened != fd) {
+        dup2(opened, fd);
+        close(opened);
+      }
+    }
+  }
+}
 
 int main(int argc, char **argv) {
+  reserve_standard_fds();
   ws_host *host = NULL;
   int status = ws_host_open(&host);
   if (status != WS_OK) {
