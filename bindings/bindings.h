@@ -16,6 +16,12 @@ int luaopen_wsync_shm(lua_State *L);
 /// Opens `wsync._device`: device identity and memory per backend.
 int luaopen_wsync_device(lua_State *L);
 
+/// Opens `wsync._process`: process-group signals, reaping, /proc checks.
+int luaopen_wsync_process(lua_State *L);
+
+/// Opens `wsync._socket`: peer credentials of unix-socket connections.
+int luaopen_wsync_socket(lua_State *L);
+
 /// Message handler for protected calls: adds a traceback to string errors and
 /// a `traceback` field to error objects.
 int ws_lua_message_handler(lua_State *L);

@@ -1,17 +1,20 @@
 // `wsync._shm`: shared-memory buffers of the host backend.
 #include "bindings.h"
+#include "digest.h"
 #include "shm.h"
 
 #include <string.h>
 
 static const char shm_class[] = "wsync.shm";
 
-// Checks that [offset, offset + length) lies inside the buffer.
+// Checks that [offset, offset + length) lies inside the buffer and that both
+// are integers. Written so that NaN fails the first test.
 static void check_range(lua_State *L, ws_shm *shm, lua_Number offset,
                         lua_Number length) {
   lua_Number size = (lua_Number)ws_shm_size(shm);
-  if (offset < 0 || length < 0 || offset + length > size ||
-      offset != (lua_Number)(size_t)offset)
+  if (!(offset >= 0 && length >= 0 && offset + length <= size) ||
+      offset != (lua_Number)(size_t)offset ||
+      length != (lua_Number)(size_t)length)
     luaL_error(L, "range [%f, %f) is outside the %f-byte buffer", offset,
                offset + length, size);
 }
@@ -26,6 +29,53 @@ static int shm_create(lua_State *L) {
   if (status != WS_OK)
     return ws_lua_push_failure(L, status);
   ws_lua_push_box(L, shm_class, shm);
+  return 1;
+}
+
+// _shm.anonymous(bytes) -> buffer | nil, message, CODE (private memory)
+static int shm_anonymous(lua_State *L) {
+  lua_Number size = luaL_checknumber(L, 1);
+  if (size < 1 || size != (lua_Number)(size_t)size)
+    luaL_argerror(L, 1, "size must be a positive integer");
+  ws_shm *shm = NULL;
+  int status = ws_shm_create_anonymous((size_t)size, &shm);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  ws_lua_push_box(L, shm_class, shm);
+  return 1;
+}
+
+static size_t check_size(lua_State *L, int index) {
+  lua_Number value = luaL_checknumber(L, index);
+  if (value < 0 || value != (lua_Number)(size_t)value)
+    luaL_argerror(L, index, "expected a non-negative integer");
+  return (size_t)value;
+}
+
+// buffer:copy_from(source, source_offset, offset, length)
+//   -> true | nil, message, CODE
+static int shm_copy_from(lua_State *L) {
+  ws_shm *target = ws_lua_check_box(L, 1, shm_class);
+  ws_shm *source = ws_lua_check_box(L, 2, shm_class);
+  int status = ws_shm_copy(target, check_size(L, 4), source, check_size(L, 3),
+                           check_size(L, 5));
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+// buffer:sha256([offset, length]) -> hex | nil, message, CODE
+static int shm_sha256(lua_State *L) {
+  ws_shm *shm = ws_lua_check_box(L, 1, shm_class);
+  size_t offset = lua_isnoneornil(L, 2) ? 0 : check_size(L, 2);
+  size_t length = lua_isnoneornil(L, 3) ? ws_shm_size(shm) - offset
+                                        : check_size(L, 3);
+  char hex[WS_SHA256_HEX_LENGTH + 1];
+  int status = ws_shm_sha256(shm, offset, length, hex);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushlstring(L, hex, WS_SHA256_HEX_LENGTH);
   return 1;
 }
 
@@ -133,6 +183,7 @@ int luaopen_wsync_shm(lua_State *L) {
       {"is_owner", shm_is_owner}, {"pointer", shm_pointer},
       {"write", shm_write},       {"read", shm_read},
       {"unlink", shm_unlink_name}, {"close", shm_close},
+      {"copy_from", shm_copy_from}, {"sha256", shm_sha256},
       {NULL, NULL},
   };
   static const luaL_Reg metamethods[] = {
@@ -143,6 +194,7 @@ int luaopen_wsync_shm(lua_State *L) {
   static const luaL_Reg functions[] = {
       {"create", shm_create},
       {"open", shm_open_existing},
+      {"anonymous", shm_anonymous},
       {NULL, NULL},
   };
   ws_lua_new_class(L, shm_class, methods, metamethods);

@@ -407,6 +407,8 @@ static int open_state(lua_State *L) {
   preload(L, "wsync._manifest", luaopen_wsync_manifest);
   preload(L, "wsync._shm", luaopen_wsync_shm);
   preload(L, "wsync._device", luaopen_wsync_device);
+  preload(L, "wsync._process", luaopen_wsync_process);
+  preload(L, "wsync._socket", luaopen_wsync_socket);
   install_loader(L);
 
   lua_getglobal(L, "os");

@@ -1,8 +1,8 @@
 #include "device.h"
 
+#include "digest.h"
 #include "status.h"
 
-#include <openssl/evp.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -52,11 +52,10 @@ static int query_host(int index, ws_device_info *info) {
   read_machine_id(seed, 128);
   size_t used = strlen(seed);
   snprintf(seed + used, sizeof seed - used, "/wsync-host-device/%d", index);
-  unsigned char digest[32];
-  unsigned int digest_length = 0;
-  if (EVP_Digest(seed, strlen(seed), digest, &digest_length, EVP_sha256(),
-                 NULL) != 1)
-    return ws_fail(WS_ECRYPTO, "host backend: cannot hash device identity");
+  unsigned char digest[WS_SHA256_BYTES];
+  int status = ws_sha256(seed, strlen(seed), digest);
+  if (status != WS_OK)
+    return status;
   digest[6] = (digest[6] & 0x0f) | 0x80; // a name-based UUID (version 8)
   digest[8] = (digest[8] & 0x3f) | 0x80; // RFC 4122 variant
   memset(info, 0, sizeof *info);
@@ -135,6 +134,7 @@ static int query_cuda(int index, ws_device_info *info) {
 #endif
 
 int ws_device_count(ws_backend backend, int *count) {
+  ws_clear_error();
   switch (backend) {
   case WS_BACKEND_HOST:
     *count = WS_HOST_DEVICE_MAX;
@@ -146,6 +146,7 @@ int ws_device_count(ws_backend backend, int *count) {
 }
 
 int ws_device_query(ws_backend backend, int index, ws_device_info *info) {
+  ws_clear_error();
   switch (backend) {
   case WS_BACKEND_HOST:
     return query_host(index, info);

@@ -6,6 +6,11 @@
 
 #include "status.h"
 #include "dtype.h"
+#include "digest.h"
 #include "manifest.h"
 #include "shm.h"
 #include "device.h"
+#include "process.h"
+#include "copy.h"
+#include "synth.h"
+#include "socket.h"

@@ -1,5 +1,6 @@
 #include "manifest.h"
 
+#include "digest.h"
 #include "status.h"
 
 #include <openssl/evp.h>
@@ -33,6 +34,7 @@ static int digest_update(ws_manifest *manifest, const void *data, size_t size) {
 }
 
 int ws_manifest_new(ws_manifest **out) {
+  ws_clear_error();
   ws_manifest *manifest = calloc(1, sizeof *manifest);
   if (manifest == NULL)
     return ws_fail(WS_ENOMEM, "manifest: cannot allocate");
@@ -55,6 +57,7 @@ int ws_manifest_new(ws_manifest **out) {
 int ws_manifest_add(ws_manifest *manifest, const char *name,
                     size_t name_length, ws_dtype dtype, const int64_t *shape,
                     int dims) {
+  ws_clear_error();
   if (manifest->finished)
     return ws_fail(WS_ESTATE, "manifest: record added after finish");
   const char *dtype_name = ws_dtype_name(dtype);
@@ -122,6 +125,7 @@ int ws_manifest_add(ws_manifest *manifest, const char *name,
 }
 
 int ws_manifest_finish(ws_manifest *manifest, char *hex_out) {
+  ws_clear_error();
   if (!manifest->finished) {
     unsigned char trailer[8];
     put_u64(trailer, manifest->count);
@@ -133,12 +137,7 @@ int ws_manifest_finish(ws_manifest *manifest, char *hex_out) {
     if (EVP_DigestFinal_ex(manifest->digest, digest, &digest_length) != 1 ||
         digest_length * 2 != WS_MANIFEST_HEX_LENGTH)
       return ws_fail(WS_ECRYPTO, "manifest: EVP_DigestFinal_ex failed");
-    static const char hex_digits[] = "0123456789abcdef";
-    for (unsigned int i = 0; i < digest_length; i++) {
-      manifest->hex[2 * i] = hex_digits[digest[i] >> 4];
-      manifest->hex[2 * i + 1] = hex_digits[digest[i] & 15];
-    }
-    manifest->hex[WS_MANIFEST_HEX_LENGTH] = '\0';
+    ws_hex_encode(digest, digest_length, manifest->hex);
     manifest->finished = 1;
   }
   memcpy(hex_out, manifest->hex, WS_MANIFEST_HEX_LENGTH + 1);

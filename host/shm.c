@@ -1,5 +1,6 @@
 #include "shm.h"
 
+#include "digest.h"
 #include "status.h"
 
 #include <errno.h>
@@ -20,6 +21,10 @@ struct ws_shm {
   char name[WS_SHM_NAME_MAX];
 };
 
+static const char *shm_label(const ws_shm *shm) {
+  return shm->name[0] != '\0' ? shm->name : "an anonymous buffer";
+}
+
 static int map_segment(ws_shm *shm, int fd) {
   shm->data = mmap(NULL, shm->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (shm->data == MAP_FAILED) {
@@ -31,6 +36,7 @@ static int map_segment(ws_shm *shm, int fd) {
 }
 
 int ws_shm_create(size_t size, ws_shm **out) {
+  ws_clear_error();
   if (size == 0)
     return ws_fail(WS_EINVAL, "shm: size must be positive");
   ws_shm *shm = calloc(1, sizeof *shm);
@@ -80,7 +86,30 @@ static int valid_name(const char *name) {
          strchr(name + 1, '/') == NULL;
 }
 
+int ws_shm_create_anonymous(size_t size, ws_shm **out) {
+  ws_clear_error();
+  if (size == 0)
+    return ws_fail(WS_EINVAL, "shm: size must be positive");
+  ws_shm *shm = calloc(1, sizeof *shm);
+  if (shm == NULL)
+    return ws_fail(WS_ENOMEM, "shm: cannot allocate");
+  shm->size = size;
+  shm->owner = 1;
+  shm->unlinked = 1; // nothing to unlink
+  shm->data = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (shm->data == MAP_FAILED) {
+    int status = ws_fail(WS_ENOMEM, "shm: cannot map %zu anonymous bytes: %s",
+                         size, strerror(errno));
+    free(shm);
+    return status;
+  }
+  *out = shm;
+  return WS_OK;
+}
+
 int ws_shm_open(const char *name, ws_shm **out) {
+  ws_clear_error();
   if (!valid_name(name))
     return ws_fail(WS_EINVAL,
                    "shm: '%s' is not a segment name ('/name', under %d bytes)",
@@ -124,7 +153,42 @@ const char *ws_shm_name(const ws_shm *shm) { return shm->name; }
 
 int ws_shm_is_owner(const ws_shm *shm) { return shm->owner; }
 
-int ws_shm_unlink(ws_shm *shm) {
+static int check_range(const ws_shm *shm, size_t offset, size_t length,
+                       const char *role) {
+  if (offset > shm->size || length > shm->size - offset)
+    return ws_fail(WS_EINVAL,
+                   "shm: %s range [%zu, %zu + %zu) exceeds the %zu-byte buffer",
+                   role, offset, offset, length, shm->size);
+  return WS_OK;
+}
+
+int ws_shm_copy(ws_shm *target, size_t target_offset, const ws_shm *source,
+                size_t source_offset, size_t length) {
+  ws_clear_error();
+  int status = check_range(target, target_offset, length, "target");
+  if (status == WS_OK)
+    status = check_range(source, source_offset, length, "source");
+  if (status != WS_OK)
+    return status;
+  if (target == source && target_offset < source_offset + length &&
+      source_offset < target_offset + length)
+    return ws_fail(WS_EINVAL, "shm: overlapping copy inside %s", shm_label(target));
+  memcpy((char *)target->data + target_offset,
+         (const char *)source->data + source_offset, length);
+  return WS_OK;
+}
+
+int ws_shm_sha256(const ws_shm *shm, size_t offset, size_t length,
+                  char *hex_out) {
+  ws_clear_error();
+  int status = check_range(shm, offset, length, "digest");
+  if (status != WS_OK)
+    return status;
+  return ws_sha256_hex((const char *)shm->data + offset, length, hex_out);
+}
+
+// Removes the name once; shared by unlink and close, which clear the detail.
+static int unlink_name(ws_shm *shm) {
   if (shm->unlinked)
     return WS_OK;
   shm->unlinked = 1;
@@ -134,15 +198,21 @@ int ws_shm_unlink(ws_shm *shm) {
   return WS_OK;
 }
 
+int ws_shm_unlink(ws_shm *shm) {
+  ws_clear_error();
+  return unlink_name(shm);
+}
+
 int ws_shm_close(ws_shm *shm) {
+  ws_clear_error();
   if (shm == NULL)
     return WS_OK;
   int status = WS_OK;
   if (shm->data != NULL && munmap(shm->data, shm->size) != 0)
-    status = ws_fail(WS_ESYS, "shm: munmap %s: %s", shm->name,
+    status = ws_fail(WS_ESYS, "shm: munmap %s: %s", shm_label(shm),
                      strerror(errno));
   if (shm->owner && !shm->unlinked) {
-    int unlink_status = ws_shm_unlink(shm);
+    int unlink_status = unlink_name(shm);
     if (status == WS_OK)
       status = unlink_status;
   }

@@ -10,7 +10,8 @@ const char *ws_status_name(int status);
 const char *ws_status_message(int status);
 
 /// Returns the detail of the last failure on this thread: what failed, on what,
-/// and the library's own error name where there is one. Empty after success.
+/// and the library's own error name where there is one. Empty after success:
+/// every core function that returns a status calls ws_clear_error() first.
 const char *ws_error_detail(void);
 
 #ifndef WS_FFI

@@ -20,7 +20,11 @@ function M.of(records)
     local name = record.name or record[1]
     local dtype = record.dtype or record[2]
     local shape = record.shape or record[3]
-    local ok, message = manifest:add(name, dtype, shape)
+    -- A bad argument raises and a refused record returns nil: both name it.
+    local called, ok, message = pcall(manifest.add, manifest, name, dtype, shape)
+    if not called then
+      ok, message = nil, ok
+    end
     if not ok then
       manifest:close()
       error(string.format("manifest record %d (%s): %s", index, tostring(name), message), 2)

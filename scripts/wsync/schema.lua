@@ -13,6 +13,7 @@ local function join(path, key)
   if type(key) == "number" then
     return path .. "[" .. key .. "]"
   end
+  key = tostring(key)
   return path == "" and key or (path .. "." .. key)
 end
 
@@ -90,6 +91,10 @@ function validators.scalar(_, value, path)
   return value
 end
 
+function validators.any(_, value)
+  return value
+end
+
 local check_value
 
 function validators.list(spec, value, path)
@@ -99,7 +104,7 @@ function validators.list(spec, value, path)
   local count = #value
   for key in pairs(value) do
     if type(key) ~= "number" or key < 1 or key > count or key ~= math.floor(key) then
-      fail(join(path, tostring(key)), "unexpected key in a list")
+      fail(join(path, key), "unexpected key in a list")
     end
   end
   if spec.min_length and count < spec.min_length then
@@ -137,7 +142,7 @@ function validators.record(spec, value, path)
         known[#known + 1] = name
       end
       table.sort(known)
-      fail(join(path, tostring(key)), "unknown field (known: %s)", table.concat(known, ", "))
+      fail(join(path, key), "unknown field (known: %s)", table.concat(known, ", "))
     end
   end
   local result = {}
@@ -190,6 +195,8 @@ M.number = constructor("number")
 M.boolean = constructor("boolean")
 M.func = constructor("function")
 M.scalar = constructor("scalar")
+--- Accepts any value (a later stage validates it, e.g. schedule steps).
+M.any = constructor("any")
 
 --- `schema.enum{"a", "b", default = "a"}`
 function M.enum(options)

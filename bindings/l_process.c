@@ -1,0 +1,78 @@
+// `wsync._process`: process-group signals, reaping and /proc checks.
+#include "bindings.h"
+#include "process.h"
+
+#include <signal.h>
+#include <string.h>
+
+static int check_signal(lua_State *L, int index) {
+  static const char *const names[] = {"SIGTERM", "SIGKILL", "SIGINT",
+                                      "SIGHUP", "SIGSTOP", "SIGCONT", NULL};
+  static const int numbers[] = {SIGTERM, SIGKILL, SIGINT,
+                                SIGHUP,  SIGSTOP, SIGCONT};
+  return numbers[luaL_checkoption(L, index, NULL, names)];
+}
+
+static int check_group(lua_State *L, int index) {
+  lua_Integer group = luaL_checkinteger(L, index);
+  if (group <= 1)
+    luaL_argerror(L, index, "process group must be greater than 1");
+  return (int)group;
+}
+
+static int push_ok(lua_State *L, int status) {
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+// _process.become_subreaper() -> true | nil, message, CODE
+static int process_become_subreaper(lua_State *L) {
+  return push_ok(L, ws_process_become_subreaper());
+}
+
+// _process.die_with_parent(signal) -> true | nil, message, CODE
+static int process_die_with_parent(lua_State *L) {
+  return push_ok(L, ws_process_die_with_parent(check_signal(L, 1)));
+}
+
+// _process.signal_group(group, signal) -> true | nil, message, CODE
+static int process_signal_group(lua_State *L) {
+  int group = check_group(L, 1);
+  return push_ok(L, ws_process_signal_group(group, check_signal(L, 2)));
+}
+
+// _process.reap_group(group) -> reaped | nil, message, CODE
+static int process_reap_group(lua_State *L) {
+  int reaped = 0;
+  int status = ws_process_reap_group(check_group(L, 1), &reaped);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushinteger(L, reaped);
+  return 1;
+}
+
+// _process.count_group(group) -> count | nil, message, CODE
+static int process_count_group(lua_State *L) {
+  int count = 0;
+  int status = ws_process_count_group(check_group(L, 1), &count);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushinteger(L, count);
+  return 1;
+}
+
+int luaopen_wsync_process(lua_State *L) {
+  static const luaL_Reg functions[] = {
+      {"become_subreaper", process_become_subreaper},
+      {"die_with_parent", process_die_with_parent},
+      {"signal_group", process_signal_group},
+      {"reap_group", process_reap_group},
+      {"count_group", process_count_group},
+      {NULL, NULL},
+  };
+  lua_newtable(L);
+  luaL_register(L, NULL, functions);
+  return 1;
+}

@@ -1,0 +1,31 @@
+// Batched strided copies between two mapped buffers: the data plane's per-chunk
+// work on the host backend (all-gather of shards into packed buffers, TP
+// slices from a packed buffer into resident storage).
+#pragma once
+
+#include "status_defs.h"
+
+#ifndef WS_FFI
+#include <stddef.h>
+#include <stdint.h>
+#endif
+
+/// One strided copy: `rows` rows of `width` bytes, from `source_offset` in
+/// the source (advancing `source_pitch` bytes per row) to `target_offset` in
+/// the target (advancing `target_pitch`). A contiguous copy is one row.
+typedef struct ws_copy_op {
+  uint64_t target_offset;
+  uint64_t source_offset;
+  uint64_t rows;
+  uint64_t width;
+  uint64_t target_pitch;
+  uint64_t source_pitch;
+} ws_copy_op;
+
+/// Checks every op against both buffers' sizes, then runs them in order.
+/// Nothing is copied when any op is out of range; the detail names the op.
+int ws_copy_run(void *target, size_t target_size, const void *source,
+                size_t source_size, const ws_copy_op *ops, size_t count);
+
+/// Sums the bytes the ops move (rows x width each).
+uint64_t ws_copy_bytes(const ws_copy_op *ops, size_t count);

@@ -1,0 +1,30 @@
+// Process-tree control for spawned runtimes: signals to a whole process
+// group, reaping of orphans reparented to the host, and checks read from /proc.
+#pragma once
+
+#include "status_defs.h"
+
+#ifndef WS_FFI
+#include <sys/types.h>
+#endif
+
+/// Makes this process a child subreaper (PR_SET_CHILD_SUBREAPER): orphans of
+/// the processes it spawns are reparented to it, so it can reap them.
+int ws_process_become_subreaper(void);
+
+/// Asks the kernel to send `signal_number` to this process when its parent
+/// dies (PR_SET_PDEATHSIG); fails with WS_ESTATE when the parent is already
+/// gone.
+int ws_process_die_with_parent(int signal_number);
+
+/// Sends `signal_number` to every process of group `group`. A group with no
+/// process left is not an error.
+int ws_process_signal_group(int group, int signal_number);
+
+/// Reaps, without blocking, every exited child of this process that belongs
+/// to group `group`; stores how many in `*reaped`.
+int ws_process_reap_group(int group, int *reaped);
+
+/// Counts the processes of group `group` that still exist (zombies included)
+/// by reading /proc, and stores the count in `*count`.
+int ws_process_count_group(int group, int *count);

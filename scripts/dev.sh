@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Developer tooling for wsync: install what the build needs, build, run the
+# main job, run every test, and make the self-contained bundle for GPU machines.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build="${WSYNC_BUILD_DIR:-$root/build}"
+jobs=$(nproc 2>/dev/null || echo 2)
+
+# Debian packages wsync builds and tests with (see README.md).
+packages=(
+  build-essential cmake pkg-config
+  luajit libluajit-5.1-dev
+  libuv1-dev lua-luv-dev lua-luv
+  lua-cjson-dev lua-cjson
+  libssl-dev
+  lua-busted
+  valgrind util-linux
+)
+
+usage() {
+  cat <<'USAGE'
+usage: scripts/dev.sh COMMAND
+
+  setup   install the Debian packages wsync needs (only those missing)
+  build   setup, then configure and build into build/ (WSYNC_BUILD_DIR)
+  demo    build, then run the main job: wsync run recipes/demo.lua
+          (recipes/smoke.lua until the demo recipe exists)
+  test    build, then run every test tier through CTest (unit, bindings,
+          functional, gpu (pending without a device), embed, memcheck)
+  bundle  build, then gather bin/wsync and the test files for a GPU machine
+          into build/bundle
+USAGE
+}
+
+setup() {
+  local missing=()
+  for package in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed"; then
+      missing+=("$package")
+    fi
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    return 0
+  fi
+  echo "dev.sh: installing Debian packages: ${missing[*]}"
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+}
+
+build() {
+  setup
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$build" -j "$jobs"
+}
+
+demo() {
+  build
+  local recipe="$root/recipes/demo.lua"
+  if [ ! -f "$recipe" ]; then
+    recipe="$root/recipes/smoke.lua"
+  fi
+  cd "$root"
+  "$build/wsync" run "${recipe#"$root"/}"
+}
+
+run_tests() {
+  build
+  cd "$build"
+  local status=0
+  ctest --output-on-failure --timeout 2400 || status=$?
+  # Make the GPU tier's pending tests visible: they never pass silently.
+  if [ -f Testing/Temporary/LastTest.log ]; then
+    grep -E '^[0-9]+ successes? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' \
+      Testing/Temporary/LastTest.log | sed 's/^/busted: /' || true
+  fi
+  return "$status"
+}
+
+bundle() {
+  build
+  local out="$build/bundle"
+  rm -rf "$out"
+  mkdir -p "$out/bin" "$out/lua/share" "$out/lua/lib"
+  cp "$build/wsync" "$out/bin/wsync"
+  # busted and its helpers, as Debian installed them, so `wsync test` runs the
+  # GPU tier on a machine that has none of them. Never committed: build/ only.
+  cp -rL /usr/share/lua/5.1/. "$out/lua/share/"
+  cp -rL /usr/lib/x86_64-linux-gnu/lua/5.1/. "$out/lua/lib/"
+  rm -f "$out/lua/lib/luv.so" "$out/lua/lib/cjson.so"
+  cat >"$out/env.sh" <<'ENV'
+# Source from the repository root on the GPU machine: uses the bundled busted.
+bundle=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export LUA_PATH="./?.lua;$bundle/lua/share/?.lua;$bundle/lua/share/?/init.lua"
+export LUA_CPATH="$bundle/lua/lib/?.so"
+export WSYNC_BIN="$bundle/bin/wsync"
+export PATH="$bundle/bin:$PATH"
+ENV
+  echo "dev.sh: bundle in $out ($(du -sh "$out" | cut -f1)); bin/wsync needs only: $(ldd "$out/bin/wsync" | awk '{print $1}' | tr '\n' ' ')"
+}
+
+case "${1:-}" in
+  setup) setup ;;
+  build) build ;;
+  demo) demo ;;
+  test) run_tests ;;
+  bundle) bundle ;;
+  -h | --help | help) usage ;;
+  *) usage >&2; exit 2 ;;
+esac

@@ -1,0 +1,60 @@
+-- `wsync._device` and wsync.device: device identity and memory from Lua.
+local device = require("wsync._device")
+local wsync_device = require("wsync.device")
+
+local uuid_pattern = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
+
+describe("wsync._device", function()
+  it("counts and queries the host backend", function()
+    assert.are.equal(64, device.count("host"))
+    local info = assert(device.query("host", 1))
+    assert.are.equal(1, info.index)
+    assert.matches(uuid_pattern, info.uuid)
+    assert.are.equal(info.uuid:lower(), info.uuid)
+    assert.are.equal("host1", info.name)
+    assert.is_true(info.total_bytes >= info.free_bytes)
+    assert.is_true(info.total_bytes > 0)
+    assert.are_not.equal(info.uuid, device.query("host", 2).uuid)
+  end)
+
+  it("is what wsync.device exports", function()
+    assert.are.equal(device.count, wsync_device.count)
+    assert.are.equal(device.query, wsync_device.query)
+  end)
+
+  it("returns nil, message, EINVAL for an index out of range", function()
+    local result, message, code = device.query("host", 64)
+    assert.is_nil(result)
+    assert.are.equal("EINVAL", code)
+    assert.are.equal("host backend: device 64 out of range 0..63", message)
+  end)
+
+  it("raises on a backend or index of the wrong kind", function()
+    assert.has_error(function()
+      device.count("tpu")
+    end, "bad argument #1 to 'count' (invalid option 'tpu')")
+    assert.has_error(function()
+      device.query(0, 0)
+    end, "bad argument #1 to 'query' (invalid option '0')")
+    assert.has_error(function()
+      device.query("host")
+    end, "bad argument #2 to 'query' (number expected, got no value)")
+    assert.has_error(function()
+      device.query("host", "first")
+    end, "bad argument #2 to 'query' (number expected, got string)")
+  end)
+
+  it("answers the cuda backend with a count or nil, message, ENODEV", function()
+    local count, message, code = device.count("cuda")
+    if count then
+      assert.is_true(count >= 0)
+      return
+    end
+    assert.are.equal("ENODEV", code)
+    assert.matches("^cuda backend: ", message)
+    local result, query_message, query_code = device.query("cuda", 0)
+    assert.is_nil(result)
+    assert.are.equal("ENODEV", query_code)
+    assert.are.equal(message, query_message)
+  end)
+end)

@@ -1,0 +1,77 @@
+-- The cuda backend on a machine with a GPU: identity and memory per device.
+-- Without a usable device the whole file is reported as pending, with the
+-- reason the core gave.
+local ffi = require("ffi")
+local C = require("wsync.ffi")
+local wsync = require("wsync")
+
+local uuid_pattern = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
+
+local count_out = ffi.new("int[1]", 0)
+local status = C.ws_device_count(C.WS_BACKEND_CUDA, count_out)
+local count = count_out[0]
+local reason = status ~= 0 and ffi.string(C.ws_error_detail()) or "the CUDA runtime sees 0 devices"
+
+-- The UUIDs nvidia-smi lists ("GPU-" dropped), or nil without nvidia-smi.
+local function driver_uuids()
+  local pipe = io.popen("nvidia-smi --query-gpu=uuid --format=csv,noheader 2>/dev/null")
+  local text = pipe and pipe:read("*a") or ""
+  if pipe then
+    pipe:close()
+  end
+  local uuids = {}
+  for uuid in text:gmatch("GPU%-(%S+)") do
+    uuids[uuid] = true
+  end
+  return next(uuids) and uuids or nil
+end
+
+describe("cuda devices", function()
+  if status ~= 0 or count == 0 then
+    pending("no CUDA device: " .. reason)
+    return
+  end
+
+  local seen = {}
+  for index = 0, count - 1 do
+    it("device " .. index .. " has a UUID, a name and free <= total memory", function()
+      local info, message, code = wsync.device.query("cuda", index)
+      assert.is_table(info, tostring(message) .. " " .. tostring(code))
+      assert.are.equal(index, info.index)
+      assert.matches(uuid_pattern, info.uuid)
+      assert.are.equal(info.uuid:lower(), info.uuid)
+      assert.is_nil(info.uuid:find("GPU-", 1, true))
+      assert.is_nil(seen[info.uuid], "device " .. index .. " repeats a UUID")
+      seen[info.uuid] = index
+      assert.is_string(info.name)
+      assert.is_true(#info.name > 0)
+      assert.is_true(info.free_bytes > 0)
+      assert.is_true(info.total_bytes >= info.free_bytes)
+      local again = assert(wsync.device.query("cuda", index))
+      assert.are.equal(info.uuid, again.uuid)
+    end)
+  end
+
+  it("writes UUIDs the way the driver does, without the GPU- prefix", function()
+    local listed = driver_uuids()
+    if not listed then
+      pending("nvidia-smi is not available to compare UUIDs with")
+      return
+    end
+    for index = 0, count - 1 do
+      local uuid = assert(wsync.device.query("cuda", index)).uuid
+      assert.is_true(listed[uuid] ~= nil, uuid .. " is not among nvidia-smi's UUIDs")
+    end
+  end)
+
+  it("refuses an index past the last device", function()
+    local info, message, code = wsync.device.query("cuda", count)
+    assert.is_nil(info)
+    assert.are.equal("EINVAL", code)
+    assert.matches("out of range", message, 1, true)
+  end)
+
+  it("counts the same devices through Lua as through the core", function()
+    assert.are.equal(count, wsync.device.count("cuda"))
+  end)
+end)

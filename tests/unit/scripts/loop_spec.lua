@@ -1,0 +1,197 @@
+-- wsync.loop: coroutines that wait on libuv callbacks, where their errors go,
+-- and the orderly close.
+local uv = require("luv")
+local loop = require("wsync.loop")
+local errors = require("wsync.errors")
+
+-- Runs the loop and returns what it raised (nil when nothing).
+local function run_and_catch()
+  local ok, err = pcall(loop.run)
+  if ok then
+    return nil
+  end
+  return err
+end
+
+describe("wsync.loop", function()
+  after_each(function()
+    loop.set_error_handler(nil)
+    assert.is_false(uv.loop_alive(), "the test left handles or requests active")
+  end)
+
+  it("runs a spawned function until its first await, then on the loop", function()
+    local trace = {}
+    loop.spawn(function()
+      trace[#trace + 1] = "start"
+      loop.sleep(5)
+      trace[#trace + 1] = "woke"
+    end)
+    trace[#trace + 1] = "spawned"
+    loop.run()
+    assert.are.same({ "start", "spawned", "woke" }, trace)
+  end)
+
+  it("sleeps at least the asked time, even when the loop's clock is stale", function()
+    -- Let time pass without a loop tick, so that the time libuv cached is old.
+    local stale_since = uv.hrtime()
+    while uv.hrtime() - stale_since < 50e6 do
+    end
+    local started, finished = uv.hrtime(), nil
+    loop.spawn(function()
+      loop.sleep(30)
+      finished = uv.hrtime()
+    end)
+    loop.run()
+    assert.is_number(finished)
+    assert.is_true((finished - started) / 1e6 >= 29, "slept " .. (finished - started) / 1e6 .. " ms")
+  end)
+
+  it("returns the callback's values from await, whether it resumes later or at once", function()
+    local later, now
+    loop.spawn(function()
+      later = { loop.await(function(resume)
+        local timer = uv.new_timer()
+        timer:start(1, 0, function()
+          timer:close()
+          resume("a", nil, 3)
+        end)
+      end) }
+      now = { loop.await(function(resume)
+        resume("immediate")
+        resume("ignored second call")
+      end) }
+    end)
+    loop.run()
+    assert.are.same({ "a", nil, 3 }, later)
+    assert.are.equal(3, table.maxn(later))
+    assert.are.same({ "immediate" }, now)
+  end)
+
+  it("refuses await outside a spawned coroutine", function()
+    assert.has_error(function()
+      loop.await(function() end)
+    end, "wsync.loop.await needs a coroutine started by wsync.loop.spawn")
+    local co = coroutine.create(function()
+      loop.await(function() end)
+    end)
+    local ok, err = coroutine.resume(co)
+    assert.is_false(ok)
+    assert.matches("needs a coroutine started by wsync.loop.spawn", err, 1, true)
+  end)
+
+  it("hands the outcome to on_done", function()
+    local outcomes = {}
+    loop.spawn(function(a, b)
+      loop.sleep(1)
+      return a + b, "sum"
+    end, function(...)
+      outcomes[#outcomes + 1] = { n = select("#", ...), ... }
+    end, 2, 3)
+    loop.spawn(function()
+      loop.sleep(1)
+      error("coroutine failed")
+    end, function(...)
+      outcomes[#outcomes + 1] = { n = select("#", ...), ... }
+    end)
+    loop.run()
+    assert.are.same({ n = 3, true, 5, "sum" }, outcomes[1])
+    local ok, err = outcomes[2][1], outcomes[2][2]
+    assert.is_false(ok)
+    assert.is_true(errors.is(err))
+    assert.are.equal("LUA_ERROR", err.code)
+    assert.matches("coroutine failed", err.message, 1, true)
+    assert.matches("stack traceback", err.traceback, 1, true)
+  end)
+
+  it("raises from run what a spawned coroutine threw after an await", function()
+    loop.spawn(function()
+      loop.sleep(1)
+      errors.raise("PUBLISH_FAILED", "late failure", { phase = "chunks" })
+    end)
+    local err = run_and_catch()
+    assert.is_true(errors.is(err))
+    assert.are.equal("PUBLISH_FAILED", err.code)
+    assert.are.equal("chunks", err.phase)
+    assert.is_string(err.traceback)
+  end)
+
+  it("raises from run what a spawned coroutine threw before its first await", function()
+    loop.spawn(function()
+      error("early failure")
+    end)
+    local err = run_and_catch()
+    assert.is_true(errors.is(err), "run raised nothing or a non-error: " .. tostring(err))
+    assert.matches("early failure", err.message, 1, true)
+    assert.is_nil(run_and_catch(), "the failure was raised twice")
+  end)
+
+  it("raises from run an error thrown in a libuv callback, and stops the loop", function()
+    local timer = uv.new_timer()
+    local later = uv.new_timer()
+    local later_fired = false
+    timer:start(1, 0, function()
+      error("callback failed")
+    end)
+    later:start(200, 0, function()
+      later_fired = true
+    end)
+    local err = run_and_catch()
+    timer:close()
+    later:close()
+    loop.run()
+    assert.matches("callback failed", tostring(err), 1, true)
+    assert.is_false(later_fired)
+  end)
+
+  it("sends errors to a replaced handler and keeps running", function()
+    local seen = {}
+    local previous = loop.set_error_handler(function(err)
+      seen[#seen + 1] = err
+    end)
+    assert.is_function(previous)
+    loop.spawn(function()
+      loop.sleep(1)
+      error("first")
+    end)
+    local survivor_done = false
+    loop.spawn(function()
+      loop.sleep(10)
+      survivor_done = true
+    end)
+    assert.is_nil(run_and_catch())
+    assert.is_true(survivor_done)
+    assert.are.equal(1, #seen)
+    assert.matches("first", seen[1].message, 1, true)
+  end)
+
+  it("annotates errors: wsync errors keep their code, 'interrupted' becomes INTERRUPTED", function()
+    local co = coroutine.create(function() end)
+    local original = errors.new("X", "m")
+    local annotated = loop.annotate(co, original)
+    assert.are.equal(original, annotated)
+    assert.is_string(annotated.traceback)
+    assert.are.equal("INTERRUPTED", loop.annotate(co, "interrupted").code)
+    local plain = loop.annotate(co, { not_a_string = true })
+    assert.are.equal("LUA_ERROR", plain.code)
+  end)
+
+  it("passes the exit sentinel of os.exit through untouched", function()
+    local ok, sentinel = pcall(os.exit, 7)
+    assert.is_false(ok)
+    local co = coroutine.create(function() end)
+    assert.are.equal(sentinel, loop.annotate(co, sentinel))
+    assert.are.equal(7, sentinel.code)
+  end)
+
+  it("close_all closes every handle and drains the loop", function()
+    local timer = uv.new_timer()
+    local idle = uv.new_idle()
+    timer:start(60000, 0, function() end)
+    idle:start(function() end)
+    assert.is_true(uv.loop_alive())
+    loop.close_all()
+    assert.is_true(timer:is_closing())
+    assert.is_true(idle:is_closing())
+    assert.is_false(uv.loop_alive())
+  end)
+end)
