@@ -10,10 +10,25 @@ usage: wsync FILE.lua [ARGS...]        run a Lua file in the host (ARGS in `arg`
        wsync run RECIPE [KEY=VALUE...] run a recipe, overriding its params
        wsync check RECIPE [KEY=VALUE...] [--json]
                                        load and validate a recipe; change nothing
-       wsync repl [RECIPE]             interactive Lua with wsync loaded
+       wsync repl [RECIPE]             interactive Lua with wsync loaded; with a
+                                       model recipe, step through publications
+       wsync repl --attach ENDPOINT    read a running host's live state (read-only)
        wsync test [BUSTED ARGS...]     run busted specs inside the host
        wsync --version                 print the version
        wsync --help                    print this help
+
+internal (started by wsync itself, not by hand):
+       wsync runtime --tp N [--backend host] [--devices I,J,...]
+                     [--weights-bytes B] [--kv-bytes B]
+                                       the reference rollout runtime's main process;
+                                       its control channel is fd 3
+       wsync runtime-worker --rank R --world N --device I
+                     --weights-bytes B --kv-bytes B
+                                       one TP worker of the reference runtime
+       wsync trainer --endpoint SOCKET --rank R --world N --model PRESET
+                     [--versions N] [--backend host] [--device I]
+                                       a synthetic trainer rank (generated weights)
+                                       that publishes N versions to the host
 
 Lua scripts come from the source tree when this binary runs from its build
 directory, from the bytecode embedded in the binary otherwise; set
@@ -84,8 +99,14 @@ function M.exec_recipe(path, words)
   local recipe_module = require("wsync.recipe")
   local recipe = recipe_module.load(path)
   recipe_module.apply_overrides(recipe, recipe_module.parse_overrides(words or {}))
+  if recipe.model then
+    run_on_loop(function()
+      require("wsync.session").run(recipe)
+    end)
+    return
+  end
   if not recipe.run then
-    errors.raise("RECIPE_INVALID", "the recipe has nothing to run: it defines no `run` function",
+    errors.raise("RECIPE_INVALID", "the recipe has nothing to run: it defines neither `run` nor `model`",
       { file = path, line = recipe_module.field_line(path, "") })
   end
   run_on_loop(recipe.run, { recipe = recipe, params = recipe.params })
@@ -125,23 +146,65 @@ function commands.check(args)
     backend = recipe.backend,
     params = recipe.params,
   }
+  local plan, topology, memory = nil, nil, nil
+  if recipe.model then
+    plan, topology, memory = recipe_module.check_plan(recipe)
+    for key, value in pairs(require("wsync.plan").summary(plan)) do
+      summary[key] = value
+    end
+    summary.trainer_ranks, summary.tp = topology.world, topology.tp
+    summary.peak_device_bytes, summary.peak_step = memory.peak, memory.peak_step
+    summary.device_budget_bytes = memory.budget
+  end
   if json then
     io.stdout:write(require("cjson").encode(summary), "\n")
-  else
-    io.stdout:write(string.format("%s: ok: recipe %s, backend %s\n", path, recipe.name, recipe.backend))
-    local keys = {}
-    for key in pairs(recipe.params) do
-      keys[#keys + 1] = key
+    return 0
+  end
+  io.stdout:write(string.format("%s: ok: recipe %s, backend %s\n", path, recipe.name, recipe.backend))
+  local keys = {}
+  for key in pairs(recipe.params) do
+    keys[#keys + 1] = key
+  end
+  table.sort(keys)
+  for _, key in ipairs(keys) do
+    io.stdout:write(string.format("  param %s = %s\n", key, tostring(recipe.params[key])))
+  end
+  if plan then
+    local format_bytes = require("wsync.plan").format_bytes
+    local lines = {
+      string.format("model        %s (%s), FSDP%d -> TP%d", plan.family, recipe.model.preset or "config",
+        topology.world, topology.tp),
+      string.format("tensors      %d canonical (%d trainer tensors)", summary.tensors, summary.trainer_tensors),
+      string.format("bytes        %d (%s)", summary.bytes, format_bytes(summary.bytes)),
+      string.format("largest      %s, %d bytes (%s)", summary.largest_tensor, summary.largest_tensor_bytes,
+        format_bytes(summary.largest_tensor_bytes)),
+      string.format("chunks       %d, buffers %d x %d bytes (%s)", summary.chunks, summary.buffers,
+        summary.buffer_bytes, format_bytes(summary.buffer_bytes)),
+      string.format("peak memory  %d bytes (%s) per device, at %s; budget %s", memory.peak,
+        format_bytes(memory.peak), memory.peak_step, memory.budget and format_bytes(memory.budget) or "not set"),
+      string.format("manifest     %s", summary.manifest),
+    }
+    for _, line in ipairs(lines) do
+      io.stdout:write("  ", line, "\n")
     end
-    table.sort(keys)
-    for _, key in ipairs(keys) do
-      io.stdout:write(string.format("  param %s = %s\n", key, tostring(recipe.params[key])))
+    io.stdout:write("  schedule (bytes per device after each step):\n")
+    for _, step in ipairs(memory.steps) do
+      io.stdout:write(string.format("    %-14s %-20s %d (%s)\n", step.where, step.step, step.bytes,
+        format_bytes(step.bytes)))
     end
   end
   return 0
 end
 
 function commands.repl(args)
+  local globals = {}
+  if args[1] == "--attach" then
+    if not args[2] or args[3] then
+      usage_error("wsync repl --attach takes one endpoint (the socket path the host printed)")
+    end
+    globals.host = require("wsync.attach").new(args[2])
+    return require("wsync.repl").start({ globals = globals })
+  end
   if #args > 1 then
     usage_error("wsync repl takes at most one recipe")
   end
@@ -154,6 +217,118 @@ end
 
 function commands.test(args)
   return require("wsync.test").main(args)
+end
+
+-- Parses `--name value` words into a table; raises USAGE on anything else.
+local function parse_options(args, known)
+  local options = {}
+  local i = 1
+  while i <= #args do
+    local name = args[i]:match("^%-%-([%w-]+)$")
+    if not name or not known[name] then
+      usage_error(string.format("unexpected argument '%s'", args[i]))
+    end
+    if args[i + 1] == nil then
+      usage_error(string.format("--%s needs a value", name))
+    end
+    local value = args[i + 1]
+    if known[name] == "number" then
+      value = tonumber(value)
+      if not value or value < 0 or value ~= math.floor(value) then
+        usage_error(string.format("--%s needs a non-negative integer, got '%s'", name, args[i + 1]))
+      end
+    end
+    options[name] = value
+    i = i + 2
+  end
+  return options
+end
+
+-- Runs a process role (runtime main or worker) until its loop has no work.
+local function serve_role(start)
+  local loop = require("wsync.loop")
+  loop.spawn(start)
+  loop.run()
+  return 0
+end
+
+function commands.runtime(args)
+  local options = parse_options(args, {
+    tp = "number", backend = "string", devices = "string", ["weights-bytes"] = "number",
+    ["kv-bytes"] = "number",
+  })
+  if not options.tp or options.tp < 1 then
+    usage_error("wsync runtime needs --tp N (N >= 1)")
+  end
+  local devices = {}
+  for index in (options.devices or ""):gmatch("[^,]+") do
+    devices[#devices + 1] = tonumber(index) or usage_error("--devices takes device indices, got '" .. index .. "'")
+  end
+  for rank = #devices + 1, options.tp do
+    devices[rank] = rank - 1
+  end
+  if #devices ~= options.tp then
+    usage_error(string.format("--devices names %d devices for --tp %d", #devices, options.tp))
+  end
+  return serve_role(function()
+    require("wsync.runtime.reference").main({
+      tp = options.tp,
+      backend = options.backend or "host",
+      devices = devices,
+      weights_bytes = options["weights-bytes"] or 1048576,
+      kv_bytes = options["kv-bytes"] or 1048576,
+      fault = os.getenv("WSYNC_RUNTIME_FAULT"),
+      program = require("luv").exepath(),
+    })
+  end)
+end
+
+commands["runtime-worker"] = function(args)
+  local options = parse_options(args, {
+    rank = "number", world = "number", backend = "string", device = "number", ["weights-bytes"] = "number",
+    ["kv-bytes"] = "number",
+  })
+  for _, name in ipairs({ "rank", "world", "device", "weights-bytes", "kv-bytes" }) do
+    if options[name] == nil then
+      usage_error("wsync runtime-worker needs --" .. name)
+    end
+  end
+  return serve_role(function()
+    require("wsync.runtime.worker").main({
+      rank = options.rank,
+      world = options.world,
+      backend = options.backend or "host",
+      device_index = options.device,
+      weights_bytes = options["weights-bytes"],
+      kv_bytes = options["kv-bytes"],
+      fault = os.getenv("WSYNC_RUNTIME_FAULT"),
+    })
+  end)
+end
+
+function commands.trainer(args)
+  local options = parse_options(args, {
+    endpoint = "string", rank = "number", world = "number", model = "string", versions = "number",
+    backend = "string", family = "string", device = "number",
+  })
+  for _, name in ipairs({ "endpoint", "rank", "world", "model" }) do
+    if options[name] == nil then
+      usage_error("wsync trainer needs --" .. name)
+    end
+  end
+  return serve_role(function()
+    require("wsync.trainer").main({
+      endpoint = options.endpoint,
+      rank = options.rank,
+      world = options.world,
+      family = options.family or "qwen3_moe",
+      -- A preset name, or a config as a JSON object.
+      model = options.model:sub(1, 1) == "{" and require("cjson").decode(options.model) or options.model,
+      versions = options.versions or 1,
+      backend = options.backend or "host",
+      device_index = options.device,
+    })
+  end)
 end
 
 function commands.help()

@@ -10,7 +10,24 @@ local schema = require("wsync.schema")
 
 local M = {}
 
---- The recipe schema. Later layers add fields (model, topology, schedule).
+local positive_integer = schema.number({ integer = true, min = 1 })
+local byte_count = schema.number({ integer = true, min = 0 })
+local seconds = schema.number({ min = 0.001 })
+
+--- Per-command timeouts in seconds (runtime commands and agent commands).
+M.TIMEOUT_KEYS = {
+  "startup", "info", "sleep", "wake", "shutdown", "checksum", "generate", "init", "start", "fill", "verify",
+  "default", "init_weights", "start_update", "load_chunk", "finish_update", "resident_checksums", "callback",
+  "publish", "release",
+}
+
+local timeout_fields = {}
+for _, key in ipairs(M.TIMEOUT_KEYS) do
+  timeout_fields[key] = seconds
+end
+
+--- The recipe schema. A recipe with `run` runs that function; a recipe with
+--- `model` runs publications (wsync.session).
 M.schema = schema.record({
   fields = {
     name = schema.string({ required = true, pattern = "^[%w_.-]+$" }),
@@ -18,7 +35,71 @@ M.schema = schema.record({
     backend = schema.enum({ "host", "cuda", default = "host" }),
     params = schema.map({ item = schema.scalar({}), default = {} }),
     run = schema.func({}),
+    model = schema.record({
+      fields = {
+        family = schema.enum({ "qwen3_moe", default = "qwen3_moe" }),
+        preset = schema.string({}),
+        config = schema.map({ item = schema.any({}) }),
+      },
+      check = function(model)
+        if (model.preset == nil) == (model.config == nil) then
+          return false, "give exactly one of preset and config"
+        end
+        return true
+      end,
+    }),
+    trainer = schema.record({
+      fields = {
+        kind = schema.enum({ "synthetic", "external", default = "synthetic" }),
+        ranks = positive_integer,
+        steps = schema.number({ integer = true, min = 1, default = 1 }),
+      },
+    }),
+    runtime = schema.record({
+      fields = {
+        kind = schema.enum({ "reference", "transformers", "vllm", default = "reference" }),
+        tp = positive_integer,
+        respawn = schema.boolean({ default = false }),
+        grace_ms = schema.number({ integer = true, min = 0 }),
+      },
+    }),
+    buffers = schema.record({
+      fields = {
+        bytes = schema.number({ integer = true, min = 1, required = true }),
+        count = schema.number({ integer = true, min = 1, max = 8, default = 2 }),
+      },
+    }),
+    memory = schema.record({
+      fields = {
+        device_bytes = byte_count,
+        optimizer_factor = schema.number({ min = 0, default = 6 }),
+        gradients = schema.boolean({ default = true }),
+        kv_bytes = schema.number({ integer = true, min = 0, default = 0 }),
+        headroom_bytes = schema.number({ integer = true, min = 0, default = 0 }),
+      },
+      default = {},
+    }),
+    bootstrap = schema.list({ item = schema.any({}), default = {} }),
+    schedule = schema.list({ item = schema.any({}) }),
+    timeouts = schema.record({ fields = timeout_fields, default = {} }),
+    verify = schema.boolean({ default = false }),
   },
+  check = function(recipe)
+    if recipe.model then
+      for _, field in ipairs({ "trainer", "runtime", "buffers", "schedule" }) do
+        if recipe[field] == nil then
+          return false, "a recipe with a model also needs " .. field, field
+        end
+      end
+      if recipe.trainer.ranks == nil then
+        return false, "is required", "trainer.ranks"
+      end
+      if recipe.runtime.tp == nil then
+        return false, "is required", "runtime.tp"
+      end
+    end
+    return true
+  end,
 })
 
 local function copy(source)
@@ -31,7 +112,7 @@ end
 
 local safe_globals = {
   "assert", "error", "ipairs", "next", "pairs", "pcall", "print", "rawequal",
-  "rawget", "rawlen", "select", "tonumber", "tostring", "type", "unpack", "xpcall",
+  "rawget", "select", "tonumber", "tostring", "type", "unpack", "xpcall",
 }
 
 --- The environment a recipe chunk runs in.
@@ -59,14 +140,22 @@ function M.environment(path)
   })
 end
 
--- Splits "file:line: message" as Lua writes load and runtime errors.
+-- Splits "file:line: message" as Lua writes load and runtime errors. Lua
+-- shortens a long file name to "..." and its tail; that form is accepted too.
 local function split_location(message, path)
   local prefix = path .. ":"
+  local rest = nil
   if message:sub(1, #prefix) == prefix then
-    local line, rest = message:sub(#prefix + 1):match("^(%d+): (.*)$")
-    if line then
-      return tonumber(line), rest
+    rest = message:sub(#prefix + 1)
+  else
+    local tail = message:match("^%.%.%.(.-):%d+: ")
+    if tail and #tail > 0 and path:sub(-#tail) == tail then
+      rest = message:sub(#"..." + #tail + 2)
     end
+  end
+  local line, text = (rest or ""):match("^(%d+): (.*)$")
+  if line then
+    return tonumber(line), text
   end
   return nil, message
 end
@@ -159,6 +248,23 @@ function M.load(path)
   end
   recipe.path = path
   return recipe
+end
+
+--- Builds the plan and checks the memory schedule of a recipe with a model.
+--- Failures become RECIPE_INVALID naming the file, the line and the field.
+---@param recipe table  validated, with `path`
+---@return wsync.Plan plan, table topology, table memory_report
+function M.check_plan(recipe)
+  local ok, plan, topology, memory = pcall(require("wsync.session").prepare, recipe)
+  if ok then
+    return plan, topology, memory
+  end
+  local err = plan
+  if errors.is(err) and err.code ~= "RECIPE_INVALID" then
+    local field = err.field or (err.code == "SCHEDULE_INVALID" and "schedule") or "model"
+    invalid(recipe.path, err.message, { line = M.field_line(recipe.path, field), field = field })
+  end
+  error(err, 0)
 end
 
 --- Parses `key=value` command-line words into a table of strings; raises a

@@ -46,6 +46,7 @@ local tty_mode_normal, tty_mode_raw = 0, 1
 
 ---@class wsync.ReplOptions
 ---@field recipe table?   a validated recipe (wsync.recipe.load), exposed as `recipe`
+---@field globals table?  more names for the REPL's environment (`host` when attached)
 ---@field input string?   read this text instead of standard input, as if piped (tests)
 ---@field output file*?   where results go (default io.stdout): anything with write(self, text)
 ---@field errors file*?   where errors go (default io.stderr): anything with write(self, text)
@@ -445,8 +446,20 @@ function Session:_help_text()
     "  wsync    the wsync module; wsync.loop, wsync.recipe, wsync.manifest, ... load on use",
     "  uv       libuv (luv): timers and processes keep running while the REPL waits",
   }
-  if rawget(self.env, "recipe") then
+  local recipe = rawget(self.env, "recipe")
+  if recipe then
     lines[#lines + 1] = "  recipe   the recipe from the command line (recipe.name, recipe.params, recipe.run)"
+  end
+  if recipe and recipe.model then
+    lines[#lines + 1] = "  step through publications:"
+    lines[#lines + 1] = "    s = wsync.session.open(recipe)   trainers, runtime, bootstrap; s.plan, s.plan.chunks[k]"
+    lines[#lines + 1] = "    s:wait_publish(); p = s:begin_round()   the schedule up to publish"
+    lines[#lines + 1] = "    p:preflight() p:init() p:start() p:chunk() ... p:verify() p:finish() p:release()"
+    lines[#lines + 1] = "    p.header, p.fills[k] (consensus reports), p.loads[k], p.consumed, p.result.receipts"
+    lines[#lines + 1] = "    s:end_round(p); s:state(); s:close()"
+  end
+  if rawget(self.env, "host") then
+    lines[#lines + 1] = "  host     the attached host (read-only): host:state() is a fresh snapshot"
   end
   lines[#lines + 1] = "  wsync.loop.await and wsync.loop.sleep work here: each input runs in a coroutine"
   lines[#lines + 1] = "  locals last one input; globals (x = 1) stay in the REPL's own environment"
@@ -454,11 +467,14 @@ function Session:_help_text()
   return table.concat(lines, "\n") .. "\n"
 end
 
-function Session:_make_env(recipe)
+function Session:_make_env(recipe, globals)
   local env = setmetatable({}, { __index = _G })
   env.wsync = require("wsync")
   env.uv = uv
   env.recipe = recipe
+  for name, value in pairs(globals or {}) do
+    env[name] = value
+  end
   env.help = function()
     self:_write_result(self:_help_text())
   end
@@ -553,7 +569,7 @@ function M.start(options)
     output = options.output or io.stdout,
     errors = options.errors or io.stderr,
   }, Session)
-  self.env = self:_make_env(options.recipe)
+  self.env = self:_make_env(options.recipe, options.globals)
 
   local ok, err = xpcall(function()
     self.previous_error_handler = loop.set_error_handler(function(callback_error)

@@ -1,0 +1,33 @@
+-- Qwen3-30B-A3B, FSDP4 trainer -> vLLM TP4, colocated on four H200 (cuda).
+-- The trainer is external: four trainer ranks embed wsync's agent and call
+-- publish() after each optimizer step. `wsync check` prints the plan.
+local GiB = 1024 * 1024 * 1024
+return {
+  name = "qwen3-30b-a3b-fsdp4-tp4",
+  description = "Qwen3-30B-A3B BF16, FSDP4 -> TP4 on 4 x H200",
+  backend = "cuda",
+  model = { family = "qwen3_moe", preset = "qwen3-30b-a3b" },
+  trainer = { kind = "external", ranks = 4 },
+  runtime = { kind = "vllm", tp = 4, respawn = false },
+  -- The largest trainer tensor (a layer's packed gate_up_proj) is 768 MiB.
+  buffers = { bytes = 1 * GiB, count = 2 },
+  memory = {
+    device_bytes = 140 * GiB,
+    optimizer_factor = 6, -- FP32 master weights and two Adam moments per BF16 parameter
+    kv_bytes = 40 * GiB,
+    headroom_bytes = 2 * GiB,
+  },
+  bootstrap = { { sleep = 1 } },
+  schedule = {
+    "offload_optimizer",
+    { wake = { "weights" } },
+    "publish",
+    "offload_actor",
+    { wake = { "kv_cache" } },
+    "generate",
+    { sleep = 2 },
+    "onload_actor",
+    "onload_optimizer",
+  },
+  timeouts = { load_chunk = 120, fill = 120, finish_update = 300 },
+}

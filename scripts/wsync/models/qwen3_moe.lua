@@ -1,0 +1,349 @@
+--- Qwen3-MoE: the trainer layout, the canonical export stream, the expected
+--- manifest and the TP loader plan, all from the model config alone.
+---
+--- Trainer layout (transformers v5, FSDP shards every tensor on dim 0): the
+--- checkpoint's names except the experts, which are packed per layer as
+--- `mlp.experts.gate_up_proj` [E, 2I, H] (gate rows first) and
+--- `mlp.experts.down_proj` [E, H, I].
+---
+--- Canonical stream (Hugging Face checkpoint names, [out, in]): the trainer
+--- tensors in layout order, each packed tensor expanded into per-expert names:
+--- for every expert e of a layer, `experts.{e}.gate_proj.weight` =
+--- gate_up_proj[e, :I] and `experts.{e}.up_proj.weight` = gate_up_proj[e, I:],
+--- then for every e `experts.{e}.down_proj.weight` = down_proj[e]. Every
+--- canonical tensor is a contiguous range of its trainer tensor, so once that
+--- tensor is gathered into a buffer slot its canonical tensors are views of the
+--- slot: no copy. Per-expert names are always emitted (vLLM ignores packed
+--- expert names on an in-place update).
+---
+--- TP loader plan (vLLM's layout, TP size t, rank r): vocab-parallel
+--- embed_tokens/lm_head rows of Vp/t (Vp = V rounded up to 64); fused qkv_proj
+--- (q rows of rank r, then its k and v head slice, replicated when t > nkv);
+--- o_proj columns; experts.w13_weight [E, 2I/t, H] (gate slice then up slice);
+--- experts.w2_weight [E, H, I/t] (column slice); norms and the router
+--- replicated.
+local errors = require("wsync.errors")
+
+local M = {}
+
+local DTYPE = "bfloat16"
+local ELEMENT_BYTES = 2
+
+--- Published configurations, and a tiny one for tests and the demo.
+M.presets = {
+  ["qwen3-30b-a3b"] = {
+    vocab_size = 151936, hidden_size = 2048, moe_intermediate_size = 768, num_hidden_layers = 48,
+    num_attention_heads = 32, num_key_value_heads = 4, head_dim = 128, num_experts = 128,
+    tie_word_embeddings = false, decoder_sparse_step = 1, mlp_only_layers = {},
+  },
+  ["qwen3-235b-a22b"] = {
+    vocab_size = 151936, hidden_size = 4096, moe_intermediate_size = 1536, num_hidden_layers = 94,
+    num_attention_heads = 64, num_key_value_heads = 4, head_dim = 128, num_experts = 128,
+    tie_word_embeddings = false, decoder_sparse_step = 1, mlp_only_layers = {},
+  },
+  tiny = {
+    vocab_size = 1000, hidden_size = 64, moe_intermediate_size = 32, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, head_dim = 16, num_experts = 4,
+    tie_word_embeddings = false, decoder_sparse_step = 1, mlp_only_layers = {},
+  },
+}
+
+local REQUIRED = {
+  "vocab_size", "hidden_size", "moe_intermediate_size", "num_hidden_layers", "num_attention_heads",
+  "num_key_value_heads", "head_dim", "num_experts",
+}
+
+local function unsupported(message, field)
+  errors.raise("MODEL_UNSUPPORTED", message, { field = field })
+end
+
+--- Validates a config (a preset name or a table of config.json values) and
+--- returns the normalized table. Rejects what the plan does not support:
+--- dense (mlp_only) layers or a sparse step other than 1, LoRA adapters,
+--- attention bias, and a missing or non-positive size.
+---@param spec string|table
+---@return table
+function M.config(spec)
+  if type(spec) == "string" then
+    local preset = M.presets[spec]
+    if not preset then
+      local names = {}
+      for name in pairs(M.presets) do
+        names[#names + 1] = name
+      end
+      table.sort(names)
+      unsupported(string.format("unknown Qwen3-MoE preset '%s' (presets: %s)", spec, table.concat(names, ", ")),
+        "model")
+    end
+    spec = preset
+  end
+  local config = {}
+  for key, value in pairs(spec) do
+    config[key] = value
+  end
+  for _, key in ipairs(REQUIRED) do
+    local value = config[key]
+    if type(value) ~= "number" or value < 1 or value ~= math.floor(value) then
+      unsupported(string.format("config field %s must be a positive integer, got %s", key, tostring(value)), key)
+    end
+  end
+  if config.model_type ~= nil and config.model_type ~= "qwen3_moe" then
+    unsupported(string.format("model_type %s is not qwen3_moe", tostring(config.model_type)), "model_type")
+  end
+  if (config.decoder_sparse_step or 1) ~= 1 then
+    unsupported("decoder_sparse_step other than 1 makes dense layers, an unknown layer kind for this plan",
+      "decoder_sparse_step")
+  end
+  if config.mlp_only_layers and #config.mlp_only_layers > 0 then
+    unsupported("mlp_only_layers (dense MLP layers) are an unknown layer kind for this plan", "mlp_only_layers")
+  end
+  if config.attention_bias then
+    unsupported("attention_bias is not supported by this plan", "attention_bias")
+  end
+  if config.lora or config.adapter_config then
+    unsupported("LoRA adapters are not supported: publish merged weights", "lora")
+  end
+  config.tie_word_embeddings = config.tie_word_embeddings == true
+  config.decoder_sparse_step, config.mlp_only_layers = 1, {}
+  return config
+end
+
+local function numel(shape)
+  local count = 1
+  for _, size in ipairs(shape) do
+    count = count * size
+  end
+  return count
+end
+
+--- The trainer's tensors in layout order: `{name, dtype, shape, bytes}`.
+---@param config table  from M.config
+---@return table[]
+function M.trainer_layout(config)
+  local V, H, I = config.vocab_size, config.hidden_size, config.moe_intermediate_size
+  local nh, nkv, hd, E = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.num_experts
+  local tensors = {}
+  local function add(name, shape)
+    tensors[#tensors + 1] = { name = name, dtype = DTYPE, shape = shape, bytes = numel(shape) * ELEMENT_BYTES }
+  end
+  add("model.embed_tokens.weight", { V, H })
+  for l = 0, config.num_hidden_layers - 1 do
+    local p = "model.layers." .. l .. "."
+    add(p .. "self_attn.q_proj.weight", { nh * hd, H })
+    add(p .. "self_attn.k_proj.weight", { nkv * hd, H })
+    add(p .. "self_attn.v_proj.weight", { nkv * hd, H })
+    add(p .. "self_attn.o_proj.weight", { H, nh * hd })
+    add(p .. "self_attn.q_norm.weight", { hd })
+    add(p .. "self_attn.k_norm.weight", { hd })
+    add(p .. "mlp.gate.weight", { E, H })
+    add(p .. "mlp.experts.gate_up_proj", { E, 2 * I, H })
+    add(p .. "mlp.experts.down_proj", { E, H, I })
+    add(p .. "input_layernorm.weight", { H })
+    add(p .. "post_attention_layernorm.weight", { H })
+  end
+  add("model.norm.weight", { H })
+  if not config.tie_word_embeddings then
+    add("lm_head.weight", { V, H })
+  end
+  return tensors
+end
+
+--- The canonical tensors one trainer tensor exports, in stream order:
+--- `{name, dtype, shape, bytes, offset}` with `offset` in bytes from the start
+--- of the trainer tensor. `shape` is the trainer tensor's (registered) shape,
+--- so that an exporter given a wrong shape exports what it really holds.
+---@param name string
+---@param shape integer[]
+---@return table[]
+function M.export(name, shape)
+  local prefix = name:match("^(model%.layers%.%d+%.mlp%.experts%.)gate_up_proj$")
+  if prefix then
+    local E, two_I, H = shape[1], shape[2], shape[3]
+    local I = two_I / 2
+    local out = {}
+    for e = 0, E - 1 do
+      local base = e * two_I * H * ELEMENT_BYTES
+      local bytes = I * H * ELEMENT_BYTES
+      out[#out + 1] = { name = prefix .. e .. ".gate_proj.weight", dtype = DTYPE, shape = { I, H }, bytes = bytes,
+        offset = base }
+      out[#out + 1] = { name = prefix .. e .. ".up_proj.weight", dtype = DTYPE, shape = { I, H }, bytes = bytes,
+        offset = base + bytes }
+    end
+    return out
+  end
+  prefix = name:match("^(model%.layers%.%d+%.mlp%.experts%.)down_proj$")
+  if prefix then
+    local E, H, I = shape[1], shape[2], shape[3]
+    local out = {}
+    for e = 0, E - 1 do
+      local bytes = H * I * ELEMENT_BYTES
+      out[#out + 1] = { name = prefix .. e .. ".down_proj.weight", dtype = DTYPE, shape = { H, I }, bytes = bytes,
+        offset = e * bytes }
+    end
+    return out
+  end
+  return { { name = name, dtype = DTYPE, shape = shape, bytes = numel(shape) * ELEMENT_BYTES, offset = 0 } }
+end
+
+--- Every canonical tensor in stream order, each with `source` (its trainer
+--- tensor's index in the layout) and `offset` within that tensor.
+---@param config table
+---@return table[]
+function M.canonical(config)
+  local out = {}
+  for index, tensor in ipairs(M.trainer_layout(config)) do
+    for _, canonical in ipairs(M.export(tensor.name, tensor.shape)) do
+      canonical.source = index
+      out[#out + 1] = canonical
+    end
+  end
+  return out
+end
+
+--- Counts from the config: tensors, parameters and BF16 bytes of the
+--- canonical checkpoint, by the closed-form formulas (no enumeration).
+---@param config table
+function M.counts(config)
+  local V, H, I, L = config.vocab_size, config.hidden_size, config.moe_intermediate_size, config.num_hidden_layers
+  local nh, nkv, hd, E = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.num_experts
+  local embeddings = config.tie_word_embeddings and 1 or 2
+  local tensors = L * (3 * E + 9) + 1 + embeddings
+  local per_layer = 2 * H * hd * (nh + nkv) + 2 * H + 2 * hd + E * H + 3 * E * I * H
+  local parameters = embeddings * V * H + H + L * per_layer
+  return { tensors = tensors, parameters = parameters, bytes = parameters * ELEMENT_BYTES }
+end
+
+--- TP checks: raises MODEL_UNSUPPORTED naming what does not divide.
+---@param config table
+---@param tp integer
+function M.check_tp(config, tp)
+  local function require_divides(what, value)
+    if value % tp ~= 0 then
+      unsupported(string.format("TP %d does not divide %s (%d)", tp, what, value), "tp")
+    end
+  end
+  if tp < 1 then
+    unsupported("TP size must be at least 1", "tp")
+  end
+  require_divides("num_attention_heads", config.num_attention_heads)
+  require_divides("moe_intermediate_size", config.moe_intermediate_size)
+  require_divides("the padded vocabulary", M.padded_vocab(config))
+  local nkv = config.num_key_value_heads
+  if nkv % tp ~= 0 and tp % nkv ~= 0 then
+    unsupported(string.format("TP %d and num_key_value_heads %d: neither divides the other", tp, nkv), "tp")
+  end
+end
+
+--- Vocabulary rounded up to a multiple of 64, as vLLM pads it.
+function M.padded_vocab(config)
+  return math.ceil(config.vocab_size / 64) * 64
+end
+
+--- The resident tensors of TP rank `rank` of `tp` and how each canonical
+--- tensor lands in them. Returns `{tensors = {{name, dtype, shape, bytes,
+--- offset}}, bytes = total, copies = {[canonical name] = {{resident, dst,
+--- src, rows, width, dst_pitch, src_pitch}}}}`: `rows` copies of `width` bytes
+--- from `src` (bytes from the canonical tensor's start, advancing `src_pitch`
+--- per row) to `dst` (bytes from the resident storage's start, advancing
+--- `dst_pitch`).
+---@param config table
+---@param tp integer
+---@param rank integer
+function M.loader_plan(config, tp, rank)
+  M.check_tp(config, tp)
+  local V, H, I = config.vocab_size, config.hidden_size, config.moe_intermediate_size
+  local nh, nkv, hd, E = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.num_experts
+  local B = ELEMENT_BYTES
+  local plan = { tensors = {}, copies = {}, bytes = 0 }
+  local by_name = {}
+  local function resident(name, shape)
+    local tensor = { name = name, dtype = DTYPE, shape = shape, bytes = numel(shape) * B, offset = plan.bytes }
+    plan.tensors[#plan.tensors + 1] = tensor
+    plan.bytes = plan.bytes + tensor.bytes
+    by_name[name] = tensor
+    return tensor
+  end
+  local function copy(canonical, tensor, dst, src, rows, width, dst_pitch, src_pitch)
+    local list = plan.copies[canonical]
+    if not list then
+      list = {}
+      plan.copies[canonical] = list
+    end
+    list[#list + 1] = {
+      resident = tensor.name, dst = tensor.offset + dst, src = src, rows = rows, width = width,
+      dst_pitch = dst_pitch or width, src_pitch = src_pitch or width,
+    }
+  end
+  local function replicated(canonical, shape)
+    local tensor = resident(canonical, shape)
+    copy(canonical, tensor, 0, 0, 1, tensor.bytes)
+  end
+  local function contiguous_rows(canonical, tensor, dst_row, src_row, rows, row_bytes)
+    if rows > 0 then
+      copy(canonical, tensor, dst_row * row_bytes, src_row * row_bytes, 1, rows * row_bytes)
+    end
+  end
+
+  local Vp = M.padded_vocab(config)
+  local vocab_rows = Vp / tp
+  local vocab_first = rank * vocab_rows
+  local vocab_real = math.max(0, math.min(vocab_rows, V - vocab_first)) -- the rest is zero padding
+  local function vocab_parallel(canonical)
+    local tensor = resident(canonical, { vocab_rows, H })
+    contiguous_rows(canonical, tensor, 0, vocab_first, vocab_real, H * B)
+  end
+
+  local q_rows = nh / tp * hd
+  local kv_heads = nkv >= tp and nkv / tp or 1
+  local kv_head_first = nkv >= tp and rank * kv_heads or math.floor(rank / (tp / nkv))
+  local kv_rows = kv_heads * hd
+  local I_local = I / tp
+
+  vocab_parallel("model.embed_tokens.weight")
+  for l = 0, config.num_hidden_layers - 1 do
+    local p = "model.layers." .. l .. "."
+    local qkv = resident(p .. "self_attn.qkv_proj.weight", { q_rows + 2 * kv_rows, H })
+    contiguous_rows(p .. "self_attn.q_proj.weight", qkv, 0, rank * q_rows, q_rows, H * B)
+    contiguous_rows(p .. "self_attn.k_proj.weight", qkv, q_rows, kv_head_first * hd, kv_rows, H * B)
+    contiguous_rows(p .. "self_attn.v_proj.weight", qkv, q_rows + kv_rows, kv_head_first * hd, kv_rows, H * B)
+    local columns = nh * hd / tp
+    local o_proj = resident(p .. "self_attn.o_proj.weight", { H, columns })
+    copy(p .. "self_attn.o_proj.weight", o_proj, 0, rank * columns * B, H, columns * B, columns * B, nh * hd * B)
+    replicated(p .. "self_attn.q_norm.weight", { hd })
+    replicated(p .. "self_attn.k_norm.weight", { hd })
+    replicated(p .. "mlp.gate.weight", { E, H })
+    local w13 = resident(p .. "mlp.experts.w13_weight", { E, 2 * I_local, H })
+    local w2 = resident(p .. "mlp.experts.w2_weight", { E, H, I_local })
+    for e = 0, E - 1 do
+      local expert = p .. "mlp.experts." .. e .. "."
+      local w13_expert = e * 2 * I_local
+      contiguous_rows(expert .. "gate_proj.weight", w13, w13_expert, rank * I_local, I_local, H * B)
+      contiguous_rows(expert .. "up_proj.weight", w13, w13_expert + I_local, rank * I_local, I_local, H * B)
+      copy(expert .. "down_proj.weight", w2, e * H * I_local * B, rank * I_local * B, H, I_local * B, I_local * B,
+        I * B)
+    end
+    replicated(p .. "input_layernorm.weight", { H })
+    replicated(p .. "post_attention_layernorm.weight", { H })
+  end
+  replicated("model.norm.weight", { H })
+  if not config.tie_word_embeddings then
+    vocab_parallel("lm_head.weight")
+  end
+  plan.by_name = by_name
+  return plan
+end
+
+--- FSDP dim-0 sharding as torch.chunk does it: rank q holds rows
+--- [q*c, min((q+1)*c, rows)) with c = ceil(rows / world); late ranks may hold
+--- none. Returns first row and row count.
+---@param rows integer
+---@param world integer
+---@param rank integer
+---@return integer first, integer count
+function M.shard_rows(rows, world, rank)
+  local chunk = math.ceil(rows / world)
+  local first = math.min(rank * chunk, rows)
+  return first, math.min(chunk, rows - first)
+end
+
+return M

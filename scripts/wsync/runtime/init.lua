@@ -1,0 +1,53 @@
+--- Rollout runtimes the host spawns and drives. `spawn(options)` starts one
+--- and returns its client (wsync.runtime.client) after the handshake; it must
+--- be called from a coroutine (the REPL, `wsync run`, and wsync.loop.spawn give
+--- one). The reference runtime is built in: `wsync runtime` is its main process.
+local uv = require("luv")
+local client = require("wsync.runtime.client")
+
+local M = {}
+
+M.DEFAULT_TIMEOUTS = client.DEFAULT_TIMEOUTS
+
+--- Spawns a runtime.
+--- `env` adds "NAME=value" entries to the runtime's environment; `fault` is
+--- a test-only fault spec (wsync.runtime.fault).
+---@param options {kind: "reference"?, tp: integer?, backend: string?, devices: integer[]?, weights_bytes: integer?, kv_bytes: integer?, timeouts: table?, grace_ms: integer?, fault: string?, program: string?, env: string[]?}
+---@return wsync.RuntimeClient
+function M.spawn(options)
+  options = options or {}
+  local kind = options.kind or "reference"
+  if kind ~= "reference" then
+    error(string.format("unknown runtime kind '%s' (this build has: reference)", tostring(kind)), 2)
+  end
+  local tp = options.tp or 1
+  local devices = {}
+  for rank = 1, tp do
+    devices[rank] = tostring(options.devices and options.devices[rank] or (rank - 1))
+  end
+  local program = options.program or uv.exepath()
+  return client.spawn({
+    name = "reference runtime",
+    argv = {
+      program, "runtime",
+      "--tp", tostring(tp),
+      "--backend", options.backend or "host",
+      "--devices", table.concat(devices, ","),
+      "--weights-bytes", tostring(options.weights_bytes or 1048576),
+      "--kv-bytes", tostring(options.kv_bytes or 1048576),
+    },
+    env = (function()
+      -- Without options.fault the runtime inherits $WSYNC_RUNTIME_FAULT (tests
+      -- set it for a whole `wsync run`).
+      local env = options.fault and { "WSYNC_RUNTIME_FAULT=" .. options.fault } or {}
+      for _, entry in ipairs(options.env or {}) do
+        env[#env + 1] = entry
+      end
+      return env
+    end)(),
+    timeouts = options.timeouts,
+    grace_ms = options.grace_ms,
+  })
+end
+
+return M

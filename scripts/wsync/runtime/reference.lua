@@ -1,0 +1,309 @@
+--- The reference rollout runtime's main process (`wsync runtime`): spawns one
+--- TP worker per rank in its own process group, answers the host over the
+--- control channel, and fans commands out to the workers.
+---
+--- It holds vLLM-style TP-local resident weights in its workers, sleeps and
+--- wakes them, and (with the publication protocol) receives weights. It does
+--- not generate text and says so.
+local uv = require("luv")
+local client_module = require("wsync.runtime.client")
+local errors = require("wsync.errors")
+local fault_module = require("wsync.runtime.fault")
+local loop = require("wsync.loop")
+local process = require("wsync._process")
+local protocol = require("wsync.protocol")
+local receipts_module = require("wsync.receipts")
+local server_module = require("wsync.runtime.server")
+
+local M = {}
+
+---@class wsync.ReferenceRuntime
+local Runtime = {}
+Runtime.__index = Runtime
+
+-- Runs `cmd` on every worker concurrently; returns the results by rank, or
+-- raises a fatal error naming the first worker that failed.
+function Runtime:broadcast(cmd, payload, payload_of)
+  self:check_workers()
+  local results, failures, remaining = {}, {}, #self.workers
+  loop.await(function(resume)
+    for rank, worker in ipairs(self.workers) do
+      loop.spawn(function()
+        return worker:request(cmd, payload_of and payload_of(rank) or payload)
+      end, function(ok, value)
+        if ok then
+          results[rank] = value
+        else
+          failures[#failures + 1] = { rank = rank - 1, err = value }
+        end
+        remaining = remaining - 1
+        if remaining == 0 then
+          resume()
+        end
+      end)
+    end
+  end)
+  if #failures > 0 then
+    table.sort(failures, function(a, b)
+      return a.rank < b.rank
+    end)
+    local first = failures[1]
+    local fatal = first.err.code ~= "RUNTIME_COMMAND_FAILED"
+    if fatal then
+      self.broken = first.err.message
+    end
+    errors.raise(fatal and "WORKER_FAILED" or (first.err.remote_code or "WORKER_FAILED"), first.err.message,
+      { fatal = fatal, rank = first.rank })
+  end
+  return results
+end
+
+-- Raises a fatal WORKER_DIED when a worker broke (died, hung, misbehaved),
+-- even while the runtime was idle: a partial runtime is never used again.
+function Runtime:check_workers()
+  if not self.broken then
+    for _, worker in ipairs(self.workers) do
+      if worker.state == "BROKEN" then
+        self.broken = worker.cause.message
+        break
+      end
+    end
+  end
+  if self.broken then
+    errors.raise("WORKER_DIED", self.broken, { fatal = true })
+  end
+end
+
+-- Like broadcast, with a payload per worker: payload_of(rank) (1-based).
+function Runtime:broadcast_each(cmd, payload_of)
+  return self:broadcast(cmd, nil, payload_of)
+end
+
+-- A header must match this runtime: TP world and the workers' devices in order.
+function Runtime:check_header(header)
+  if type(header) ~= "table" then
+    errors.raise("BAD_HEADER", "start_update without a publication header", { fatal = true })
+  end
+  if header.tp_world ~= #self.workers then
+    errors.raise("BAD_HEADER", string.format("header for TP %s, runtime has %d workers", tostring(header.tp_world),
+      #self.workers), { fatal = true })
+  end
+  for rank, info in ipairs(self.worker_info) do
+    if header.uuids[rank] ~= info.device.uuid then
+      errors.raise("BAD_HEADER", string.format("header puts rank %d on device %s; TP worker %d is on %s", rank - 1,
+        tostring(header.uuids[rank]), rank - 1, info.device.uuid), { fatal = true })
+    end
+  end
+  self.expected_resident = header.resident_tensors
+end
+
+function Runtime:state()
+  local first = self.worker_state[1] or {}
+  return { weights = first.weights, kv_cache = first.kv_cache }
+end
+
+function Runtime:remember(results)
+  for rank, result in ipairs(results) do
+    self.worker_info[rank] = result
+    self.worker_state[rank] = result.state
+  end
+end
+
+function Runtime:info()
+  local workers = {}
+  for rank, info in ipairs(self.worker_info) do
+    workers[rank] = {
+      rank = info.rank, pid = info.pid, device = info.device, state = self.worker_state[rank],
+      memory = info.memory,
+    }
+  end
+  return {
+    protocol = protocol.VERSION,
+    runtime = "reference",
+    version = require("wsync").version,
+    pid = uv.os_getpid(),
+    tp_world = #self.workers,
+    backend = self.backend,
+    capabilities = { generate = false, sleep_levels = { 1, 2 }, wake_tags = { "weights", "kv_cache" } },
+    state = self:state(),
+    workers = workers,
+    model_version = self.model_version,
+    updating = self.update ~= nil,
+    prefix_cache_resets = self.prefix_cache_resets or 0,
+  }
+end
+
+function Runtime:handlers()
+  return {
+    info = function()
+      self:check_workers()
+      return self:info()
+    end,
+    sleep = function(payload)
+      self:remember(self:broadcast("sleep", { level = payload.level }))
+      return self:info()
+    end,
+    wake = function(payload)
+      self:remember(self:broadcast("wake", { tags = payload.tags }))
+      return self:info()
+    end,
+    checksum = function()
+      return { workers = self:broadcast("checksum", {}) }
+    end,
+    generate = function()
+      errors.raise("NOT_SUPPORTED", "the reference runtime does not generate text; "
+        .. "use the transformers or vllm runtime for generation")
+    end,
+    shutdown = function()
+      local failures = self:close_workers()
+      if #failures > 0 then
+        -- A worker that did not shut down cleanly was destroyed; the host
+        -- learns which one, and why.
+        errors.raise("WORKER_FAILED", failures[1].message, { fatal = true, rank = failures[1].rank })
+      end
+      self.server.after_answer = function()
+        self.server:close_after_flush()
+      end
+      return {}
+    end,
+    init_weights = function(payload)
+      local results = self:broadcast_each("init_weights", function(rank)
+        return {
+          family = payload.family, config = payload.config, tp = payload.tp,
+          transport = payload.transport, buffers = payload.buffers[rank],
+        }
+      end)
+      self.initialized = true
+      return { workers = results }
+    end,
+    start_update = function(payload)
+      self:check_header(payload.header)
+      self:broadcast("start_update", payload)
+      self.update = payload.header
+      return {}
+    end,
+    load_chunk = function(payload)
+      if not self.update then
+        errors.raise("NOT_UPDATING", "load_chunk outside an update", { fatal = true })
+      end
+      local results = self:broadcast("load_chunk", payload)
+      local bytes = 0
+      for _, result in ipairs(results) do
+        bytes = bytes + result.bytes
+      end
+      return { chunk = payload.chunk, bytes = bytes }
+    end,
+    finish_update = function(payload)
+      local header = self.update
+      if not header then
+        errors.raise("NOT_UPDATING", "finish_update without start_update", { fatal = true })
+      end
+      local receipts = self:broadcast("finish_update", payload)
+      self.update = nil
+      receipts_module.check(header, receipts, self.expected_resident)
+      -- Commit: the version is served from now on; cached prefixes computed
+      -- with the old weights are dropped.
+      self.model_version = header.model_version
+      self.prefix_cache_resets = (self.prefix_cache_resets or 0) + 1
+      return { model_version = self.model_version, receipts = receipts, prefix_cache_reset = true }
+    end,
+    release = function(payload)
+      if self.update then
+        errors.raise("STATE_REFUSED", "release during an update", { fatal = true })
+      end
+      return { workers = self:broadcast("release", payload) }
+    end,
+    resident_checksums = function()
+      return { workers = self:broadcast("resident_checksums", {}) }
+    end,
+  }
+end
+
+-- Shuts every worker down at once and waits until all are gone. Returns the
+-- failures ({rank, message}, by rank), empty when every worker closed cleanly.
+function Runtime:close_workers()
+  local failures, remaining = {}, #self.workers
+  if remaining > 0 then
+    loop.await(function(resume)
+      for rank, worker in ipairs(self.workers) do
+        loop.spawn(function()
+          return worker:close()
+        end, function(ok, closed, cause)
+          if not ok or not closed then
+            local message = ok and cause.message or tostring(closed)
+            failures[#failures + 1] = { rank = rank - 1, message = message }
+          end
+          remaining = remaining - 1
+          if remaining == 0 then
+            resume()
+          end
+        end)
+      end
+    end)
+  end
+  table.sort(failures, function(a, b)
+    return a.rank < b.rank
+  end)
+  return failures
+end
+
+--- Runs the main process: spawns the workers, then serves the host.
+---@param options {tp: integer, backend: string, devices: integer[], weights_bytes: integer, kv_bytes: integer, fault: string?, program: string}
+function M.main(options)
+  -- The host's channel must be there before any worker is spawned: a worker's
+  -- pipe would otherwise take the free fd 3, and serving it would abort.
+  if uv.guess_handle(3) ~= "pipe" then
+    errors.raise("RUNTIME_START", "reference runtime: no control channel on fd 3 "
+      .. "(the host starts `wsync runtime` through wsync.runtime.spawn)")
+  end
+  process.die_with_parent("SIGKILL")
+  local faults = fault_module.parse(options.fault)
+  local self = setmetatable({
+    backend = options.backend,
+    workers = {},
+    worker_info = {},
+    worker_state = {},
+  }, Runtime)
+  for rank = 0, options.tp - 1 do
+    local env = nil
+    if faults.workers[rank] then
+      env = { "WSYNC_RUNTIME_FAULT=" .. faults.workers[rank] }
+    else
+      env = { "WSYNC_RUNTIME_FAULT=" }
+    end
+    local ok, worker = pcall(client_module.spawn, {
+      name = "TP worker " .. rank,
+      detached = false,
+      env = env,
+      argv = {
+        options.program, "runtime-worker",
+        "--rank", tostring(rank), "--world", tostring(options.tp),
+        "--backend", options.backend, "--device", tostring(options.devices[rank + 1]),
+        "--weights-bytes", tostring(options.weights_bytes), "--kv-bytes", tostring(options.kv_bytes),
+      },
+    })
+    if not ok then
+      self:close_workers()
+      error(worker, 0)
+    end
+    self.workers[rank + 1] = worker
+    self.worker_info[rank + 1] = worker.startup_info
+    self.worker_state[rank + 1] = worker.startup_info.state
+  end
+  self.server = server_module.serve({
+    name = "reference runtime",
+    handlers = self:handlers(),
+    fault = faults,
+    on_close = function()
+      -- The host went away (or broke the connection): take the workers down.
+      for _, worker in ipairs(self.workers) do
+        if worker.state ~= "CLOSED" then
+          worker:_destroy_tree()
+        end
+      end
+    end,
+  })
+  return self
+end
+
+return M

@@ -1,0 +1,233 @@
+--- The memory schedule: the order in which trainer and rollout memory moves
+--- around a publication, checked before it runs and modelled per device.
+---
+--- A step is a trainer callback name ("offload_optimizer"), a rollout step
+--- (`{sleep = 1|2}`, `{wake = {"weights", "kv_cache"}}`), "publish" or
+--- "generate". The usual per-publication schedule: offload_optimizer, wake
+--- weights, publish, offload_actor, wake kv_cache, generate, sleep 2,
+--- onload_actor, onload_optimizer. `bootstrap` runs once first: sleep level 1
+--- keeps the rollout's initial weights in host memory; later sleeps use level
+--- 2 and discard them, since publish rewrites them.
+---
+--- The model of one device: trainer parameters, gradients and optimizer state
+--- (this rank's FSDP share), the rollout's resident TP-local weights, its KV
+--- arena, and the packed buffers (from the first publish on) plus the largest
+--- tensor in flight during a publish.
+local errors = require("wsync.errors")
+local plan_module = require("wsync.plan")
+
+local M = {}
+
+--- Trainer callbacks with a known effect on memory. Other registered callbacks
+--- may be scheduled; they move nothing in the model.
+M.TRAINER_EFFECTS = {
+  offload_optimizer = { part = "optimizer", from = true, to = false },
+  onload_optimizer = { part = "optimizer", from = false, to = true },
+  offload_actor = { part = "actor", from = true, to = false },
+  onload_actor = { part = "actor", from = false, to = true },
+}
+
+local function invalid(message, fields)
+  errors.raise("SCHEDULE_INVALID", message, fields)
+end
+
+--- Normalizes one step; raises SCHEDULE_INVALID naming the step.
+---@param step any
+---@param where string  "schedule[3]"
+---@return table  {kind = "trainer"|"sleep"|"wake"|"publish"|"generate", ...}
+function M.normalize(step, where)
+  if step == "publish" or step == "generate" then
+    return { kind = step, where = where }
+  elseif type(step) == "string" then
+    return { kind = "trainer", name = step, where = where }
+  elseif type(step) == "table" and step.sleep ~= nil then
+    if step.sleep ~= 1 and step.sleep ~= 2 then
+      invalid(string.format("%s: sleep level must be 1 or 2, got %s", where, tostring(step.sleep)), { field = where })
+    end
+    return { kind = "sleep", level = step.sleep, where = where }
+  elseif type(step) == "table" and step.wake ~= nil then
+    local tags = type(step.wake) == "table" and step.wake or { step.wake }
+    local seen = {}
+    for _, tag in ipairs(tags) do
+      if tag ~= "weights" and tag ~= "kv_cache" then
+        invalid(string.format("%s: unknown wake tag %s (weights, kv_cache)", where, tostring(tag)), { field = where })
+      end
+      seen[tag] = true
+    end
+    if not next(seen) then
+      invalid(where .. ": wake needs at least one tag", { field = where })
+    end
+    return { kind = "wake", tags = tags, weights = seen.weights, kv_cache = seen.kv_cache, where = where }
+  end
+  invalid(string.format("%s: a step is a trainer callback name, \"publish\", \"generate\", {sleep = N} or "
+    .. "{wake = {...}}", where), { field = where })
+end
+
+local function describe(step)
+  if step.kind == "trainer" then
+    return step.name
+  elseif step.kind == "sleep" then
+    return "sleep " .. step.level
+  elseif step.kind == "wake" then
+    return "wake " .. table.concat(step.tags, "+")
+  end
+  return step.kind
+end
+M.describe = describe
+
+--- The per-device sizes the model adds up, from the plan and the recipe.
+---@param plan wsync.Plan
+---@param topology {world: integer, tp: integer}
+---@param memory table  recipe.memory
+function M.sizes(plan, topology, memory)
+  local family = plan_module.family(plan.family)
+  local rollout = 0
+  for rank = 0, topology.tp - 1 do
+    rollout = math.max(rollout, family.loader_plan(plan.config, topology.tp, rank).bytes)
+  end
+  local params = math.ceil(plan.bytes / topology.world)
+  return {
+    params = params,
+    gradients = memory.gradients == false and 0 or params,
+    optimizer = params * (memory.optimizer_factor or 6),
+    rollout = rollout,
+    kv_cache = memory.kv_bytes or 0,
+    buffers = plan.buffer_bytes * plan.buffer_count,
+    largest = plan.largest.bytes,
+  }
+end
+
+local function usage(state, sizes)
+  local total = 0
+  if state.actor then
+    total = total + sizes.params + sizes.gradients
+  end
+  if state.optimizer then
+    total = total + sizes.optimizer
+  end
+  if state.weights == "awake" then
+    total = total + sizes.rollout
+  end
+  if state.kv_cache then
+    total = total + sizes.kv_cache
+  end
+  if state.buffers then
+    total = total + sizes.buffers
+  end
+  return total
+end
+
+local function copy_state(state)
+  local copy = {}
+  for key, value in pairs(state) do
+    copy[key] = value
+  end
+  return copy
+end
+
+-- Applies one step to the modelled state; returns the peak during the step.
+local function apply(state, step, sizes, callbacks)
+  local function refuse(message)
+    invalid(string.format("%s (%s): %s", step.where, describe(step), message), { field = step.where })
+  end
+  if step.kind == "trainer" then
+    local effect = M.TRAINER_EFFECTS[step.name]
+    if callbacks and not callbacks[step.name] then
+      refuse("no trainer rank registered this callback")
+    end
+    if effect then
+      if state[effect.part] ~= effect.from then
+        refuse(string.format("the %s is already %s", effect.part, effect.from and "offloaded" or "resident"))
+      end
+      state[effect.part] = effect.to
+    end
+  elseif step.kind == "sleep" then
+    state.kv_cache = false
+    if state.weights == "awake" then
+      state.weights = step.level == 1 and "offloaded" or "discarded"
+    elseif state.weights == "offloaded" and step.level == 2 then
+      state.weights = "discarded"
+    end
+  elseif step.kind == "wake" then
+    if step.weights then
+      state.weights = "awake"
+    end
+    if step.kv_cache then
+      if state.weights ~= "awake" then
+        refuse("wake kv_cache needs the rollout weights awake: wake weights first")
+      end
+      state.kv_cache = true
+    end
+  elseif step.kind == "publish" then
+    if not state.actor then
+      refuse("publish needs the actor resident: onload_actor before publish")
+    end
+    if state.weights ~= "awake" then
+      refuse("publish needs the rollout weights awake: wake weights before publish")
+    end
+    local peak = usage(state, sizes) + (state.buffers and 0 or sizes.buffers) + sizes.largest
+    state.buffers = true
+    return peak
+  elseif step.kind == "generate" then
+    if state.weights ~= "awake" or not state.kv_cache then
+      refuse("generate needs the weights and the kv_cache awake")
+    end
+  end
+  return usage(state, sizes)
+end
+
+--- Checks a bootstrap and a per-publication schedule against the model of one
+--- device and returns the report: `{steps = {{where, step, bytes}}, peak,
+--- peak_step, budget, sizes}`. Raises SCHEDULE_INVALID naming the step that
+--- makes no sense or would overflow `budget`, or a schedule that does not give
+--- the trainer back resident (it trains between publications).
+---@param options {plan: wsync.Plan, topology: table, memory: table, bootstrap: any[], schedule: any[], budget: number, callbacks: table<string, boolean>?}
+function M.check(options)
+  local sizes = M.sizes(options.plan, options.topology, options.memory or {})
+  local bootstrap, steps = {}, {}
+  for i, step in ipairs(options.bootstrap or {}) do
+    bootstrap[i] = M.normalize(step, string.format("bootstrap[%d]", i))
+  end
+  for i, step in ipairs(options.schedule or {}) do
+    steps[i] = M.normalize(step, string.format("schedule[%d]", i))
+  end
+  local publishes = 0
+  for _, step in ipairs(steps) do
+    publishes = publishes + (step.kind == "publish" and 1 or 0)
+  end
+  if publishes ~= 1 then
+    invalid(string.format("the schedule must publish exactly once, it publishes %d times", publishes),
+      { field = "schedule" })
+  end
+  local state = { actor = true, optimizer = true, weights = "awake", kv_cache = false, buffers = false }
+  local report = { steps = {}, peak = usage(state, sizes), peak_step = "start", budget = options.budget,
+    sizes = sizes }
+  local function run(list, pass)
+    for _, step in ipairs(list) do
+      local bytes = apply(state, step, sizes, options.callbacks)
+      if pass == 1 then
+        report.steps[#report.steps + 1] = { where = step.where, step = describe(step), bytes = bytes }
+      end
+      if bytes > report.peak then
+        report.peak, report.peak_step = bytes, step.where .. " (" .. describe(step) .. ")"
+      end
+      if options.budget and bytes > options.budget then
+        invalid(string.format("%s (%s) needs %s on each device; the budget is %s", step.where, describe(step),
+          plan_module.format_bytes(bytes), plan_module.format_bytes(options.budget)), { field = step.where })
+      end
+    end
+  end
+  run(bootstrap, 1)
+  local start = copy_state(state)
+  run(steps, 1)
+  if not (state.actor and state.optimizer) then
+    invalid("the schedule leaves the trainer's " .. (state.actor and "optimizer" or "actor")
+      .. " offloaded; it must end resident for the next training step", { field = "schedule" })
+  end
+  -- Steady state: a second pass from where the first ended must be valid too.
+  run(steps, 2)
+  report.steady = state.weights == start.weights or nil
+  return report, bootstrap, steps
+end
+
+return M

@@ -1,0 +1,492 @@
+--- A publication session, the host's main job (`wsync run RECIPE` for a
+--- recipe with a model): plan and check the schedule, open the agents'
+--- control endpoint, start the synthetic trainer ranks, start the rollout
+--- runtime on the ranks' devices in rank order, run the bootstrap, then for
+--- every collective `publish` of the trainers run the memory schedule (the
+--- publication inside it) and answer every rank with the same outcome.
+local uv = require("luv")
+local endpoint_module = require("wsync.endpoint")
+local errors = require("wsync.errors")
+local loop = require("wsync.loop")
+local plan_module = require("wsync.plan")
+local publish = require("wsync.publish")
+local runtime_module = require("wsync.runtime")
+local schedule_module = require("wsync.schedule")
+local verify = require("wsync.verify")
+
+local M = {}
+
+local format_bytes = plan_module.format_bytes
+
+local DEFAULT_TIMEOUTS = {
+  startup = 60, init = 120, start = 60, fill = 120, verify = 60, callback = 120,
+}
+
+local function say(format, ...)
+  io.stdout:write("wsync: ", string.format(format, ...), "\n")
+  io.stdout:flush()
+end
+
+--- Builds what `wsync check` shows and `run` needs: the plan and the schedule
+--- report. Raises with the recipe's field named.
+---@param recipe table  validated recipe with a model
+function M.prepare(recipe)
+  local model = recipe.model
+  local plan = plan_module.build({ family = model.family, config = model.preset or model.config }, recipe.buffers)
+  local topology = { world = recipe.trainer.ranks, tp = recipe.runtime.tp }
+  plan_module.family(plan.family).check_tp(plan.config, topology.tp)
+  local memory_report = schedule_module.check({
+    plan = plan, topology = topology, memory = recipe.memory, bootstrap = recipe.bootstrap,
+    schedule = recipe.schedule, budget = recipe.memory.device_bytes,
+  })
+  return plan, topology, memory_report
+end
+
+-- Waits until `predicate()` holds, re-checked whenever session:changed() runs.
+local function wait_until(session, predicate)
+  while not predicate() do
+    loop.await(function(resume)
+      session.waiters[#session.waiters + 1] = resume
+    end)
+  end
+end
+
+local function changed(session)
+  local waiters = session.waiters
+  session.waiters = {}
+  for _, resume in ipairs(waiters) do
+    resume()
+  end
+end
+
+local function count(table_value)
+  local n = 0
+  for _ in pairs(table_value) do
+    n = n + 1
+  end
+  return n
+end
+
+-- The requests agents send to the host.
+local function agent_handlers(session, peer)
+  return {
+    register = function(payload)
+      local rank = payload.rank
+      if type(rank) ~= "number" or rank < 0 or rank >= session.topology.world then
+        errors.raise("REGISTER", string.format("rank %s outside the recipe's %d trainer ranks", tostring(rank),
+          session.topology.world))
+      end
+      if payload.world ~= session.topology.world then
+        errors.raise("REGISTER", string.format("rank %d says world %s; the recipe says %d", rank,
+          tostring(payload.world), session.topology.world), { rank = rank })
+      end
+      if session.registered[rank] then
+        errors.raise("REGISTER", string.format("rank %d registered twice", rank), { rank = rank })
+      end
+      session.registered[rank] = { info = payload, peer = peer }
+      changed(session)
+      wait_until(session, function()
+        return session.ready or session.failure ~= nil
+      end)
+      if session.failure then
+        error(session.failure, 0)
+      end
+      return { plan = plan_module.summary(session.plan), model_version = session.version }
+    end,
+    state = function()
+      return session:state()
+    end,
+    publish = function(payload)
+      local rank = payload.rank
+      local waiter = { step = payload.step }
+      session.publishing[rank] = waiter
+      changed(session)
+      wait_until(session, function()
+        return waiter.done
+      end)
+      if waiter.error then
+        error(waiter.error, 0)
+      end
+      return waiter.result
+    end,
+  }
+end
+
+local function spawn_trainers(session)
+  local recipe = session.recipe
+  local program = uv.exepath()
+  local model = recipe.model.preset or require("cjson").encode(recipe.model.config)
+  for rank = 0, session.topology.world - 1 do
+    local process
+    process = uv.spawn(program, {
+      args = {
+        "trainer", "--endpoint", session.endpoint.path, "--rank", tostring(rank),
+        "--world", tostring(session.topology.world), "--model", model,
+        "--versions", tostring(recipe.trainer.steps), "--backend", recipe.backend,
+      },
+      stdio = { nil, 1, 2 },
+    }, function(code, signal)
+      session.trainers[rank] = { code = code, signal = signal }
+      process:close()
+      changed(session)
+    end)
+    if not process then
+      errors.raise("TRAINER_START", "cannot start synthetic trainer rank " .. rank)
+    end
+    session.trainer_handles[rank] = process
+  end
+end
+
+local function run_step(session, step)
+  session.phase = schedule_module.describe(step)
+  if step.kind == "trainer" then
+    publish.all_agents(session, "callback", function()
+      return { name = step.name }
+    end, session.timeouts.callback)
+  elseif step.kind == "sleep" then
+    session.runtime:sleep(step.level)
+  elseif step.kind == "wake" then
+    session.runtime:request("wake", { tags = step.tags })
+  elseif step.kind == "generate" then
+    session.runtime:request("generate", {})
+  end
+end
+
+local function describe_publication(report)
+  local t = report.timings
+  return string.format("model version %d (step %d): %s in %d chunks, %.1f ms (fill %.1f, load %.1f, finish %.1f), "
+    .. "%.2f GB/s; receipts %d/%d%s", report.model_version, report.step, format_bytes(report.bytes), report.chunks,
+    t.total * 1e3, t.fill * 1e3, t.load * 1e3, t.finish * 1e3, report.gbps, #report.receipts, #report.receipts,
+    report.verified and string.format("; resident weights verified (%d tensors on %d workers)",
+      report.verified.tensors, report.verified.workers) or "")
+end
+
+---@class wsync.Session
+local Session = {}
+Session.__index = Session
+
+local function spawn_runtime(session)
+  local recipe = session.recipe
+  session.runtime = runtime_module.spawn({
+    kind = recipe.runtime.kind, tp = session.topology.tp, backend = recipe.backend, devices = session.devices,
+    kv_bytes = math.max(recipe.memory.kv_bytes, 1), timeouts = recipe.timeouts, grace_ms = recipe.runtime.grace_ms,
+  })
+  session.runtime_info = session.runtime:info()
+  session.runtime_initialized = false
+  session.poisoned = nil
+end
+
+--- Opens a session: checks the plan and schedule, opens the endpoint,
+--- starts the synthetic trainers (or waits for external ones), starts the
+--- runtime on the ranks' devices in rank order, runs the bootstrap. Returns
+--- when every rank may publish. Must run in a spawned coroutine.
+---@param recipe table  a validated recipe with a model
+---@return wsync.Session
+function M.open(recipe)
+  local plan, topology, memory_report = M.prepare(recipe)
+  local timeouts = {}
+  for key, value in pairs(DEFAULT_TIMEOUTS) do
+    timeouts[key] = value
+  end
+  for key, value in pairs(recipe.timeouts) do
+    timeouts[key] = value
+  end
+  local session = setmetatable({
+    recipe = recipe, plan = plan, topology = topology, timeouts = timeouts, version = 0, phase = "opening",
+    registered = {}, publishing = {}, reports = {}, waiters = {}, trainers = {}, trainer_handles = {},
+    lost = {}, headroom_bytes = recipe.memory.headroom_bytes, memory_report = memory_report,
+  }, Session)
+  local _, bootstrap, steps = schedule_module.check({
+    plan = plan, topology = topology, memory = recipe.memory, bootstrap = recipe.bootstrap,
+    schedule = recipe.schedule, budget = recipe.memory.device_bytes,
+  })
+  session.bootstrap, session.steps = bootstrap, steps
+  say("recipe %s: %s, %d canonical tensors, %s in %d chunks (buffers %d x %s), manifest %s", recipe.name,
+    plan.family, #plan.canonical, format_bytes(plan.bytes), #plan.chunks, plan.buffer_count,
+    format_bytes(plan.buffer_bytes), plan.manifest)
+  say("schedule checked: predicted peak %s per device at %s", format_bytes(memory_report.peak),
+    memory_report.peak_step)
+
+  local ok, err = pcall(function()
+    session.endpoint = endpoint_module.listen({
+      handlers_for = function(peer)
+        return agent_handlers(session, peer)
+      end,
+      on_lost = function(peer, reason)
+        -- Only a trainer rank leaving matters; an attached viewer may come and go.
+        for _, registered in pairs(session.registered) do
+          if registered.peer == peer then
+            session.lost[peer] = reason
+            changed(session)
+          end
+        end
+      end,
+      on_refused = function(reason)
+        say("%s", reason)
+      end,
+    })
+    say("control endpoint %s", session.endpoint.path)
+    if recipe.trainer.kind == "synthetic" then
+      spawn_trainers(session)
+    else
+      say("waiting for %d external trainer ranks on %s", topology.world, session.endpoint.path)
+    end
+
+    -- Every rank registers (a dead trainer ends the wait).
+    session.phase = "registration"
+    local deadline = uv.now() + timeouts.startup * 1000
+    local timer = uv.new_timer()
+    timer:start(timeouts.startup * 1000, 0, function()
+      changed(session)
+    end)
+    wait_until(session, function()
+      return count(session.registered) == topology.world or count(session.trainers) > 0 or uv.now() >= deadline
+    end)
+    timer:close()
+    if count(session.registered) ~= topology.world then
+      errors.raise("STARTUP", string.format("%d of %d trainer ranks registered within %g s%s",
+        count(session.registered), topology.world, timeouts.startup,
+        count(session.trainers) > 0 and " (a trainer process exited)" or ""))
+    end
+    session.agents, session.devices = {}, {}
+    for rank = 0, topology.world - 1 do
+      local registered = session.registered[rank]
+      session.agents[rank + 1] = { peer = registered.peer, info = registered.info }
+      session.devices[rank + 1] = registered.info.device.index
+    end
+    say("%d trainer ranks registered; starting the %s runtime (TP%d) on their devices in rank order",
+      topology.world, recipe.runtime.kind, topology.tp)
+    session.phase = "runtime start"
+    spawn_runtime(session)
+    for _, step in ipairs(session.bootstrap) do
+      run_step(session, step)
+    end
+    if #session.bootstrap > 0 then
+      say("bootstrap done: rollout weights %s", session.runtime:info().state.weights)
+    end
+    session.ready = true
+    session.phase = "ready"
+    changed(session)
+  end)
+  if not ok then
+    session.failure = err
+    changed(session)
+    M.close(session)
+    error(err, 0)
+  end
+  return session
+end
+
+--- Waits until every rank called publish (true) or a trainer left (false).
+function Session:wait_publish()
+  self.phase = "waiting for publish"
+  wait_until(self, function()
+    return count(self.publishing) == self.topology.world or count(self.lost) > 0
+  end)
+  return count(self.publishing) == self.topology.world
+end
+
+--- The trainer step the ranks publish (they must agree).
+function Session:publishing_step()
+  local step = nil
+  for rank = 0, self.topology.world - 1 do
+    local waiter = self.publishing[rank]
+    step = step or waiter.step
+    if waiter.step ~= step then
+      errors.raise("PUBLISH_MISMATCH", string.format("trainer ranks publish different steps (%s and %s)",
+        tostring(step), tostring(waiter.step)), { rank = rank })
+    end
+  end
+  return step or (self.version + 1)
+end
+
+--- Runs the schedule steps before "publish" and returns the publication,
+--- not yet run: `p:run()`, or its phases one by one from the REPL. Respawns
+--- a poisoned runtime when the recipe says so.
+---@return wsync.Publication
+function Session:begin_round()
+  if self.poisoned then
+    if not self.recipe.runtime.respawn then
+      errors.raise("POISONED", "the runtime was destroyed by a failed publication and the recipe does not respawn "
+        .. "it: " .. tostring(self.poisoned.message or self.poisoned))
+    end
+    say("respawning the runtime after the failed publication")
+    spawn_runtime(self)
+  end
+  local step = self:publishing_step()
+  for index, schedule_step in ipairs(self.steps) do
+    if schedule_step.kind == "publish" then
+      self.after_publish = index + 1
+      break
+    end
+    run_step(self, schedule_step)
+  end
+  self.phase = "publish"
+  self.publication = publish.new(self, step)
+  return self.publication
+end
+
+--- After the publication: checks resident slices when the recipe asks, runs
+--- the schedule steps after "publish", answers every rank. Returns the report.
+---@param publication wsync.Publication
+function Session:end_round(publication)
+  local report = publication:report()
+  if self.recipe.verify then
+    local started = uv.hrtime()
+    local reported = self.runtime:request("resident_checksums", {})
+    report.verified = verify.check(self.plan, self.topology.tp, publication.step, reported.workers)
+    report.timings.resident_check = (uv.hrtime() - started) / 1e9
+  end
+  say("published %s", describe_publication(report))
+  for index = self.after_publish, #self.steps do
+    run_step(self, self.steps[index])
+  end
+  self.reports[#self.reports + 1] = report
+  self:answer({ model_version = report.model_version, publication_id = report.publication_id,
+    receipts = #report.receipts, manifest = report.manifest })
+  return report
+end
+
+--- Answers every rank waiting in publish with `result` or `err`.
+function Session:answer(result, err)
+  for rank = 0, self.topology.world - 1 do
+    local waiter = self.publishing[rank]
+    if waiter then
+      waiter.result, waiter.error, waiter.done = result, err, true
+    end
+  end
+  self.publishing = {}
+  self.publication = nil
+  self.phase = "ready"
+  changed(self)
+end
+
+--- One whole round: schedule, publication, answers. A failure poisons (when
+--- it is not already a poisoned publication), is answered to every rank, and
+--- is returned.
+---@return table|nil report, wsync.Error? failure
+function Session:round()
+  local ok, result = pcall(function()
+    local publication = self:begin_round()
+    publication:run()
+    return self:end_round(publication)
+  end)
+  if ok then
+    return result
+  end
+  if not errors.is(result) then
+    result = errors.new("PUBLISH_FAILED", tostring(result))
+  end
+  say("publication failed: %s", tostring(result))
+  if result.code ~= "PUBLISH_FAILED" and result.code ~= "POISONED" then
+    publish.poison(self, result) -- a schedule step failed: fail-stop too
+  end
+  self.failure = self.failure or result
+  self:answer(nil, result)
+  return nil, result
+end
+
+--- A read-only snapshot for `wsync repl --attach` and the REPL.
+function Session:state()
+  local ranks = {}
+  for rank, registered in pairs(self.registered) do
+    ranks[#ranks + 1] = { rank = rank, device = registered.info.device.uuid, pid = registered.info.pid,
+      publishing = self.publishing[rank] ~= nil }
+  end
+  table.sort(ranks, function(a, b)
+    return a.rank < b.rank
+  end)
+  local publication = self.publication
+  return {
+    recipe = self.recipe.name, phase = self.phase, model_version = self.version,
+    plan = plan_module.summary(self.plan), ranks = ranks,
+    runtime = self.runtime and { state = self.runtime.state, pid = self.runtime.pid,
+      workers = self.runtime_info and #self.runtime_info.workers } or nil,
+    publication = publication and { phase = publication.phase, model_version = publication.header
+      and publication.header.model_version, next_chunk = publication.next_chunk } or nil,
+    publications = #self.reports, poisoned = self.poisoned and tostring(self.poisoned.message or self.poisoned),
+  }
+end
+
+--- Closes everything the session started: runtime, endpoint, trainer processes.
+function M.close(session)
+  session.phase = "closing"
+  if session.runtime and session.runtime.state ~= "CLOSED" then
+    session.runtime:close()
+  end
+  if session.endpoint then
+    session.endpoint:close()
+  end
+  local deadline = uv.now() + 5000
+  for rank, process in pairs(session.trainer_handles) do
+    while not session.trainers[rank] and uv.now() < deadline do
+      loop.sleep(10)
+    end
+    if not session.trainers[rank] and not process:is_closing() then
+      process:kill("sigkill")
+      wait_until(session, function()
+        return session.trainers[rank] ~= nil
+      end)
+    end
+  end
+  session.phase = "closed"
+end
+Session.close = M.close
+
+local function closing_report(session)
+  say("closing report: recipe %s, %s, %d trainer ranks -> TP%d %s runtime", session.recipe.name,
+    session.plan.family, session.topology.world, session.topology.tp, session.recipe.runtime.kind)
+  say("  plan: %d canonical tensors, %s, %d chunks of at most %s, manifest %s", #session.plan.canonical,
+    format_bytes(session.plan.bytes), #session.plan.chunks, format_bytes(session.plan.buffer_bytes),
+    session.plan.manifest)
+  say("  %-8s %-5s %-10s %-9s %-9s %-9s %-9s %-9s %-9s %s", "version", "step", "bytes", "total ms", "init ms",
+    "fill ms", "load ms", "finish ms", "GB/s", "receipts")
+  for _, report in ipairs(session.reports) do
+    local t = report.timings
+    say("  %-8d %-5d %-10d %-9.1f %-9.1f %-9.1f %-9.1f %-9.1f %-9.3f %d/%d ok%s", report.model_version,
+      report.step, report.bytes, t.total * 1e3, t.init * 1e3, t.fill * 1e3, t.load * 1e3, t.finish * 1e3,
+      report.gbps, #report.receipts, #report.receipts, report.verified and ", verified" or "")
+  end
+  if #session.reports > 0 then
+    local receipt = session.reports[#session.reports].receipts[1]
+    say("  last receipt (TP rank 0): publication %s, version %d, device %s, %d resident tensors, manifest %s",
+      receipt.publication_id, receipt.model_version, receipt.uuid, receipt.resident_tensors, receipt.manifest)
+  end
+end
+
+--- Runs a model recipe to the end. Returns the session's reports; raises the
+--- first failure after everything was closed.
+---@param recipe table
+function M.run(recipe)
+  local session = M.open(recipe)
+  local ok, err = pcall(function()
+    while session:wait_publish() do
+      session:round()
+    end
+    -- Trainers that are still connected have nothing left to publish.
+    wait_until(session, function()
+      return count(session.trainers) == count(session.trainer_handles)
+    end)
+  end)
+  if not ok and not session.failure then
+    session.failure = err
+    changed(session)
+  end
+  M.close(session)
+  for rank, status in pairs(session.trainers) do
+    if status.code ~= 0 and not session.failure then
+      session.failure = errors.new("TRAINER_FAILED", string.format("synthetic trainer rank %d exited with %s", rank,
+        status.signal ~= 0 and ("signal " .. status.signal) or ("code " .. status.code)), { rank = rank })
+    end
+  end
+  closing_report(session)
+  if session.failure then
+    say("verdict: FAILED: %s", tostring(session.failure))
+    error(session.failure, 0)
+  end
+  say("verdict: OK: %d model versions published%s", #session.reports,
+    session.recipe.verify and ", every resident TP slice verified" or "")
+  return session.reports
+end
+
+return M
