@@ -1,0 +1,172 @@
+-- Debugging publications from the REPL: a model recipe stepped phase by phase
+-- over a pipe, and a read-only attach to a running host.
+local process = require("tests.helpers.process")
+local uv = require("luv")
+
+-- Segments in /dev/shm whose creating process is gone: leaks.
+local function orphan_segments()
+  local orphans = {}
+  local scanner = assert(uv.fs_scandir("/dev/shm"))
+  while true do
+    local name = uv.fs_scandir_next(scanner)
+    if not name then
+      break
+    end
+    local pid = name:match("^wsync%-(%d+)%-")
+    if pid and not uv.fs_stat("/proc/" .. pid) then
+      orphans[#orphans + 1] = name
+    end
+  end
+  return orphans
+end
+
+local STEPS = table.concat({
+  "s = wsync.session.open(recipe)",
+  "s:wait_publish()",
+  "p = s:begin_round()",
+  "p:preflight().model_version",
+  "p:init()",
+  "p:start()",
+  "p:chunk().chunk",
+  "#p.fills[1]",
+  "p:chunk().load.chunk",
+  "p:chunk().chunk",
+  "pcall(p.chunk, p)",
+  "p:verify()[2].manifest == s.plan.manifest",
+  "#p:finish()",
+  "p.result.receipts[2].tp_rank",
+  "p:release().model_version",
+  "s:end_round(p).verified.tensors",
+  "s:state().model_version",
+  "s:close()",
+}, "\n") .. "\n"
+
+describe("wsync repl with a model recipe", function()
+  it("steps one publication phase by phase and shows each step's result", function()
+    local result = process.wsync({ "repl", "recipes/demo.lua" }, STEPS, { timeout = 60000 })
+    assert.are.equal(0, result.code, result.stderr)
+    local lines = {}
+    for line in result.stdout:gmatch("[^\n]+") do
+      if not line:match("^wsync: ") and not line:match("^trainer rank") then
+        lines[#lines + 1] = line
+      end
+    end
+    assert.are.same({
+      "true", -- every rank is waiting in publish
+      "1", -- the header's model version
+      "1", -- chunk 1 moved
+      "2", -- two consensus reports
+      "2", -- the runtime loaded chunk 2
+      "3",
+      'false\t"all 3 chunks have moved"',
+      "true", -- rank 1's consumed manifest is the expected one
+      "2", -- two receipts
+      "1", -- TP rank of the second receipt
+      "1", -- committed version
+      "42", -- resident tensors verified
+      "1",
+    }, lines)
+    assert.matches("published model version 1 %(step 1%)", result.stdout)
+    assert.are.same({}, orphan_segments())
+  end)
+end)
+
+-- Spawns `args` with piped stdio; `on_line(line)` sees each stdout line as it
+-- arrives; `on_exit(code, stdout, stderr)` runs at the end.
+local function spawn(args, stdin_text, on_line, on_exit)
+  local stdin, stdout, stderr = uv.new_pipe(false), uv.new_pipe(false), uv.new_pipe(false)
+  local out, err, pending, code = {}, {}, "", nil
+  local open = 3
+  local function finish()
+    open = open - 1
+    if open == 0 then
+      on_exit(code, table.concat(out), table.concat(err))
+    end
+  end
+  local handle
+  handle = assert(uv.spawn(process.wsync_binary(), { args = args, stdio = { stdin, stdout, stderr } },
+    function(status)
+      code = status
+      handle:close()
+      finish()
+    end))
+  stdout:read_start(function(_, data)
+    if not data then
+      stdout:close()
+      return finish()
+    end
+    out[#out + 1] = data
+    pending = pending .. data
+    for line in pending:gmatch("([^\n]*)\n") do
+      on_line(line)
+    end
+    pending = pending:match("[^\n]*$")
+  end)
+  stderr:read_start(function(_, data)
+    if not data then
+      stderr:close()
+      return finish()
+    end
+    err[#err + 1] = data
+  end)
+  if stdin_text then
+    stdin:write(stdin_text)
+  end
+  stdin:shutdown(function()
+    stdin:close()
+  end)
+  return handle
+end
+
+describe("wsync repl --attach", function()
+  it("reads a running host's state without disturbing it", function()
+    local script = os.tmpname()
+    local file = assert(io.open(script, "w"))
+    file:write([[
+local recipe = require("wsync.recipe").load("recipes/demo.lua")
+local s = require("wsync.session").open(recipe)
+s:wait_publish()
+io.stdout:write("HOLDING\n")
+io.stdout:flush()
+-- Wait for the viewer (it connects, asks, leaves), then publish for real.
+require("wsync.loop").sleep(1500)
+local report = s:round()
+io.stdout:write("AFTER ", tostring(report and report.model_version), "\n")
+s:close()
+]])
+    file:close()
+    local endpoint, host_result, viewer_result = nil, nil, nil
+    local watchdog = uv.new_timer()
+    local host = spawn({ script }, nil, function(line)
+      endpoint = endpoint or line:match("control endpoint (%S+)")
+      if line == "HOLDING" then
+        spawn({ "repl", "--attach", endpoint }, "s = host:state()\ns.phase\ns.recipe\n#s.ranks\ns.ranks[2].publishing\n"
+          .. "s.runtime.state\ns.model_version\n", function() end, function(code, stdout, stderr)
+          viewer_result = { code = code, stdout = stdout, stderr = stderr }
+        end)
+      end
+    end, function(code, stdout, stderr)
+      host_result = { code = code, stdout = stdout, stderr = stderr }
+      watchdog:stop()
+      watchdog:close()
+    end)
+    watchdog:start(60000, 0, function()
+      uv.process_kill(host, "sigkill")
+    end)
+    uv.run("default")
+    os.remove(script)
+    assert.is_truthy(host_result)
+    assert.are.equal(0, host_result.code, host_result.stderr)
+    assert.matches("AFTER 1", host_result.stdout)
+    assert.is_truthy(viewer_result, "the viewer ran")
+    assert.are.equal(0, viewer_result.code, viewer_result.stderr)
+    assert.are.equal('"waiting for publish"\n"demo"\n2\ntrue\n"IDLE"\n0\n', viewer_result.stdout)
+    assert.are.same({}, orphan_segments())
+  end)
+
+  it("names the endpoint it cannot reach", function()
+    local result = process.wsync({ "repl", "--attach", "/nonexistent/wsync.sock" }, "host:state()\n")
+    assert.are.equal(0, result.code) -- the REPL survives the error
+    assert.matches("cannot attach to /nonexistent/wsync.sock", result.stderr)
+  end)
+end)
