@@ -100,6 +100,9 @@ function M.exec_recipe(path, words)
   local recipe = recipe_module.load(path)
   recipe_module.apply_overrides(recipe, recipe_module.parse_overrides(words or {}))
   if recipe.model then
+    -- The plan and the schedule are part of the recipe: refuse them as
+    -- `check` does (exit 3, file:line and field) before anything starts.
+    recipe_module.check_plan(recipe)
     run_on_loop(function()
       require("wsync.session").run(recipe)
     end)
@@ -377,7 +380,8 @@ function M.main(argv)
   -- A Lua error is a bug or a script error: show where. A wsync error says
   -- what to change; its traceback is noise unless asked for.
   local verbose = os.getenv("WSYNC_TRACEBACK") == "1" or not errors.is(result) or result.code == "LUA_ERROR"
-  io.stderr:write("wsync: ", errors.format(result, verbose), "\n")
+  -- One write: processes sharing this stderr (trainer ranks) do not interleave.
+  io.stderr:write("wsync: " .. errors.format(result, verbose) .. "\n")
   return errors.exit_code(result)
 end
 

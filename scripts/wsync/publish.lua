@@ -363,6 +363,9 @@ end
 
 function Publication:_fail(err)
   if not self.started_update then
+    if errors.is(err) and err.phase == nil then
+      err.phase = self.phase -- "preflight": the error says where it stopped
+    end
     self.failed = err
     error(err, 0) -- before start nothing moved: no poison
   end

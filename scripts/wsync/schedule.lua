@@ -140,6 +140,7 @@ local function apply(state, step, sizes, callbacks)
         refuse(string.format("the %s is already %s", effect.part, effect.from and "offloaded" or "resident"))
       end
       state[effect.part] = effect.to
+      state[effect.part .. "_moved_by"] = step.where .. " (" .. describe(step) .. ")"
     end
   elseif step.kind == "sleep" then
     state.kv_cache = false
@@ -193,15 +194,31 @@ function M.check(options)
   end
   local publishes = 0
   for _, step in ipairs(steps) do
-    publishes = publishes + (step.kind == "publish" and 1 or 0)
+    if step.kind == "publish" then
+      publishes = publishes + 1
+      if publishes == 2 then
+        invalid(string.format("%s: a second publish; the schedule must publish exactly once", step.where),
+          { field = step.where })
+      end
+    end
   end
-  if publishes ~= 1 then
-    invalid(string.format("the schedule must publish exactly once, it publishes %d times", publishes),
-      { field = "schedule" })
+  if publishes == 0 then
+    invalid("the schedule never publishes; it must publish exactly once", { field = "schedule" })
   end
   local state = { actor = true, optimizer = true, weights = "awake", kv_cache = false, buffers = false }
   local report = { steps = {}, peak = usage(state, sizes), peak_step = "start", budget = options.budget,
     sizes = sizes }
+  -- Exact byte counts: two sizes close together read the same in MiB.
+  local function check_budget(where, bytes)
+    if options.budget and bytes > options.budget then
+      invalid(string.format("%s needs %d bytes (%s) on each device; the budget is %d bytes (%s)", where, bytes,
+        plan_module.format_bytes(bytes), options.budget, plan_module.format_bytes(options.budget)),
+        { field = where:match("^%S+") == "start" and "memory.device_bytes" or where:match("^%S+") })
+    end
+  end
+  -- Before any step: the trainer with its optimizer and the rollout's
+  -- weights, both resident, as the runtime starts.
+  check_budget("start (trainer and rollout weights resident)", report.peak)
   local function run(list, pass)
     for _, step in ipairs(list) do
       local bytes = apply(state, step, sizes, options.callbacks)
@@ -211,18 +228,17 @@ function M.check(options)
       if bytes > report.peak then
         report.peak, report.peak_step = bytes, step.where .. " (" .. describe(step) .. ")"
       end
-      if options.budget and bytes > options.budget then
-        invalid(string.format("%s (%s) needs %s on each device; the budget is %s", step.where, describe(step),
-          plan_module.format_bytes(bytes), plan_module.format_bytes(options.budget)), { field = step.where })
-      end
+      check_budget(step.where .. " (" .. describe(step) .. ")", bytes)
     end
   end
   run(bootstrap, 1)
   local start = copy_state(state)
   run(steps, 1)
   if not (state.actor and state.optimizer) then
-    invalid("the schedule leaves the trainer's " .. (state.actor and "optimizer" or "actor")
-      .. " offloaded; it must end resident for the next training step", { field = "schedule" })
+    local part = state.actor and "optimizer" or "actor"
+    local moved_by = state[part .. "_moved_by"]
+    invalid(string.format("%s offloads the trainer's %s and no later step onloads it; the schedule must end with "
+      .. "it resident for the next training step", moved_by, part), { field = moved_by:match("^%S+") })
   end
   -- Steady state: a second pass from where the first ended must be valid too.
   run(steps, 2)

@@ -12,6 +12,7 @@ local plan_module = require("wsync.plan")
 local publish = require("wsync.publish")
 local runtime_module = require("wsync.runtime")
 local schedule_module = require("wsync.schedule")
+local shm = require("wsync.shm")
 local verify = require("wsync.verify")
 
 local M = {}
@@ -143,6 +144,10 @@ local function run_step(session, step)
     publish.all_agents(session, "callback", function()
       return { name = step.name }
     end, session.timeouts.callback)
+    local effect = schedule_module.TRAINER_EFFECTS[step.name]
+    if effect then
+      session.trainer_resident[effect.part] = effect.to
+    end
   elseif step.kind == "sleep" then
     session.runtime:sleep(step.level)
   elseif step.kind == "wake" then
@@ -195,6 +200,7 @@ function M.open(recipe)
     recipe = recipe, plan = plan, topology = topology, timeouts = timeouts, version = 0, phase = "opening",
     registered = {}, publishing = {}, reports = {}, waiters = {}, trainers = {}, trainer_handles = {},
     lost = {}, headroom_bytes = recipe.memory.headroom_bytes, memory_report = memory_report,
+    trainer_resident = { actor = true, optimizer = true },
   }, Session)
   local _, bootstrap, steps = schedule_module.check({
     plan = plan, topology = topology, memory = recipe.memory, bootstrap = recipe.bootstrap,
@@ -382,6 +388,17 @@ function Session:round()
     publish.poison(self, result) -- a schedule step failed: fail-stop too
   end
   self.failure = self.failure or result
+  -- A rank may go on to its next step only when a new runtime will take it,
+  -- and with its memory back: the failed round stopped mid-schedule.
+  if self.recipe.runtime.respawn and self.poisoned then
+    result.respawn = pcall(function()
+      for _, part in ipairs({ "actor", "optimizer" }) do
+        if not self.trainer_resident[part] then
+          run_step(self, schedule_module.normalize("onload_" .. part, "after the failed publication"))
+        end
+      end
+    end) or nil
+  end
   self:answer(nil, result)
   return nil, result
 end
@@ -427,6 +444,19 @@ function M.close(session)
       wait_until(session, function()
         return session.trainers[rank] ~= nil
       end)
+    end
+  end
+  -- A synthetic rank killed mid-publication never unlinks its packed buffers;
+  -- every rank has exited by now, so a name still there is a leftover.
+  if session.recipe.trainer.kind == "synthetic" then
+    for _, names in pairs(session.buffer_names or {}) do
+      for _, name in ipairs(names) do
+        local buffer = shm.open(name)
+        if buffer then
+          buffer:unlink()
+          buffer:close()
+        end
+      end
     end
   end
   session.phase = "closed"

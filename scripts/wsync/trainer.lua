@@ -12,7 +12,14 @@
 --- prefixed `rank<R>:` to apply to one rank only): `die@fill#N` (exit at the
 --- N-th fill), `fail@fill#N` (answer it with an error), `drop_expert`
 --- (register the packed experts without the last expert), `wrong_device`
---- (report the next rank's device).
+--- (report the next rank's device), `stale@publish#N` (skip the optimizer
+--- step before the N-th publish: that publish carries the previous version's
+--- values; structurally nothing differs, so only the host's resident check,
+--- a recipe's `verify`, can catch it).
+---
+--- A failed publication ends the trainer with its error, unless the host says
+--- it respawns the runtime (`respawn` on the error): then the rank reports the
+--- failure on stderr and goes on to its next step.
 local ffi = require("ffi")
 local uv = require("luv")
 local C = require("wsync.ffi")
@@ -144,14 +151,32 @@ function M.main(options)
     return fill(payload)
   end
 
+  local function fires(kind, cmd, count)
+    for _, fault in ipairs(faults) do
+      if fault.kind == kind and fault.cmd == cmd and fault.nth == count then
+        return true
+      end
+    end
+    return false
+  end
+
   local ok, err = pcall(function()
     agent:ready()
     for version = 1, options.versions do
       -- The optimizer step: every shard takes the next version's values.
-      M.generate(memory, shards, version)
-      local result = agent:publish(version)
-      io.stdout:write(string.format("trainer rank %d: published model version %d (publication %s)\n", options.rank,
-        result.model_version, result.publication_id))
+      if not fires("stale", "publish", version) then
+        M.generate(memory, shards, version)
+      end
+      local published, result = pcall(agent.publish, agent, version)
+      if published then
+        io.stdout:write(string.format("trainer rank %d: published model version %d (publication %s)\n",
+          options.rank, result.model_version, result.publication_id))
+      elseif type(result) == "table" and result.respawn then
+        io.stderr:write(string.format("wsync: trainer rank %d: step %d not published (the host respawns the "
+          .. "runtime): %s\n", options.rank, version, tostring(result)))
+      else
+        error(result, 0)
+      end
     end
   end)
   agent:close()

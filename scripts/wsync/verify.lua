@@ -81,7 +81,8 @@ function M.check(plan, tp, step, reported)
     for _, name in ipairs(names) do
       if got[name] ~= expected[name] then
         errors.raise("VERIFY_RESIDENT", string.format("TP worker %d holds %s with SHA-256 %s; step %d's values "
-          .. "give %s", rank, name, tostring(got[name]), step, expected[name]), { rank = rank, tensor = name })
+          .. "give %s", rank, name, tostring(got[name]), step, expected[name]),
+          { phase = "resident check", rank = rank, tensor = name })
       end
       tensors = tensors + 1
     end

@@ -1,0 +1,194 @@
+-- The fail-stop matrix of a publication, run end to end with `wsync run`:
+-- the reference runtime crashes, hangs or answers garbage at every weight
+-- command (each of the demo's three chunks included), a trainer rank dies or
+-- fails during a fill, a rank registers a packed expert tensor short of one
+-- expert, two ranks claim one device, the runtime speaks another protocol
+-- version, and a recipe whose plan or schedule cannot work.
+--
+-- For every case: a non-zero exit; the error names the phase and the cause;
+-- every surviving trainer rank prints the very error the host's verdict
+-- gives (each process prints `wsync: <error>` on stderr as it exits); no
+-- model version was committed (no "published model version" line from the
+-- host or from a rank); and nothing is left: no process of the run, no
+-- /dev/shm/wsync-* segment of one of its processes, no socket.
+--
+-- The recipe (tests/fixtures/recipes/publish_faults.lua) gives the runtime
+-- commands 2 s and the process group 300 ms between SIGTERM and SIGKILL, so
+-- a hang costs about 2 s.
+local uv = require("luv")
+local fixtures = require("tests.helpers.fixtures")
+local leftovers = require("tests.helpers.leftovers")
+
+local RECIPE = fixtures.recipes .. "/publish_faults.lua"
+
+-- Runtime commands of one publication, where a fault fires, and the phase
+-- the error must name. The demo's plan has three chunks.
+local COMMANDS = {
+  { at = "init_weights", cmd = "init_weights", phase = "init" },
+  { at = "start_update", cmd = "start_update", phase = "start" },
+  { at = "load_chunk#1", cmd = "load_chunk", phase = "chunks" },
+  { at = "load_chunk#2", cmd = "load_chunk", phase = "chunks" },
+  { at = "load_chunk#3", cmd = "load_chunk", phase = "chunks" },
+  { at = "finish_update", cmd = "finish_update", phase = "finish" },
+  { at = "release", cmd = "release", phase = "release" },
+}
+
+-- What the error says for each misbehaviour of the runtime.
+local KINDS = {
+  { kind = "crash", causes = { "the control channel closed (EOF)", "exited" } },
+  { kind = "hang", causes = { "timeout: no answer to" } },
+  { kind = "garbage", causes = { "undecodable frame" } },
+}
+
+local timings = {}
+
+local function escape(text)
+  return (text:gsub("%p", "%%%0"))
+end
+
+local function says_any(text, candidates)
+  for _, candidate in ipairs(candidates) do
+    if text:find(candidate, 1, true) then
+      return true
+    end
+  end
+  return false
+end
+
+-- Runs the recipe with `env` and checks what every case shares. Returns the
+-- host's error (the verdict after "FAILED: ").
+---@param options {env: string[]?, recipe: string?, survivors: integer, label: string}
+local function run_failing(options)
+  local result = leftovers.run({ "run", options.recipe or RECIPE }, { env = options.env, timeout = 30000 })
+  timings[#timings + 1] = { label = options.label, wall = result.wall }
+  leftovers.assert_clean(result)
+  assert.are_not.equal(0, result.code)
+  assert.is_false(result.timed_out)
+
+  local failure = result.stdout:match("\nwsync: verdict: FAILED: ([^\n]*)\n")
+  assert.is_not_nil(failure, "no failed verdict:\n" .. result.stdout)
+  -- Every surviving rank and the host print the same error, and nothing else.
+  local stderr = leftovers.lines(result.stderr)
+  for _, line in ipairs(stderr) do
+    assert.are.equal("wsync: " .. failure, line)
+  end
+  assert.are.equal(options.survivors + 1, #stderr, result.stderr)
+
+  -- Nothing committed: no host line, no rank result, no report row.
+  assert.is_nil(result.stdout:find("published model version", 1, true), result.stdout)
+  assert.is_nil(result.stdout:find("\nwsync:   %d+ +%d+ +%d+"), "the closing report lists a version")
+  return failure, result
+end
+
+describe("publication faults", function()
+  local started
+
+  setup(function()
+    started = uv.hrtime()
+  end)
+
+  teardown(function()
+    local lines = { string.format("\npublication faults: %d runs in %.1f s", #timings, (uv.hrtime() - started) / 1e9) }
+    table.sort(timings, function(a, b)
+      return a.wall > b.wall
+    end)
+    for index = 1, math.min(#timings, 3) do
+      lines[#lines + 1] = string.format("  slowest: %-38s %.2f s", timings[index].label, timings[index].wall)
+    end
+    io.stderr:write(table.concat(lines, "\n"), "\n")
+  end)
+
+  describe("in the runtime", function()
+    for _, kind in ipairs(KINDS) do
+      for _, command in ipairs(COMMANDS) do
+        local spec = kind.kind .. "@" .. command.at
+        it(spec .. ": fails in " .. command.phase .. ", naming the cause", function()
+          local failure = run_failing({ env = { "WSYNC_RUNTIME_FAULT=" .. spec }, survivors = 2, label = spec })
+          assert.matches("^%[phase " .. command.phase, failure)
+          assert.matches("reference runtime broken during " .. command.cmd .. ": ", failure, 1, true)
+          assert.is_true(says_any(failure, kind.causes), "the cause is not named: " .. failure)
+          if command.phase ~= "init" then
+            assert.matches("publication of model version 1 failed in " .. command.phase .. ": ", failure, 1, true)
+          end
+        end)
+      end
+    end
+
+    it("wrong_protocol@start_update: fails in start, naming both protocol versions", function()
+      local failure = run_failing({ env = { "WSYNC_RUNTIME_FAULT=wrong_protocol@start_update" }, survivors = 2,
+        label = "wrong_protocol@start_update" })
+      assert.matches("^%[phase start%] publication of model version 1 failed in start: reference runtime broken "
+        .. "during start_update: peer speaks protocol %d+, this side speaks %d+$", failure)
+    end)
+  end)
+
+  describe("in a trainer rank", function()
+    it("rank1:die@fill#2: rank 1 dies filling chunk 2; rank 0 gets the error", function()
+      local failure = run_failing({ env = { "WSYNC_TRAINER_FAULT=rank1:die@fill#2" }, survivors = 1,
+        label = "rank1:die@fill#2" })
+      assert.matches("^%[phase chunks, rank 1%] publication of model version 1 failed in chunks: trainer rank 1: ",
+        failure)
+      assert.matches("closed the connection (during fill)", failure, 1, true)
+    end)
+
+    it("rank0:fail@fill#1: rank 0 answers its first fill with an error", function()
+      local failure = run_failing({ env = { "WSYNC_TRAINER_FAULT=rank0:fail@fill#1" }, survivors = 2,
+        label = "rank0:fail@fill#1" })
+      assert.matches("^%[phase chunks, rank 0%] publication of model version 1 failed in chunks: trainer rank 0: "
+        .. "rank 0: injected fill failure$", failure)
+    end)
+
+    it("drop_expert: the packed experts registered one expert short are refused before anything moves", function()
+      local failure = run_failing({ env = { "WSYNC_TRAINER_FAULT=drop_expert" }, survivors = 2, label = "drop_expert" })
+      assert.are.equal("[phase preflight, rank 0] trainer rank 0 registered model.layers.0.mlp.experts.gate_up_proj "
+        .. "as bfloat16 3x64x64; the model config says bfloat16 4x64x64", failure)
+    end)
+
+    it("rank1:wrong_device: two ranks on one device are refused before anything moves", function()
+      local failure = run_failing({ env = { "WSYNC_TRAINER_FAULT=rank1:wrong_device" }, survivors = 2,
+        label = "rank1:wrong_device" })
+      assert.matches("^%[phase preflight, rank 1%] trainer ranks 0 and 1 share device [%x-]+: one device per rank$",
+        failure)
+    end)
+
+    -- Every rank reporting the next rank's device is a permutation, not an
+    -- error: the host starts TP worker r on trainer rank r's device, so rank r
+    -- and worker r still share one device (the preflight compares UUIDs in
+    -- rank order, and the receipts carry the workers' UUIDs).
+    it("wrong_device on every rank: the runtime follows the permuted devices and publishes", function()
+      local result = leftovers.run({ "run", RECIPE }, { env = { "WSYNC_TRAINER_FAULT=wrong_device" } })
+      timings[#timings + 1] = { label = "wrong_device", wall = result.wall }
+      leftovers.assert_clean(result)
+      assert.are.equal(0, result.code, result.stderr)
+      assert.matches("\nwsync: verdict: OK: 2 model versions published", result.stdout)
+    end)
+  end)
+
+  describe("in the recipe", function()
+    -- Refused as `wsync check` refuses them, before a process starts.
+    local function run_refused(name, label)
+      local path = fixtures.recipes .. "/" .. name
+      local result = leftovers.run({ "run", path })
+      timings[#timings + 1] = { label = label, wall = result.wall }
+      leftovers.assert_clean(result)
+      assert.are.same({ [result.pid] = true }, result.pids, "the run started processes")
+      assert.are.equal(3, result.code)
+      assert.are.equal("", result.stdout)
+      local line = fixtures.bad_line(path)
+      assert.matches("^wsync: " .. escape(path) .. ":" .. line .. ": [^\n]+\n$", result.stderr)
+      return result.stderr
+    end
+
+    it("a tensor larger than the buffer: exits 3 naming the tensor and both byte counts", function()
+      local stderr = run_refused("publish_small_buffer.lua", "tensor larger than the buffer")
+      assert.matches("tensor model.embed_tokens.weight needs 128000 bytes (125.00 KiB); the buffer holds 102400",
+        stderr, 1, true)
+    end)
+
+    it("a schedule over budget: exits 3 naming the step and both byte counts", function()
+      local stderr = run_refused("publish_over_budget.lua", "schedule over budget")
+      assert.matches("schedule[5] (wake kv_cache) needs 1534272 bytes (1.46 MiB) on each device; the budget is "
+        .. "1468006 bytes", stderr, 1, true)
+    end)
+  end)
+end)
