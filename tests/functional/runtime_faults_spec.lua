@@ -6,13 +6,12 @@
 -- later request fails at once with the same cause.
 local uv = require("luv")
 local async = require("tests.helpers.async")
-local process_helper = require("tests.helpers.process")
 local shm_files = require("tests.helpers.shm")
 local fault = require("wsync.runtime.fault")
-local process = require("wsync._process")
 local runtime = require("wsync.runtime")
 
 local run_async = async.run_async
+local runtime_helper = require("tests.helpers.runtime")
 
 -- Short per-command timeouts keep the hanging cases quick; startup stays
 -- generous except where the handshake itself is made to hang.
@@ -54,10 +53,6 @@ local function sorted_kinds()
   end
   table.sort(kinds)
   return kinds
-end
-
-local function exists(pid)
-  return uv.fs_stat("/proc/" .. pid) ~= nil
 end
 
 -- The wsync segments in /dev/shm, as a set of names.
@@ -103,31 +98,18 @@ local function names_cause(message, kind)
   return false
 end
 
--- Asserts that the process tree of group `group` (main `pid`, workers
--- `worker_pids`) is gone.
-local function assert_tree_gone(group, pid, worker_pids)
-  assert.are.equal(0, process.count_group(group), "a process of the runtime's group survived")
-  assert.is_false(exists(pid), "the main process survived")
-  for _, worker in ipairs(worker_pids) do
-    assert.is_false(exists(worker), "worker " .. worker .. " survived")
-  end
-end
-
--- Clients of the running test; after_each ends what a failing test left.
-local spawned = {}
+local runtimes = runtime_helper.tracker()
+local assert_tree_gone, worker_pids = runtime_helper.assert_tree_gone, runtime_helper.worker_pids
 
 local function spawn(spec, timeouts)
-  local client = runtime.spawn({
+  return runtimes.spawn({
     tp = 2,
     weights_bytes = 65536,
     kv_bytes = 65536,
     fault = spec,
     timeouts = timeouts or TIMEOUTS,
     grace_ms = GRACE_MS,
-    program = process_helper.wsync_binary(),
   })
-  spawned[#spawned + 1] = client
-  return client
 end
 
 -- Drives info -> sleep -> wake -> close and returns the first failure: the
@@ -156,14 +138,6 @@ local function drive(client)
     end
   end
   return nil
-end
-
-local function worker_pids(info)
-  local pids = {}
-  for rank, worker in ipairs(info.workers) do
-    pids[rank] = worker.pid
-  end
-  return pids
 end
 
 -- One case: `spec` makes `kind` happen at `cmd`; `rank` is the worker that
@@ -221,21 +195,7 @@ describe("runtime faults", function()
     io.stderr:write(string.format("\nruntime faults: %.1f s\n", (uv.hrtime() - started_at) / 1e9))
   end)
 
-  after_each(function()
-    local left = spawned
-    spawned = {}
-    for _, client in ipairs(left) do
-      if not client.dead then
-        process.signal_group(client.group, "SIGKILL")
-        run_async(function()
-          client:wait_dead()
-        end, 5000)
-      end
-      assert.are.equal(0, process.count_group(client.group), "the runtime's group outlived the test")
-    end
-    uv.run("nowait")
-    assert.is_false(uv.loop_alive(), "the test left handles or requests active")
-  end)
+  after_each(runtimes.cleanup)
 
   describe("in the main process", function()
     for _, kind in ipairs(sorted_kinds()) do

@@ -13,24 +13,18 @@ local runtime = require("wsync.runtime")
 local shm = require("wsync.shm")
 
 local run_async = async.run_async
+local runtime_helper = require("tests.helpers.runtime")
 
 local WEIGHTS_BYTES = 262144
 
--- Clients spawned by the running test; after_each ends whatever is left.
-local spawned = {}
+local runtimes = runtime_helper.tracker()
+local exists, worker_pids = runtime_helper.exists, runtime_helper.worker_pids
 
 local function spawn(options)
   options = options or {}
   options.tp = options.tp or 2
   options.weights_bytes = options.weights_bytes or WEIGHTS_BYTES
-  options.program = process_helper.wsync_binary()
-  local client = runtime.spawn(options)
-  spawned[#spawned + 1] = client
-  return client
-end
-
-local function exists(pid)
-  return uv.fs_stat("/proc/" .. pid) ~= nil
+  return runtimes.spawn(options)
 end
 
 -- Waits (in a coroutine) until `predicate()` holds; fails after `ms`.
@@ -49,39 +43,13 @@ local function raised(fn, ...)
   return err
 end
 
-local function worker_pids(info)
-  local pids = {}
-  for rank, worker in ipairs(info.workers) do
-    pids[rank] = worker.pid
-  end
-  return pids
-end
-
 -- Asserts that the client's whole process tree is gone (read from /proc).
 local function assert_tree_gone(client, pids)
-  assert.are.equal(0, process.count_group(client.group))
-  assert.is_false(exists(client.pid), "main process " .. client.pid .. " still exists")
-  for _, pid in ipairs(pids or {}) do
-    assert.is_false(exists(pid), "worker " .. pid .. " still exists")
-  end
+  runtime_helper.assert_tree_gone(client.group, client.pid, pids)
 end
 
 describe("the reference runtime", function()
-  after_each(function()
-    local left = spawned
-    spawned = {}
-    for _, client in ipairs(left) do
-      if not client.dead then
-        process.signal_group(client.group, "SIGKILL")
-        run_async(function()
-          client:wait_dead()
-        end, 5000)
-      end
-      assert.are.equal(0, process.count_group(client.group), "the runtime's group outlived the test")
-    end
-    uv.run("nowait")
-    assert.is_false(uv.loop_alive(), "the test left handles or requests active")
-  end)
+  after_each(runtimes.cleanup)
 
   it("answers info for TP 2: two workers, their host devices, weights awake", function()
     run_async(function()
