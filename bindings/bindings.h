@@ -3,6 +3,10 @@
 
 #include <lauxlib.h>
 #include <lua.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wsync.h"
 
 /// Opens `wsync._core`: version, status names, build features, ffi cdef.
 int luaopen_wsync_core(lua_State *L);
@@ -25,6 +29,16 @@ int luaopen_wsync_socket(lua_State *L);
 /// Message handler for protected calls: adds a traceback to string errors and
 /// a `traceback` field to error objects.
 int ws_lua_message_handler(lua_State *L);
+
+/// Writes the error value at `index` as text into `out`: an error object's
+/// __tostring (or the string itself), then its traceback when it has one.
+void ws_lua_error_text(lua_State *L, int index, char *out, size_t size);
+
+/// Returns the Lua state of an embedding host (the agent API runs in it).
+lua_State *ws_host_lua_state(ws_host *host);
+
+/// Replaces the host's last error text (ws_host_error) with `text`.
+void ws_host_set_error(ws_host *host, const char *text);
 
 /// Pushes `nil, message, CODE` for a failed core call and returns 3, the
 /// binding's return count. The message is the core's detail or the generic

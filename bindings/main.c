@@ -1,5 +1,6 @@
 // The `wsync` command: opens a host, hands the command line to wsync.cli, and
 // closes the host before returning its exit code.
+
 #include "status.h"
 #include "wsync.h"
 

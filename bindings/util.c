@@ -2,6 +2,8 @@
 
 #include "status.h"
 
+#include <stdio.h>
+
 int ws_lua_push_failure(lua_State *L, int status) {
   const char *detail = ws_error_detail();
   lua_pushnil(L);
@@ -46,4 +48,22 @@ void ws_lua_new_class(lua_State *L, const char *class_name,
   lua_pushstring(L, class_name);
   lua_setfield(L, -2, "__name");
   lua_pop(L, 1);
+}
+
+void ws_lua_error_text(lua_State *L, int index, char *out, size_t size) {
+  index = index < 0 ? lua_gettop(L) + index + 1 : index;
+  int top = lua_gettop(L);
+  const char *text = NULL;
+  if (luaL_callmeta(L, index, "__tostring"))
+    text = lua_tostring(L, -1); // [..., text]
+  if (text == NULL)
+    text = lua_tostring(L, index);
+  const char *traceback = NULL;
+  if (lua_type(L, index) == LUA_TTABLE) {
+    lua_getfield(L, index, "traceback"); // [..., text?, traceback]
+    traceback = lua_tostring(L, -1);
+  }
+  snprintf(out, size, "%s%s%s", text ? text : "(error without a message)",
+           traceback ? "\n" : "", traceback ? traceback : "");
+  lua_settop(L, top);
 }

@@ -5,6 +5,8 @@
 // the loader for wsync's Lua scripts (source tree in development, embedded
 // bytecode otherwise), routes every libuv callback through one protected-call
 // helper, and tears everything down in order on close.
+#include <stdint.h>
+
 #include "wsync.h"
 
 #include "bindings.h"
@@ -79,22 +81,7 @@ int ws_lua_message_handler(lua_State *L) {
 // Converts the error value on top of the stack to text in host->error: an
 // error object's __tostring plus its traceback, or the string itself.
 static void record_error(ws_host *host, lua_State *L) {
-  const char *text = NULL;
-  if (luaL_callmeta(L, -1, "__tostring")) {
-    text = lua_tostring(L, -1);
-    lua_pop(L, 1);
-  }
-  if (text == NULL)
-    text = lua_tostring(L, -1);
-  const char *traceback = NULL;
-  if (lua_type(L, -1) == LUA_TTABLE) {
-    lua_getfield(L, -1, "traceback");
-    traceback = lua_tostring(L, -1);
-    lua_pop(L, 1);
-  }
-  snprintf(host->error, sizeof host->error, "%s%s%s",
-           text ? text : "(error without a message)", traceback ? "\n" : "",
-           traceback ? traceback : "");
+  ws_lua_error_text(L, -1, host->error, sizeof host->error);
 }
 
 // Reads the exit code from an exit sentinel on top of the stack; returns 0 and
@@ -419,6 +406,9 @@ static int open_state(lua_State *L) {
 }
 
 int ws_host_open(ws_host **out) {
+  // A write to a pipe whose reader died must fail (EPIPE, then the runtime or
+  // agent connection breaks with its cause), not kill the whole process.
+  signal(SIGPIPE, SIG_IGN);
   ws_host *host = calloc(1, sizeof *host);
   if (host == NULL)
     return ws_fail(WS_ENOMEM, "host: cannot allocate");
@@ -525,6 +515,12 @@ int ws_host_main(ws_host *host, int argc, const char *const *argv) {
 }
 
 const char *ws_host_error(const ws_host *host) { return host->error; }
+
+lua_State *ws_host_lua_state(ws_host *host) { return host->L; }
+
+void ws_host_set_error(ws_host *host, const char *text) {
+  snprintf(host->error, sizeof host->error, "%s", text);
+}
 
 const char *ws_version(void) { return WSYNC_VERSION; }
 

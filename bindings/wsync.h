@@ -1,10 +1,16 @@
-// wsync embedding API: open a host, run Lua chunks, files and recipes, close.
+// wsync embedding API: open a host, run Lua chunks, files and recipes, close;
+// and the agent API, wsync's part inside a trainer rank written in C.
 //
 // A host owns one LuaJIT state with the wsync modules and one libuv loop. It is
-// not thread-safe: use a host from the thread that opened it. This header has no
-// includes and no macros beyond its guard, so LuaJIT's ffi.cdef reads it after
-// the preprocessor lines are dropped.
+// not thread-safe: use a host from the thread that opened it. Its only
+// preprocessor lines are the guard, one include and extern "C", so LuaJIT's
+// ffi.cdef reads it once those lines are dropped (the build does that with
+// WS_FFI defined).
 #pragma once
+
+#ifndef WS_FFI
+#include <stdint.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -13,7 +19,9 @@ extern "C" {
 typedef struct ws_host ws_host;
 
 /// Opens a host: a Lua state with the wsync modules and a libuv loop. Stores it
-/// in `*out` and returns 0, or returns a negative status.
+/// in `*out` and returns 0, or returns a negative status. Sets SIGPIPE to be
+/// ignored in the process, so that a write to a dead peer fails instead of
+/// killing the process.
 int ws_host_open(ws_host **out);
 
 /// Runs a Lua chunk, then the loop until no work is left. Returns 0, or a
@@ -38,8 +46,69 @@ const char *ws_host_error(const ws_host *host);
 const char *ws_version(void);
 
 /// Stops new work, closes every handle and the loop, closes the Lua state and
-/// frees the host. NULL is accepted.
+/// frees the host. Close the host's agents first. NULL is accepted.
 void ws_host_close(ws_host *host);
+
+// ---------------------------------------------------------------------------
+// Agent API: one trainer rank joins the publications of a wsync host (`wsync
+// run` on a recipe with `trainer = {kind = "external"}`) over its control
+// endpoint. The agent lives in the Lua state of `host`, the rank's own host.
+// Calls block: each runs the host's loop until it is done, serving the host's
+// commands (buffers, fills, step callbacks) meanwhile. Status: 0, or negative
+// (ws_status of status_defs.h, installed with this header):
+// WS_EINVAL (bad argument), WS_ESTATE (out of order, or called from inside a
+// step callback), WS_EFAILED (the operation failed), WS_ELUA (a bug); the text
+// is in ws_agent_error(), or in ws_host_error() when ws_agent_open fails.
+// A host that died fails the next call (WS_EFAILED) instead of killing the
+// trainer: ws_host_open ignores SIGPIPE.
+
+typedef struct ws_agent ws_agent;
+
+/// What a publication returns to every rank.
+typedef struct ws_publish_result {
+  int64_t model_version;     // the version the rollout runtime committed
+  char publication_id[33];   // 32 hex digits
+  char manifest[65];         // SHA-256 of the structural records, 64 hex digits
+  int receipts;              // TP workers that returned a valid receipt
+} ws_publish_result;
+
+/// Connects trainer rank `rank` of `world` to the control endpoint (the unix
+/// socket path the host printed). `backend` is "host" (NULL) or "cuda";
+/// `device_index` < 0 means the rank's own index. Stores the agent in `*out`.
+int ws_agent_open(ws_host *host, const char *endpoint, int rank, int world,
+                  const char *backend, int device_index, ws_agent **out);
+
+/// Registers one tensor of global shape `shape[0..dims)`: `data` holds this
+/// rank's `row_count` rows of dim 0 from `first_row`, row-major, in
+/// `data_bytes` bytes. The memory must stay valid and hold the values to
+/// publish whenever ws_agent_publish runs, until ws_agent_close.
+int ws_agent_register_tensor(ws_agent *agent, const char *name,
+                             const char *dtype, const int64_t *shape, int dims,
+                             void *data, uint64_t data_bytes, int64_t first_row,
+                             int64_t row_count);
+
+/// Registers a step callback that the host's memory schedule calls by name
+/// (e.g. "offload_optimizer"). A non-zero return fails that schedule step; the
+/// error names the callback and the rank. A callback must not call wsync.
+int ws_agent_register_callback(ws_agent *agent, const char *name,
+                               int (*callback)(void *user_data),
+                               void *user_data);
+
+/// Sends the registration; returns when every rank registered and the host
+/// is ready.
+int ws_agent_ready(ws_agent *agent);
+
+/// Joins the collective publication of trainer step `step` (every rank calls
+/// it with the same step; negative lets the host number it). Fills `*result`
+/// (NULL accepted). On failure the error text is the same on every rank.
+int ws_agent_publish(ws_agent *agent, int64_t step, ws_publish_result *result);
+
+/// Returns the last error text of this agent, or an empty string.
+const char *ws_agent_error(const ws_agent *agent);
+
+/// Closes the connection, unmaps every buffer the agent mapped and frees the
+/// agent. NULL is accepted; ignored when called from inside a step callback.
+void ws_agent_close(ws_agent *agent);
 
 #ifdef __cplusplus
 }

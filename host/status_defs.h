@@ -19,7 +19,8 @@
   X(ECUDA, -10, "CUDA call failed")                                            \
   X(ENCCL, -11, "NCCL call failed")                                            \
   X(ESTATE, -12, "operation not allowed in the current state")                 \
-  X(ELUA, -13, "Lua error")
+  X(ELUA, -13, "Lua error")                                                    \
+  X(EFAILED, -14, "operation failed (see the error text)")
 
 #define WS_STATUS_ENUM_ITEM(name, value, message) WS_##name = value,
 

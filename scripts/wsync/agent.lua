@@ -61,6 +61,7 @@ function M.connect(options)
     errors.raise("AGENT_CONNECT", string.format("rank %d cannot connect to %s: %s", self.rank, options.endpoint,
       tostring(message)), { rank = self.rank })
   end
+  self.pipe = pipe
   self.peer = peer_module.new(pipe, {
     name = "host",
     handlers = self:_handlers(),
@@ -69,6 +70,14 @@ function M.connect(options)
     end,
   })
   return self
+end
+
+--- Lets the loop end (wsync.loop.run) while this agent stays connected: for
+--- a trainer that runs the host loop only inside its own calls (libwsync's
+--- agent API), so that the host's other work does not wait on the connection.
+--- The connection is still served whenever the loop runs.
+function Agent:unref()
+  self.pipe:unref()
 end
 
 --- Registers one tensor. `memory` is a wsync.shm buffer (or `{pointer =

@@ -40,20 +40,71 @@ function M.set_error_handler(handler)
   return previous
 end
 
+local resume_hooks = setmetatable({}, { __mode = "k" })
+local steps = setmetatable({}, { __mode = "k" }) -- coroutine -> its resume step
+local running = false -- inside run or run_until: libuv's loop is not reentrant
+
+-- Hands back (and forgets) the first error reported since the last run.
+local function take_failure()
+  local failure = first_failure
+  first_failure = nil
+  return failure
+end
+
 --- Runs the loop until no handle or request is active. Raises the first error
 --- reported since the last run: while it ran, or before it (a spawned
 --- coroutine that fails before its first await).
 function M.run()
-  uv.run("default")
-  local failure = first_failure
-  first_failure = nil
+  local was_running = running
+  running = true
+  local ran, err = pcall(uv.run, "default")
+  running = was_running
+  if not ran then
+    error(err, 0)
+  end
+  local failure = take_failure()
   if failure ~= nil then
     error(failure, 0)
   end
 end
 
-local resume_hooks = setmetatable({}, { __mode = "k" })
-local steps = setmetatable({}, { __mode = "k" }) -- coroutine -> its resume step
+--- True inside `run` or `run_until` (in a callback they run) and in a
+--- coroutine started by `spawn`: code there may not run the loop itself.
+---@return boolean
+function M.is_running()
+  local co = coroutine.running()
+  return running or (co ~= nil and steps[co] ~= nil)
+end
+
+--- Runs the loop one iteration at a time until `predicate()` holds: for code
+--- outside the loop that waits synchronously (libwsync's agent calls). Raises
+--- the first error reported meanwhile, as `run` does; LOOP_IDLE when no work
+--- is left and the predicate still fails; LOOP_BUSY when called while the loop
+--- runs (from a callback or a spawned coroutine: libuv's loop is not
+--- reentrant). Handles that were unref'd keep being served while it runs.
+---@param predicate fun(): boolean
+function M.run_until(predicate)
+  if M.is_running() then
+    errors.raise("LOOP_BUSY", "wsync.loop.run_until called while the loop runs (from a callback or a coroutine)")
+  end
+  running = true
+  local ok, err = pcall(function()
+    while first_failure == nil and not predicate() do
+      if not uv.loop_alive() then
+        errors.raise("LOOP_IDLE", "the loop has no work left and what it waits for has not happened")
+      end
+      uv.run("once")
+    end
+  end)
+  running = false
+  local failure = take_failure()
+  if failure ~= nil then
+    error(failure, 0)
+  end
+  if not ok then
+    error(err, 0)
+  end
+end
 
 --- Calls `before()` and `after()` around every later resume of `co`, a
 --- coroutine started by `spawn` (the REPL arms Ctrl-C around the resumes of

@@ -344,10 +344,11 @@ function Session:end_round(publication)
     report.timings.resident_check = (uv.hrtime() - started) / 1e9
   end
   say("published %s", describe_publication(report))
+  -- Committed: it is in the report even if a later step of the round fails.
+  self.reports[#self.reports + 1] = report
   for index = self.after_publish, #self.steps do
     run_step(self, self.steps[index])
   end
-  self.reports[#self.reports + 1] = report
   self:answer({ model_version = report.model_version, publication_id = report.publication_id,
     receipts = #report.receipts, manifest = report.manifest })
   return report

@@ -1,5 +1,6 @@
 // Embeds wsync through libwsync: opens a host, runs a chunk and a recipe,
 // checks that a failing chunk reports its error, and closes the host.
+
 #include "wsync.h"
 
 #include <stdio.h>

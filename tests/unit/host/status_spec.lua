@@ -54,7 +54,7 @@ describe("status table", function()
   end)
 
   it("answers EUNKNOWN and 'unknown status' for codes outside the table", function()
-    for _, code in ipairs({ 1, 7, -14, -999, 2147483647, -2147483647 - 1 }) do
+    for _, code in ipairs({ 1, 7, -15, -999, 2147483647, -2147483647 - 1 }) do
       assert.are.equal("EUNKNOWN", ffi.string(C.ws_status_name(code)))
       assert.are.equal("unknown status", ffi.string(C.ws_status_message(code)))
     end

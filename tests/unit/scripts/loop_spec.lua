@@ -194,4 +194,81 @@ describe("wsync.loop", function()
     assert.is_true(idle:is_closing())
     assert.is_false(uv.loop_alive())
   end)
+
+  describe("run_until", function()
+    it("runs the loop until the predicate holds, serving unref'd handles too", function()
+      uv.update_time() -- timers count from the loop's cached time, stale after a long test
+      local keep = uv.new_timer()
+      keep:start(60000, 0, function() end)
+      local quiet = uv.new_timer()
+      quiet:unref()
+      local fired = false
+      quiet:start(5, 0, function()
+        fired = true
+      end)
+      loop.run_until(function()
+        return fired
+      end)
+      assert.is_true(fired)
+      assert.is_true(keep:is_active(), "it returned before the loop ran out of work")
+      keep:close()
+      quiet:close()
+      loop.run()
+    end)
+
+    it("returns at once when the predicate holds, without running the loop", function()
+      local timer = uv.new_timer()
+      local fired = false
+      timer:start(0, 0, function()
+        fired = true
+      end)
+      loop.run_until(function()
+        return true
+      end)
+      assert.is_false(fired)
+      timer:close()
+      loop.run()
+    end)
+
+    it("raises LOOP_IDLE when no work is left and the predicate still fails", function()
+      local ok, err = pcall(loop.run_until, function()
+        return false
+      end)
+      assert.is_false(ok)
+      assert.are.equal("LOOP_IDLE", err.code)
+    end)
+
+    it("raises what a callback threw meanwhile, as run does", function()
+      local timer = uv.new_timer()
+      timer:start(1, 0, function()
+        timer:close()
+        error("from the timer")
+      end)
+      local ok, err = pcall(loop.run_until, function()
+        return false
+      end)
+      assert.is_false(ok)
+      assert.matches("from the timer", tostring(err))
+      loop.run()
+    end)
+
+    it("refuses to run inside the loop: from a spawned coroutine or a callback of run", function()
+      local from_coroutine, from_callback = nil, nil
+      loop.spawn(function()
+        from_coroutine = select(2, pcall(loop.run_until, function()
+          return true
+        end))
+      end)
+      local timer = uv.new_timer()
+      timer:start(1, 0, function()
+        timer:close()
+        from_callback = select(2, pcall(loop.run_until, function()
+          return true
+        end))
+      end)
+      loop.run()
+      assert.are.equal("LOOP_BUSY", from_coroutine.code)
+      assert.are.equal("LOOP_BUSY", from_callback.code)
+    end)
+  end)
 end)

@@ -1,0 +1,330 @@
+// The agent API of libwsync (ws_agent_* in wsync.h): a trainer rank written in
+// C joins a host's publications. The agent is a wsync.agent_api handle in the
+// Lua state of the rank's own host; each function here checks its arguments,
+// calls one function of that module under the message handler, and converts
+// the result. Policy (states, waiting on the loop, error texts) is in Lua.
+//
+// Step callbacks are C function pointers that Lua calls through a trampoline
+// closure holding the pointer and its user data as upvalues. A callback runs
+// inside the loop that a ws_agent_* call drives, so no wsync call may nest in
+// it: the loop is not reentrant. `callback_depth` refuses them.
+#include <stdint.h>
+
+#include "wsync.h"
+
+#include "bindings.h"
+#include "status.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ws_agent {
+  lua_State *L;
+  int handle;       // registry reference to the wsync.agent_api handle
+  char error[8192]; // last error text
+};
+
+typedef int (*agent_callback)(void *user_data);
+
+// Step callbacks running on this thread right now (0 outside them).
+static _Thread_local int callback_depth;
+
+// Lua numbers hold integers exactly up to 2^53.
+static const int64_t largest_exact_integer = (int64_t)1 << 53;
+
+// Maps a status name from agent_api ("EFAILED") to its code.
+static int status_from_name(const char *name) {
+#define WS_STATUS_FROM_NAME(status_name, value, message)                       \
+  if (name != NULL && strcmp(name, #status_name) == 0)                         \
+    return value;
+  WS_STATUS_TABLE(WS_STATUS_FROM_NAME)
+#undef WS_STATUS_FROM_NAME
+  return WS_ELUA;
+}
+
+// Calls the function below the `nargs` arguments on top of the stack under
+// the message handler. On success returns WS_OK with the results from index
+// `*first` to the top; the caller then resets the stack to `*first - 2`. On
+// failure (a raised error, or agent_api's `nil, message, STATUS`) writes the
+// text into `error`, removes the function and its arguments and returns a
+// negative status.
+static int protected_call(lua_State *L, int nargs, int *first, char *error,
+                          size_t size) {
+  int handler = lua_gettop(L) - nargs; // [function, args]
+  lua_pushcfunction(L, ws_lua_message_handler);
+  lua_insert(L, handler); // [handler, function, args]
+  if (lua_pcall(L, nargs, LUA_MULTRET, handler) != 0) {
+    ws_lua_error_text(L, -1, error, size);
+    lua_settop(L, handler - 1);
+    return WS_ELUA;
+  }
+  // [handler, results...]
+  if (lua_gettop(L) > handler && lua_isnil(L, handler + 1)) {
+    const char *message = lua_tostring(L, handler + 2);
+    snprintf(error, size, "%s", message ? message : "(no message)");
+    int status = status_from_name(lua_tostring(L, handler + 3));
+    lua_settop(L, handler - 1);
+    return status;
+  }
+  *first = handler + 1;
+  return WS_OK;
+}
+
+// Pushes the agent's handle method `method` and the handle: the function and
+// first argument of a method call.
+static void push_method(ws_agent *agent, const char *method) {
+  lua_State *L = agent->L;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, agent->handle); // [handle]
+  lua_getfield(L, -1, method);                      // [handle, method]
+  lua_insert(L, -2);                                // [method, handle]
+}
+
+// Calls handle:method(args...) (the `nargs` arguments pushed after
+// push_method) and records a failure in the agent's error text. Leaves the
+// results from `*first` on success.
+static int call_method(ws_agent *agent, int nargs, int *first) {
+  agent->error[0] = '\0';
+  return protected_call(agent->L, nargs + 1, first, agent->error,
+                        sizeof agent->error);
+}
+
+// Checks what every call but open checks; writes the refusal into the agent.
+static int check_agent(ws_agent *agent, const char *call) {
+  if (agent == NULL)
+    return ws_fail(WS_EINVAL, "%s: agent is NULL", call);
+  if (callback_depth > 0) {
+    snprintf(agent->error, sizeof agent->error,
+             "%s: called from inside a step callback (wsync's loop is not "
+             "reentrant)",
+             call);
+    return WS_ESTATE;
+  }
+  return WS_OK;
+}
+
+static int invalid(ws_agent *agent, const char *format, const char *name) {
+  snprintf(agent->error, sizeof agent->error, format, name ? name : "(NULL)");
+  return WS_EINVAL;
+}
+
+int ws_agent_open(ws_host *host, const char *endpoint, int rank, int world,
+                  const char *backend, int device_index, ws_agent **out) {
+  if (out != NULL)
+    *out = NULL;
+  if (host == NULL || out == NULL)
+    return ws_fail(WS_EINVAL, "ws_agent_open: host and out are required");
+  if (callback_depth > 0) {
+    ws_host_set_error(host, "ws_agent_open: called from inside a step "
+                            "callback (wsync's loop is not reentrant)");
+    return WS_ESTATE;
+  }
+  if (endpoint == NULL || world < 1 || rank < 0 || rank >= world) {
+    char message[160];
+    snprintf(message, sizeof message,
+             "ws_agent_open: needs an endpoint and 0 <= rank < world (rank "
+             "%d, world %d)",
+             rank, world);
+    ws_host_set_error(host, message);
+    return WS_EINVAL;
+  }
+  ws_agent *agent = calloc(1, sizeof *agent);
+  if (agent == NULL) {
+    ws_host_set_error(host, "ws_agent_open: cannot allocate the agent");
+    return WS_ENOMEM;
+  }
+  agent->L = ws_host_lua_state(host);
+  lua_State *L = agent->L;
+  int top = lua_gettop(L);
+  int first = 0;
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "wsync.agent_api");
+  int status = protected_call(L, 1, &first, agent->error, sizeof agent->error);
+  if (status == WS_OK) {
+    lua_getfield(L, first, "open");
+    lua_createtable(L, 0, 5);
+    lua_pushstring(L, endpoint);
+    lua_setfield(L, -2, "endpoint");
+    lua_pushinteger(L, rank);
+    lua_setfield(L, -2, "rank");
+    lua_pushinteger(L, world);
+    lua_setfield(L, -2, "world");
+    lua_pushstring(L, backend != NULL ? backend : "host");
+    lua_setfield(L, -2, "backend");
+    lua_pushinteger(L, device_index >= 0 ? device_index : rank);
+    lua_setfield(L, -2, "device_index"); // [module, open, options]
+    status = protected_call(L, 1, &first, agent->error, sizeof agent->error);
+  }
+  if (status != WS_OK) {
+    lua_settop(L, top);
+    ws_host_set_error(host, agent->error);
+    free(agent);
+    return status;
+  }
+  lua_pushvalue(L, first);
+  agent->handle = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_settop(L, top);
+  *out = agent;
+  return WS_OK;
+}
+
+int ws_agent_register_tensor(ws_agent *agent, const char *name,
+                             const char *dtype, const int64_t *shape, int dims,
+                             void *data, uint64_t data_bytes, int64_t first_row,
+                             int64_t row_count) {
+  int status = check_agent(agent, "ws_agent_register_tensor");
+  if (status != WS_OK)
+    return status;
+  if (name == NULL || dtype == NULL || shape == NULL || dims < 1)
+    return invalid(agent,
+                   "ws_agent_register_tensor %s: needs a name, a dtype and a "
+                   "shape of at least one dim",
+                   name);
+  if (data == NULL && row_count != 0)
+    return invalid(agent, "ws_agent_register_tensor %s: data is NULL", name);
+  for (int d = 0; d < dims; d++)
+    if (shape[d] < 0 || shape[d] > largest_exact_integer)
+      return invalid(agent,
+                     "ws_agent_register_tensor %s: a dim is negative "
+                     "or above 2^53",
+                     name);
+  if (first_row < 0 || row_count < 0 || first_row > largest_exact_integer ||
+      row_count > largest_exact_integer ||
+      data_bytes > (uint64_t)largest_exact_integer)
+    return invalid(agent,
+                   "ws_agent_register_tensor %s: rows or bytes out of "
+                   "range",
+                   name);
+  lua_State *L = agent->L;
+  int top = lua_gettop(L);
+  push_method(agent, "register_tensor");
+  lua_pushstring(L, name);
+  lua_pushstring(L, dtype);
+  lua_createtable(L, dims, 0);
+  for (int d = 0; d < dims; d++) {
+    lua_pushnumber(L, (lua_Number)shape[d]);
+    lua_rawseti(L, -2, d + 1);
+  }
+  lua_pushlightuserdata(L, data);
+  lua_pushnumber(L, (lua_Number)data_bytes);
+  lua_pushnumber(L, (lua_Number)first_row);
+  lua_pushnumber(L, (lua_Number)row_count);
+  int first = 0;
+  status = call_method(agent, 7, &first);
+  lua_settop(L, top);
+  return status;
+}
+
+// The trainer's callback, called from Lua: [function pointer box, user data]
+// as upvalues; returns the callback's status. Never raises.
+static int callback_trampoline(lua_State *L) {
+  const agent_callback *callback = lua_touserdata(L, lua_upvalueindex(1));
+  void *user_data = lua_touserdata(L, lua_upvalueindex(2));
+  callback_depth++;
+  int status = (*callback)(user_data);
+  callback_depth--;
+  lua_pushinteger(L, status);
+  return 1;
+}
+
+int ws_agent_register_callback(ws_agent *agent, const char *name,
+                               int (*callback)(void *user_data),
+                               void *user_data) {
+  int status = check_agent(agent, "ws_agent_register_callback");
+  if (status != WS_OK)
+    return status;
+  if (name == NULL || callback == NULL)
+    return invalid(agent,
+                   "ws_agent_register_callback %s: needs a name and a function",
+                   name);
+  lua_State *L = agent->L;
+  int top = lua_gettop(L);
+  push_method(agent, "register_callback");
+  lua_pushstring(L, name);
+  agent_callback *box = lua_newuserdata(L, sizeof *box);
+  *box = callback;
+  lua_pushlightuserdata(L, user_data);
+  lua_pushcclosure(L, callback_trampoline, 2); // [method, handle, name, call]
+  int first = 0;
+  status = call_method(agent, 2, &first);
+  lua_settop(L, top);
+  return status;
+}
+
+int ws_agent_ready(ws_agent *agent) {
+  int status = check_agent(agent, "ws_agent_ready");
+  if (status != WS_OK)
+    return status;
+  lua_State *L = agent->L;
+  int top = lua_gettop(L);
+  push_method(agent, "ready");
+  int first = 0;
+  status = call_method(agent, 0, &first);
+  lua_settop(L, top);
+  return status;
+}
+
+// Copies the string field `key` of the table at `index` into `out`.
+static void copy_string_field(lua_State *L, int index, const char *key,
+                              char *out, size_t size) {
+  lua_getfield(L, index, key);
+  const char *value = lua_tostring(L, -1);
+  snprintf(out, size, "%s", value ? value : "");
+  lua_pop(L, 1);
+}
+
+int ws_agent_publish(ws_agent *agent, int64_t step, ws_publish_result *result) {
+  if (result != NULL)
+    memset(result, 0, sizeof *result);
+  int status = check_agent(agent, "ws_agent_publish");
+  if (status != WS_OK)
+    return status;
+  if (step > largest_exact_integer) {
+    snprintf(agent->error, sizeof agent->error,
+             "ws_agent_publish: step %lld is above 2^53", (long long)step);
+    return WS_EINVAL;
+  }
+  lua_State *L = agent->L;
+  int top = lua_gettop(L);
+  push_method(agent, "publish");
+  if (step >= 0)
+    lua_pushnumber(L, (lua_Number)step);
+  else
+    lua_pushnil(L);
+  int first = 0;
+  status = call_method(agent, 1, &first);
+  if (status == WS_OK && result != NULL) {
+    lua_getfield(L, first, "model_version");
+    result->model_version = (int64_t)lua_tonumber(L, -1);
+    lua_getfield(L, first, "receipts");
+    result->receipts = (int)lua_tointeger(L, -1);
+    lua_pop(L, 2);
+    copy_string_field(L, first, "publication_id", result->publication_id,
+                      sizeof result->publication_id);
+    copy_string_field(L, first, "manifest", result->manifest,
+                      sizeof result->manifest);
+  }
+  lua_settop(L, top);
+  return status;
+}
+
+const char *ws_agent_error(const ws_agent *agent) {
+  return agent != NULL ? agent->error : "";
+}
+
+void ws_agent_close(ws_agent *agent) {
+  if (agent == NULL || callback_depth > 0)
+    return;
+  lua_State *L = agent->L;
+  int top = lua_gettop(L);
+  push_method(agent, "close");
+  int first = 0;
+  if (call_method(agent, 0, &first) != WS_OK)
+    fprintf(stderr, "wsync: closing an agent failed: %s\n", agent->error);
+  lua_settop(L, top);
+  luaL_unref(L, LUA_REGISTRYINDEX, agent->handle);
+  free(agent);
+}

@@ -1,0 +1,277 @@
+// A trainer rank written in C on libwsync's agent API: it opens its own wsync
+// host, holds its FSDP shard of the tiny Qwen3-MoE in the transformers-v5
+// layout (computed here from the config, as a trainer knows its parameters),
+// registers the shards and four memory callbacks, and publishes VERSIONS model
+// versions to a host started with `wsync run` on a recipe whose trainer kind is
+// "external". Before publishing version v it writes wsync's synthetic values
+// of version v (host/synth.h), so that the host can verify the rollout's
+// resident weights.
+//
+// usage: agent_example ENDPOINT RANK WORLD VERSIONS [STEP_MS [FAILING]]
+//
+// STEP_MS is how long each training step takes before its publication (0 by
+// default). FAILING names a callback that returns non-zero (a failure) when
+// the host calls it, for the fault tests. Prints one line per publication;
+// exits 0 when every publication succeeded.
+#include <stdint.h>
+
+#include "wsync.h"
+
+#include "synth.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+// The tiny preset of scripts/wsync/models/qwen3_moe.lua: vocab 1000, hidden 64,
+// moe_intermediate 32, 2 layers, 4 heads, 2 KV heads, head_dim 16, 4 experts,
+// untied embeddings. BF16 everywhere.
+enum {
+  VOCAB = 1000,
+  HIDDEN = 64,
+  MOE_INTERMEDIATE = 32,
+  LAYERS = 2,
+  HEADS = 4,
+  KV_HEADS = 2,
+  HEAD_DIM = 16,
+  EXPERTS = 4,
+  ELEMENT_BYTES = 2,
+  MAX_TENSORS = 3 + 11 * LAYERS,
+  MAX_DIMS = 3,
+};
+
+typedef struct shard {
+  char name[96];
+  int64_t shape[MAX_DIMS];
+  int dims;
+  int64_t first_row, row_count; // this rank's rows of dim 0
+  int64_t row_elements;
+  size_t offset, bytes; // where the rows live in the rank's memory
+} shard;
+
+typedef struct layout {
+  shard tensors[MAX_TENSORS];
+  int count;
+  size_t bytes;
+} layout;
+
+// Adds a tensor and this rank's dim-0 rows as torch.chunk splits them: chunks
+// of ceil(rows / world), the last ones shorter or empty.
+static void add_tensor(layout *out, int rank, int world, const char *name,
+                       int dims, int64_t d0, int64_t d1, int64_t d2) {
+  shard *tensor = &out->tensors[out->count++];
+  snprintf(tensor->name, sizeof tensor->name, "%s", name);
+  int64_t shape[MAX_DIMS] = {d0, d1, d2};
+  tensor->dims = dims;
+  tensor->row_elements = 1;
+  for (int d = 0; d < dims; d++) {
+    tensor->shape[d] = shape[d];
+    if (d > 0)
+      tensor->row_elements *= shape[d];
+  }
+  int64_t chunk = (d0 + world - 1) / world;
+  int64_t first = rank * chunk < d0 ? rank * chunk : d0;
+  tensor->first_row = first;
+  tensor->row_count = d0 - first < chunk ? d0 - first : chunk;
+  tensor->offset = out->bytes;
+  tensor->bytes =
+      (size_t)(tensor->row_count * tensor->row_elements) * ELEMENT_BYTES;
+  out->bytes += tensor->bytes;
+}
+
+// The trainer layout in wsync's order (qwen3_moe.lua trainer_layout): 25
+// tensors for the tiny model.
+static void build_layout(layout *out, int rank, int world) {
+  memset(out, 0, sizeof *out);
+  char name[96];
+  add_tensor(out, rank, world, "model.embed_tokens.weight", 2, VOCAB, HIDDEN,
+             0);
+  for (int l = 0; l < LAYERS; l++) {
+#define LAYER_TENSOR(suffix, dims, d0, d1, d2)                                 \
+  snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix);                \
+  add_tensor(out, rank, world, name, dims, d0, d1, d2)
+    LAYER_TENSOR("self_attn.q_proj.weight", 2, HEADS * HEAD_DIM, HIDDEN, 0);
+    LAYER_TENSOR("self_attn.k_proj.weight", 2, KV_HEADS * HEAD_DIM, HIDDEN, 0);
+    LAYER_TENSOR("self_attn.v_proj.weight", 2, KV_HEADS * HEAD_DIM, HIDDEN, 0);
+    LAYER_TENSOR("self_attn.o_proj.weight", 2, HIDDEN, HEADS * HEAD_DIM, 0);
+    LAYER_TENSOR("self_attn.q_norm.weight", 1, HEAD_DIM, 0, 0);
+    LAYER_TENSOR("self_attn.k_norm.weight", 1, HEAD_DIM, 0, 0);
+    LAYER_TENSOR("mlp.gate.weight", 2, EXPERTS, HIDDEN, 0);
+    LAYER_TENSOR("mlp.experts.gate_up_proj", 3, EXPERTS, 2 * MOE_INTERMEDIATE,
+                 HIDDEN);
+    LAYER_TENSOR("mlp.experts.down_proj", 3, EXPERTS, HIDDEN, MOE_INTERMEDIATE);
+    LAYER_TENSOR("input_layernorm.weight", 1, HIDDEN, 0, 0);
+    LAYER_TENSOR("post_attention_layernorm.weight", 1, HIDDEN, 0, 0);
+#undef LAYER_TENSOR
+  }
+  add_tensor(out, rank, world, "model.norm.weight", 1, HIDDEN, 0, 0);
+  add_tensor(out, rank, world, "lm_head.weight", 2, VOCAB, HIDDEN, 0);
+}
+
+// The optimizer step of this synthetic trainer: every shard takes version
+// `version`'s values.
+static int fill_version(const layout *shards, unsigned char *memory,
+                        uint32_t version) {
+  for (int i = 0; i < shards->count; i++) {
+    const shard *tensor = &shards->tensors[i];
+    if (tensor->row_count == 0)
+      continue;
+    uint64_t seed = ws_synth_seed(tensor->name, strlen(tensor->name));
+    if (ws_synth_fill(memory + tensor->offset, WS_DTYPE_BFLOAT16, seed,
+                      (uint64_t)(tensor->first_row * tensor->row_elements),
+                      (uint64_t)(tensor->row_count * tensor->row_elements),
+                      version) != 0)
+      return -1;
+  }
+  return 0;
+}
+
+// Memory callbacks: each moves one part between resident and offloaded and
+// refuses a transition that makes no sense.
+enum { RESIDENT, OFFLOADED };
+
+typedef struct trainer {
+  int rank;
+  int actor, optimizer;
+  const char *failing; // the callback that fails on purpose, or NULL
+  ws_agent *agent;
+} trainer;
+
+typedef struct transition {
+  const char *name;
+  trainer *owner;
+  int *part;
+  int from, to;
+} transition;
+
+static int run_transition(void *user_data) {
+  transition *step = user_data;
+  trainer *owner = step->owner;
+  if (owner->failing != NULL && strcmp(owner->failing, step->name) == 0) {
+    fprintf(stderr, "agent_example rank %d: %s fails on purpose\n", owner->rank,
+            step->name);
+    return 1;
+  }
+  // A callback runs inside the agent's own call: wsync refuses to nest.
+  if (ws_agent_ready(owner->agent) != WS_ESTATE) {
+    fprintf(stderr,
+            "agent_example rank %d: a nested wsync call was not "
+            "refused\n",
+            owner->rank);
+    return 3;
+  }
+  if (*step->part != step->from) {
+    fprintf(stderr, "agent_example rank %d: %s in the wrong state\n",
+            owner->rank, step->name);
+    return 2;
+  }
+  *step->part = step->to;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 5 || argc > 7) {
+    fprintf(stderr, "usage: agent_example ENDPOINT RANK WORLD VERSIONS "
+                    "[STEP_MS [FAILING]]\n");
+    return 2;
+  }
+  const char *endpoint = argv[1];
+  int rank = atoi(argv[2]), world = atoi(argv[3]), versions = atoi(argv[4]);
+  long step_ms = argc >= 6 ? atol(argv[5]) : 0;
+  trainer state = {rank, RESIDENT, RESIDENT, argc == 7 ? argv[6] : NULL, NULL};
+  transition steps[] = {
+      {"offload_optimizer", &state, &state.optimizer, RESIDENT, OFFLOADED},
+      {"onload_optimizer", &state, &state.optimizer, OFFLOADED, RESIDENT},
+      {"offload_actor", &state, &state.actor, RESIDENT, OFFLOADED},
+      {"onload_actor", &state, &state.actor, OFFLOADED, RESIDENT},
+  };
+
+  static layout shards;
+  build_layout(&shards, rank, world);
+  unsigned char *memory = calloc(1, shards.bytes > 0 ? shards.bytes : 1);
+  ws_host *host = NULL;
+  ws_agent *agent = NULL;
+  int failed = 1;
+  if (memory == NULL || ws_host_open(&host) != 0) {
+    fprintf(stderr, "agent_example rank %d: cannot start\n", rank);
+    goto done;
+  }
+  if (ws_agent_open(host, endpoint, rank, world, "host", rank, &agent) != 0) {
+    fprintf(stderr, "agent_example rank %d: open: %s\n", rank,
+            ws_host_error(host));
+    goto done;
+  }
+  state.agent = agent;
+  for (int i = 0; i < shards.count; i++) {
+    const shard *tensor = &shards.tensors[i];
+    if (ws_agent_register_tensor(agent, tensor->name, "bfloat16", tensor->shape,
+                                 tensor->dims, memory + tensor->offset,
+                                 tensor->bytes, tensor->first_row,
+                                 tensor->row_count) != 0) {
+      fprintf(stderr, "agent_example rank %d: %s\n", rank,
+              ws_agent_error(agent));
+      goto done;
+    }
+  }
+  for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
+    if (ws_agent_register_callback(agent, steps[i].name, run_transition,
+                                   &steps[i]) != 0) {
+      fprintf(stderr, "agent_example rank %d: %s\n", rank,
+              ws_agent_error(agent));
+      goto done;
+    }
+  }
+  if (ws_agent_ready(agent) != 0) {
+    fprintf(stderr, "agent_example rank %d: ready: %s\n", rank,
+            ws_agent_error(agent));
+    goto done;
+  }
+  // The host stays usable between agent calls: the connection does not keep
+  // its loop running.
+  if (ws_host_run_string(host, "assert(require('wsync').version)",
+                         "=(agent_example)") != 0) {
+    fprintf(stderr, "agent_example rank %d: host: %s\n", rank,
+            ws_host_error(host));
+    goto done;
+  }
+  printf("agent_example rank %d: registered %d tensors (%zu bytes)\n", rank,
+         shards.count, shards.bytes);
+  fflush(stdout);
+  for (int version = 1; version <= versions; version++) {
+    // The training step; wsync's loop does not run meanwhile.
+    struct timespec step_time = {step_ms / 1000, (step_ms % 1000) * 1000000};
+    nanosleep(&step_time, NULL);
+    if (fill_version(&shards, memory, (uint32_t)version) != 0) {
+      fprintf(stderr, "agent_example rank %d: ws_synth_fill failed\n", rank);
+      goto done;
+    }
+    ws_publish_result result;
+    int status = ws_agent_publish(agent, version, &result);
+    if (status != 0) {
+      printf("agent_example rank %d: publish %d failed (status %d): %s\n", rank,
+             version, status, ws_agent_error(agent));
+      fflush(stdout);
+      goto done;
+    }
+    printf("agent_example rank %d: published version %d: model version "
+           "%" PRId64 ", publication %s, manifest %s, receipts %d\n",
+           rank, version, result.model_version, result.publication_id,
+           result.manifest, result.receipts);
+    fflush(stdout);
+    if (state.actor != RESIDENT || state.optimizer != RESIDENT) {
+      fprintf(stderr,
+              "agent_example rank %d: the schedule left the actor or "
+              "the optimizer offloaded\n",
+              rank);
+      goto done;
+    }
+  }
+  failed = 0;
+done:
+  ws_agent_close(agent);
+  ws_host_close(host);
+  free(memory);
+  return failed;
+}
