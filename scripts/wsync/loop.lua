@@ -194,6 +194,37 @@ function M.await(start)
   return coroutine.yield()
 end
 
+--- Runs `task(i)` for i = 1..count at once, each in its own coroutine, and
+--- waits (inside a spawned coroutine) until all have finished. Returns the
+--- results by i and, when some failed, the lowest failing i and its error.
+---@param count integer
+---@param task fun(i: integer): any
+---@return table results, integer? failed_index, any failure
+function M.all(count, task)
+  local results, failed_index, failure, remaining = {}, nil, nil, count
+  if count == 0 then
+    return results
+  end
+  M.await(function(resume)
+    for i = 1, count do
+      M.spawn(function()
+        return task(i)
+      end, function(ok, value)
+        if ok then
+          results[i] = value
+        elseif failed_index == nil or i < failed_index then
+          failed_index, failure = i, value
+        end
+        remaining = remaining - 1
+        if remaining == 0 then
+          resume()
+        end
+      end)
+    end
+  end)
+  return results, failed_index, failure
+end
+
 --- Waits at least `ms` milliseconds inside a spawned coroutine.
 ---@param ms integer
 function M.sleep(ms)

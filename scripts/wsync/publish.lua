@@ -36,33 +36,13 @@ end
 ---@param payload_of fun(rank: integer): table
 ---@param timeout number
 function M.all_agents(session, cmd, payload_of, timeout)
-  local results, failures, remaining = {}, {}, #session.agents
-  loop.await(function(resume)
-    for index, agent in ipairs(session.agents) do
-      loop.spawn(function()
-        return agent.peer:request(cmd, payload_of(index - 1), timeout)
-      end, function(ok, value)
-        if ok then
-          results[index] = value
-        else
-          failures[#failures + 1] = { rank = index - 1, err = value }
-        end
-        remaining = remaining - 1
-        if remaining == 0 then
-          resume()
-        end
-      end)
-    end
+  local results, failed, err = loop.all(#session.agents, function(index)
+    return session.agents[index].peer:request(cmd, payload_of(index - 1), timeout)
   end)
-  if #failures > 0 then
-    table.sort(failures, function(a, b)
-      return a.rank < b.rank
-    end)
-    local first = failures[1]
-    local err = first.err
+  if failed then
     local message = errors.is(err) and err.message or tostring(err)
-    fail(errors.is(err) and err.code or "AGENT_FAILED", string.format("trainer rank %d: %s", first.rank, message),
-      { rank = first.rank, phase = cmd })
+    fail(errors.is(err) and err.code or "AGENT_FAILED", string.format("trainer rank %d: %s", failed - 1, message),
+      { rank = failed - 1, phase = cmd })
   end
   return results
 end

@@ -25,35 +25,16 @@ Runtime.__index = Runtime
 -- raises a fatal error naming the first worker that failed.
 function Runtime:broadcast(cmd, payload, payload_of)
   self:check_workers()
-  local results, failures, remaining = {}, {}, #self.workers
-  loop.await(function(resume)
-    for rank, worker in ipairs(self.workers) do
-      loop.spawn(function()
-        return worker:request(cmd, payload_of and payload_of(rank) or payload)
-      end, function(ok, value)
-        if ok then
-          results[rank] = value
-        else
-          failures[#failures + 1] = { rank = rank - 1, err = value }
-        end
-        remaining = remaining - 1
-        if remaining == 0 then
-          resume()
-        end
-      end)
-    end
+  local results, failed, err = loop.all(#self.workers, function(rank)
+    return self.workers[rank]:request(cmd, payload_of and payload_of(rank) or payload)
   end)
-  if #failures > 0 then
-    table.sort(failures, function(a, b)
-      return a.rank < b.rank
-    end)
-    local first = failures[1]
-    local fatal = first.err.code ~= "RUNTIME_COMMAND_FAILED"
+  if failed then
+    local fatal = err.code ~= "RUNTIME_COMMAND_FAILED"
     if fatal then
-      self.broken = first.err.message
+      self.broken = err.message
     end
-    errors.raise(fatal and "WORKER_FAILED" or (first.err.remote_code or "WORKER_FAILED"), first.err.message,
-      { fatal = fatal, rank = first.rank })
+    errors.raise(fatal and "WORKER_FAILED" or (err.remote_code or "WORKER_FAILED"), err.message,
+      { fatal = fatal, rank = failed - 1 })
   end
   return results
 end

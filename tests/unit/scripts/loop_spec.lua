@@ -195,6 +195,36 @@ describe("wsync.loop", function()
     assert.is_false(uv.loop_alive())
   end)
 
+  describe("all", function()
+    it("runs the tasks at once, returns results by index and the lowest failure", function()
+      local results, failed, failure, order = nil, nil, nil, {}
+      loop.spawn(function()
+        results, failed, failure = loop.all(4, function(i)
+          loop.sleep(5 * (4 - i)) -- finish in reverse order
+          order[#order + 1] = i
+          if i == 2 or i == 3 then
+            error("task " .. i .. " failed", 0)
+          end
+          return i * 10
+        end)
+      end)
+      loop.run()
+      assert.are.same({ 4, 3, 2, 1 }, order)
+      assert.are.same({ [1] = 10, [4] = 40 }, results)
+      assert.are.equal(2, failed)
+      assert.matches("task 2 failed", tostring(failure))
+    end)
+
+    it("returns at once for no tasks", function()
+      local results = nil
+      loop.spawn(function()
+        results = { loop.all(0, error) }
+      end)
+      loop.run()
+      assert.are.same({ {} }, results)
+    end)
+  end)
+
   describe("run_until", function()
     it("runs the loop until the predicate holds, serving unref'd handles too", function()
       uv.update_time() -- timers count from the loop's cached time, stale after a long test
