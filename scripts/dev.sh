@@ -72,12 +72,15 @@ run_tests() {
   build
   cd "$build"
   local status=0
-  ctest --output-on-failure --timeout 2400 || status=$?
-  # Make the GPU tier's pending tests visible: they never pass silently.
+  ctest --output-on-failure --timeout 2400 | tee ctest.log || status=${PIPESTATUS[0]}
+  # Show the busted counts of every tier, the GPU tier's pending tests among
+  # them (never passed silently), then repeat CTest's summary so that it
+  # closes the run.
   if [ -f Testing/Temporary/LastTest.log ]; then
     grep -E '^[0-9]+ successes? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' \
       Testing/Temporary/LastTest.log | sed 's/^/busted: /' || true
   fi
+  grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' ctest.log | tail -n 1 || true
   return "$status"
 }
 
