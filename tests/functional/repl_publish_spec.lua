@@ -170,3 +170,36 @@ s:close()
     assert.matches("cannot attach to /nonexistent/wsync.sock", result.stderr)
   end)
 end)
+
+describe("wsync repl with a runtime", function()
+  it("spawns a reference runtime, sends commands, shows state and errors, closes it", function()
+    local input = table.concat({
+      "rt = wsync.runtime.spawn({ tp = 2 })",
+      "rt.state",
+      "rt:info().tp_world",
+      "rt:sleep(1).state.weights",
+      "rt:wake('weights', 'kv_cache').state.kv_cache",
+      "select(2, pcall(rt.request, rt, 'generate')).remote_code",
+      "rt.state",
+      "rt:close()",
+      "rt.state",
+      "tostring(rt):match('CLOSED') ~= nil",
+    }, "\n") .. "\n"
+    local result = process.wsync({ "repl" }, input, { timeout = 30000 })
+    assert.are.equal(0, result.code, result.stderr)
+    local lines = {}
+    for line in result.stdout:gmatch("[^\n]+") do
+      lines[#lines + 1] = line
+    end
+    assert.are.equal('"IDLE"', lines[1])
+    assert.are.equal("2", lines[2])
+    assert.are.equal('"offloaded"', lines[3])
+    assert.are.equal('"reserved"', lines[4])
+    assert.are.equal('"NOT_SUPPORTED"', lines[5])
+    assert.are.equal('"IDLE"', lines[6]) -- a refused generate does not break it
+    assert.are.equal("true", lines[7])
+    assert.are.equal('"CLOSED"', lines[8])
+    assert.are.equal("true", lines[9])
+    assert.are.same({}, orphan_segments())
+  end)
+end)
