@@ -7,9 +7,11 @@ local M = {}
 M.usage = [[
 usage: wsync FILE.lua [ARGS...]        run a Lua file in the host (ARGS in `arg`)
        wsync -e CODE [ARGS...]         run a Lua chunk
-       wsync run RECIPE [KEY=VALUE...] run a recipe, overriding its params
+       wsync run RECIPE [KEY=VALUE...] run a recipe: its publications (a model
+                                       recipe) or its run function, with params
        wsync check RECIPE [KEY=VALUE...] [--json]
-                                       load and validate a recipe; change nothing
+                                       load and validate a recipe and print its
+                                       plan; allocate and start nothing
        wsync repl [RECIPE]             interactive Lua with wsync loaded; with a
                                        model recipe, step through publications
        wsync repl --attach ENDPOINT    read a running host's live state (read-only)
@@ -25,7 +27,7 @@ internal (started by wsync itself, not by hand):
        wsync runtime-worker --rank R --world N --device I
                      --weights-bytes B --kv-bytes B
                                        one TP worker of the reference runtime
-       wsync trainer --endpoint SOCKET --rank R --world N --model PRESET
+       wsync trainer --endpoint SOCKET --rank R --world N --model PRESET|JSON
                      [--versions N] [--backend host] [--device I]
                                        a synthetic trainer rank (generated weights)
                                        that publishes N versions to the host
