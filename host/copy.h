@@ -27,5 +27,21 @@ typedef struct ws_copy_op {
 int ws_copy_run(void *target, size_t target_size, const void *source,
                 size_t source_size, const ws_copy_op *ops, size_t count);
 
+enum { WS_COPY_TARGETS_MAX = 64 };
+
+/// Runs the same ops from one source into each of `target_count` targets of
+/// `target_sizes` bytes (the host backend's all-gather: a rank's shard goes to
+/// every rank's buffer, read from memory once). Checks every op against the
+/// source and every target first; nothing is copied when one is out of range.
+int ws_copy_run_targets(void *const *targets, const size_t *target_sizes,
+                        size_t target_count, const void *source,
+                        size_t source_size, const ws_copy_op *ops,
+                        size_t count);
+
+/// Faults in the pages of `size` bytes at `target` for writing now, so that
+/// the first copy into fresh memory takes no page fault per page. The bytes
+/// are kept. Fails with WS_ENOMEM when the memory is not there.
+int ws_copy_prefault(void *target, size_t size);
+
 /// Sums the bytes the ops move (rows x width each).
 uint64_t ws_copy_bytes(const ws_copy_op *ops, size_t count);

@@ -221,7 +221,7 @@ function Agent:_begin(payload)
 end
 
 -- Copies this rank's rows of each slot of a chunk into buffer `slot` of every
--- rank: one batch of copy ops per destination, run in C.
+-- rank: one batch of copy ops for all destinations, run in C.
 function Agent:_fill(payload)
   if not self.targets then
     errors.raise("AGENT_STATE", "fill before the buffers were attached", { rank = self.rank, phase = "fill" })
@@ -266,19 +266,21 @@ function Agent:_fill(payload)
   return { bytes = bytes, rank = self.rank }
 end
 
+-- Runs the ops into buffer `slot` of every rank in one C call, which reads
+-- each source byte once (target i of the call is rank i's buffer).
 function Agent:_run_ops(slot, ops, count, source_pointer, source_size)
-  local bytes = 0
+  local world = #self.targets
+  local pointers, sizes = ffi.new("void *[?]", world), ffi.new("size_t[?]", world)
   for rank, per_slot in ipairs(self.targets) do
     local target = per_slot[slot].buffer
-    local status = C.ws_copy_run(ffi.cast("void *", target:pointer()), target:size(), source_pointer, source_size,
-      ops, count)
-    if status ~= 0 then
-      errors.raise("FILL_FAILED", string.format("rank %d filling rank %d's buffer %d: %s", self.rank, rank - 1, slot,
-        ffi.string(C.ws_error_detail())), { rank = self.rank, phase = "fill" })
-    end
-    bytes = bytes + tonumber(C.ws_copy_bytes(ops, count))
+    pointers[rank - 1], sizes[rank - 1] = ffi.cast("void *", target:pointer()), target:size()
   end
-  return bytes
+  local status = C.ws_copy_run_targets(pointers, sizes, world, source_pointer, source_size, ops, count)
+  if status ~= 0 then
+    errors.raise("FILL_FAILED", string.format("rank %d filling buffer %d of every rank (target i is rank i's): %s",
+      self.rank, slot, ffi.string(C.ws_error_detail())), { rank = self.rank, phase = "fill" })
+  end
+  return world * tonumber(C.ws_copy_bytes(ops, count))
 end
 
 function Agent:_verify()

@@ -181,7 +181,22 @@ function M.init(session)
       buffers = session.buffer_names,
     })
     session.runtime_initialized = true
+    session.chunk_metadata_sent = {}
   end
+end
+
+--- The load_chunk payload of chunk `k` in buffer `buffer`. A chunk's tensor
+--- metadata goes to a runtime once after its init_weights: its TP workers keep
+--- it by chunk number and check it on every load as when it came, so later
+--- publications send no per-tensor JSON. A worker asked to load a chunk whose
+--- metadata it never got fails the publication.
+function M.load_payload(session, k, buffer)
+  session.chunk_metadata_sent = session.chunk_metadata_sent or {}
+  local payload = { chunk = k, buffer = buffer }
+  if not session.chunk_metadata_sent[k] then
+    payload.tensors = session.plan.chunks[k].tensors
+  end
+  return payload
 end
 
 -- Chunks ---------------------------------------------------------------------------
@@ -268,9 +283,9 @@ function M.move_chunks(session, first)
       if failure then
         return
       end
-      local chunk = plan.chunks[k]
       local started = now()
-      session.runtime:request("load_chunk", { chunk = k, buffer = (k - 1) % buffers + 1, tensors = chunk.tensors })
+      session.runtime:request("load_chunk", M.load_payload(session, k, (k - 1) % buffers + 1))
+      session.chunk_metadata_sent[k] = true
       load_seconds = load_seconds + (now() - started)
       loaded = k
       changed.notify()
@@ -416,7 +431,8 @@ function Publication:chunk()
     end, session.timeouts.fill)
     self.timings.fill = (self.timings.fill or 0) + (now() - started)
     started = now()
-    self.loads[k] = session.runtime:request("load_chunk", { chunk = k, buffer = buffer, tensors = chunk.tensors })
+    self.loads[k] = session.runtime:request("load_chunk", M.load_payload(session, k, buffer))
+    session.chunk_metadata_sent[k] = true
     self.timings.load = (self.timings.load or 0) + (now() - started)
   end)
   self.next_chunk = k + 1

@@ -33,6 +33,19 @@ local function allocate(bytes, what)
   return buffer
 end
 
+-- Resident weights are faulted in when allocated, as a device allocation is
+-- backed at once: a publication's loads then take no page fault per page.
+local function allocate_resident(bytes)
+  local buffer = allocate(bytes, "resident weights")
+  if C.ws_copy_prefault(ffi.cast("void *", buffer:pointer()), buffer:size()) ~= 0 then
+    local message = ffi.string(C.ws_error_detail())
+    buffer:close()
+    errors.raise("OUT_OF_MEMORY", string.format("cannot back %d bytes of resident weights: %s", bytes, message),
+      { fatal = true })
+  end
+  return buffer
+end
+
 -- Fills a buffer with the dummy pattern of a rank, 64 KiB at a time.
 local function fill_dummy(buffer, rank)
   local block = {}
@@ -119,7 +132,7 @@ function Worker:wake(payload)
     wanted[tag] = true
   end
   if wanted.weights and self.weights_state ~= "awake" then
-    local weights = allocate(self.weights_bytes, "resident weights")
+    local weights = allocate_resident(self.weights_bytes)
     if self.weights_state == "offloaded" then
       assert(weights:copy_from(self.host_copy, 0, 0, self.weights_bytes))
       self.host_copy = release(self.host_copy)
@@ -173,10 +186,11 @@ function Worker:init_weights(payload)
     self.imported[slot] = buffer
   end
   self.plan = plan
+  self.chunk_tensors = {}
   self.weights_bytes = plan.bytes
   if self.weights_state == "awake" then
     self.weights = release(self.weights)
-    self.weights = allocate(plan.bytes, "resident weights")
+    self.weights = allocate_resident(plan.bytes)
   else
     self.host_copy = release(self.host_copy)
     self.weights_state = "discarded"
@@ -202,7 +216,9 @@ end
 
 --- load_chunk{chunk, buffer, tensors}: copies this rank's TP slice of every
 --- canonical tensor of the chunk from the packed buffer into resident storage,
---- in one batch of strided copies.
+--- in one batch of strided copies. `tensors` comes with a chunk's first load
+--- after init_weights and is kept by chunk number; later loads of the chunk
+--- omit it and are checked against the kept metadata in the same way.
 function Worker:load_chunk(payload)
   local update = self.update
   if not update then
@@ -213,9 +229,19 @@ function Worker:load_chunk(payload)
     fatal("NO_BUFFER", string.format("load_chunk names buffer %s; %d are mapped", tostring(payload.buffer),
       #self.imported))
   end
+  local tensors = payload.tensors
+  if tensors then
+    self.chunk_tensors[payload.chunk] = tensors
+  else
+    tensors = self.chunk_tensors[payload.chunk]
+    if not tensors then
+      fatal("BAD_METADATA", string.format("chunk %s comes without tensor metadata, and none came before",
+        tostring(payload.chunk)))
+    end
+  end
   local copies_by_name = self.plan.copies
   local total = 0
-  for _, tensor in ipairs(payload.tensors) do
+  for _, tensor in ipairs(tensors) do
     local copies = copies_by_name[tensor.name]
     if not copies then
       fatal("UNKNOWN_TENSOR", string.format("TP worker %d has no loader plan for %s", self.rank, tensor.name))
@@ -224,7 +250,7 @@ function Worker:load_chunk(payload)
   end
   local ops = ffi.new("ws_copy_op[?]", math.max(total, 1))
   local count = 0
-  for _, tensor in ipairs(payload.tensors) do
+  for _, tensor in ipairs(tensors) do
     local ok, message = update.manifest:add(tensor.name, tensor.dtype, tensor.shape)
     if not ok then
       fatal("BAD_METADATA", string.format("chunk %s, %s: %s", tostring(payload.chunk), tensor.name, message))
@@ -250,9 +276,9 @@ function Worker:load_chunk(payload)
       ffi.string(C.ws_error_detail())))
   end
   local bytes = tonumber(C.ws_copy_bytes(ops, count))
-  update.tensors = update.tensors + #payload.tensors
+  update.tensors = update.tensors + #tensors
   update.bytes = update.bytes + bytes
-  return { rank = self.rank, tensors = #payload.tensors, bytes = bytes }
+  return { rank = self.rank, tensors = #tensors, bytes = bytes }
 end
 
 --- finish_update{publication_id, model_version}: ends the update and returns
