@@ -185,18 +185,35 @@ function M.init(session)
   end
 end
 
---- The load_chunk payload of chunk `k` in buffer `buffer`. A chunk's tensor
+--- The buffer slot that chunk `k` travels in (chunks take the buffers in turn).
+function M.buffer_of(session, k)
+  return (k - 1) % session.plan.buffer_count + 1
+end
+
+--- Every agent fills chunk `k` into its buffer slot; returns their reports
+--- once all succeeded (the consensus gate).
+function M.fill_chunk(session, k)
+  local slots = M.fill_slots(session.plan.chunks[k])
+  local buffer = M.buffer_of(session, k)
+  return M.all_agents(session, "fill", function()
+    return { chunk = k, buffer = buffer, slots = slots }
+  end, session.timeouts.fill)
+end
+
+--- The runtime loads chunk `k` from its buffer slot. A chunk's tensor
 --- metadata goes to a runtime once after its init_weights: its TP workers keep
 --- it by chunk number and check it on every load as when it came, so later
 --- publications send no per-tensor JSON. A worker asked to load a chunk whose
 --- metadata it never got fails the publication.
-function M.load_payload(session, k, buffer)
+function M.load_chunk(session, k)
   session.chunk_metadata_sent = session.chunk_metadata_sent or {}
-  local payload = { chunk = k, buffer = buffer }
+  local payload = { chunk = k, buffer = M.buffer_of(session, k) }
   if not session.chunk_metadata_sent[k] then
     payload.tensors = session.plan.chunks[k].tensors
   end
-  return payload
+  local answer = session.runtime:request("load_chunk", payload)
+  session.chunk_metadata_sent[k] = true
+  return answer
 end
 
 -- Chunks ---------------------------------------------------------------------------
@@ -264,12 +281,8 @@ function M.move_chunks(session, first)
       if failure then
         return
       end
-      local chunk = plan.chunks[k]
       local started = now()
-      local slots = M.fill_slots(chunk)
-      M.all_agents(session, "fill", function()
-        return { chunk = k, buffer = (k - 1) % buffers + 1, slots = slots }
-      end, session.timeouts.fill)
+      M.fill_chunk(session, k)
       fill_seconds = fill_seconds + (now() - started)
       filled = k -- every rank succeeded: chunk k may load
       changed.notify()
@@ -284,23 +297,15 @@ function M.move_chunks(session, first)
         return
       end
       local started = now()
-      session.runtime:request("load_chunk", M.load_payload(session, k, (k - 1) % buffers + 1))
-      session.chunk_metadata_sent[k] = true
+      M.load_chunk(session, k)
       load_seconds = load_seconds + (now() - started)
       loaded = k
       changed.notify()
     end
   end)
-  local done = 0
-  loop.await(function(resume)
-    local function finished()
-      done = done + 1
-      if done == 2 then
-        resume()
-      end
-    end
-    loop.spawn(filler, finished)
-    loop.spawn(loader, finished)
+  local roles = { filler, loader }
+  loop.all(#roles, function(i)
+    roles[i]()
   end)
   if failure then
     error(failure, 0)
@@ -419,20 +424,15 @@ end
 --- REPL's single step. Returns the chunk's number and reports.
 function Publication:chunk()
   local session, k = self.session, self.next_chunk
-  local chunk = session.plan.chunks[k]
-  if not chunk then
+  if not session.plan.chunks[k] then
     error(string.format("all %d chunks have moved", #session.plan.chunks), 2)
   end
   self:_phase("chunks", function()
-    local buffer = (k - 1) % session.plan.buffer_count + 1
     local started = now()
-    self.fills[k] = M.all_agents(session, "fill", function()
-      return { chunk = k, buffer = buffer, slots = M.fill_slots(chunk) }
-    end, session.timeouts.fill)
+    self.fills[k] = M.fill_chunk(session, k)
     self.timings.fill = (self.timings.fill or 0) + (now() - started)
     started = now()
-    self.loads[k] = session.runtime:request("load_chunk", M.load_payload(session, k, buffer))
-    session.chunk_metadata_sent[k] = true
+    self.loads[k] = M.load_chunk(session, k)
     self.timings.load = (self.timings.load or 0) + (now() - started)
   end)
   self.next_chunk = k + 1

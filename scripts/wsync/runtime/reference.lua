@@ -246,12 +246,8 @@ function M.main(options)
     worker_state = {},
   }, Runtime)
   for rank = 0, options.tp - 1 do
-    local env = nil
-    if faults.workers[rank] then
-      env = { "WSYNC_RUNTIME_FAULT=" .. faults.workers[rank] }
-    else
-      env = { "WSYNC_RUNTIME_FAULT=" }
-    end
+    -- Each worker gets only its own faults, never the main process's.
+    local env = { "WSYNC_RUNTIME_FAULT=" .. (faults.workers[rank] or "") }
     local ok, worker = pcall(client_module.spawn, {
       name = "TP worker " .. rank,
       detached = false,
