@@ -311,7 +311,11 @@ describe("wsync repl on a terminal", function()
       pending("util-linux script(1) is not installed; cannot allocate a pseudo-terminal")
       return
     end
-    local command = string.format("'%s' repl", process.wsync_binary():gsub("'", "'\\''"))
+    -- script(1) runs the command through $SHELL -c. `exec` makes wsync the
+    -- terminal's only foreground process whatever that shell is: a shell left
+    -- waiting (dash does not exec the last command) dies of the Ctrl-C's
+    -- SIGINT and script -e reports 130 for it.
+    local command = string.format("exec '%s' repl", process.wsync_binary():gsub("'", "'\\''"))
     local marker = marker_path()
     local result = play({
       { after = 300, write = "1+1\r" },
