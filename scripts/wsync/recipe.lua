@@ -115,9 +115,13 @@ local safe_globals = {
   "rawget", "select", "tonumber", "tostring", "type", "unpack", "xpcall",
 }
 
---- The environment a recipe chunk runs in.
+local load_table, invalid, extends_line
+
+--- The environment a recipe chunk runs in. `loading` (from M.load) carries
+--- the files being loaded, outermost first, for `extends`.
 ---@param path string
-function M.environment(path)
+---@param loading {files: string[], stack: string[]}?
+function M.environment(path, loading)
   local env = {}
   for _, name in ipairs(safe_globals) do
     env[name] = _G[name]
@@ -129,6 +133,17 @@ function M.environment(path)
       return require(name)
     end
     error(string.format("a recipe may only require wsync modules, not '%s'", tostring(name)), 2)
+  end
+  env.extends = function(base, overrides)
+    -- `return extends(...)` is a tail call: its errors carry no line of the
+    -- recipe, so they name the line of the call found in the source.
+    if type(base) ~= "string" then
+      invalid(path, "extends needs the path of a recipe file, got " .. type(base), { line = extends_line(path) })
+    end
+    if overrides ~= nil and type(overrides) ~= "table" then
+      invalid(path, "extends takes a table of overrides, got " .. type(overrides), { line = extends_line(path) })
+    end
+    return M.extend(path, base, overrides or {}, loading or { files = { path }, stack = { path } })
   end
   return setmetatable(env, {
     __newindex = function(_, key)
@@ -142,6 +157,81 @@ end
 
 -- Splits "file:line: message" as Lua writes load and runtime errors. Lua
 -- shortens a long file name to "..." and its tail; that form is accepted too.
+-- A table with string keys only: merged key by key. Lists (schedule,
+-- bootstrap), empty tables and values of other types replace.
+local function is_record(value)
+  return type(value) == "table" and next(value) ~= nil and rawget(value, 1) == nil
+end
+
+--- `base` with `overrides` laid over it: records merge field by field (at
+--- any depth), anything else in `overrides` replaces what `base` has. Neither
+--- argument is changed.
+---@param base table
+---@param overrides table
+---@return table
+function M.merge(base, overrides)
+  local result = {}
+  for key, value in pairs(base) do
+    result[key] = value
+  end
+  for key, value in pairs(overrides) do
+    if is_record(value) and is_record(result[key]) then
+      result[key] = M.merge(result[key], value)
+    else
+      result[key] = value
+    end
+  end
+  return result
+end
+
+local function dirname(path)
+  return path:match("^(.*)/[^/]*$") or "."
+end
+
+-- `path` with "." and "dir/.." parts taken out (lexically), for messages.
+local function normalize(path)
+  local parts = {}
+  for part in path:gmatch("[^/]+") do
+    if part == ".." and #parts > 0 and parts[#parts] ~= ".." then
+      parts[#parts] = nil
+    elseif part ~= "." then
+      parts[#parts + 1] = part
+    end
+  end
+  local text = table.concat(parts, "/")
+  if path:sub(1, 1) == "/" then
+    return "/" .. text
+  end
+  return text ~= "" and text or "."
+end
+
+--- `extends(base, overrides)` as a recipe calls it from `path`: loads the
+--- recipe file `base` (relative to `path`'s directory unless absolute) in its
+--- own restricted environment, unvalidated, and returns it merged with
+--- `overrides` (M.merge). The whole result is validated once, as the
+--- extending recipe.
+---@param path string  the extending recipe
+---@param base string
+---@param overrides table
+---@param loading {files: string[], stack: string[]}
+---@return table
+function M.extend(path, base, overrides, loading)
+  local resolved = normalize(base:sub(1, 1) == "/" and base or (dirname(path) .. "/" .. base))
+  for _, file in ipairs(loading.stack) do
+    if file == resolved then
+      invalid(path, string.format("extends %s, which is already being loaded (a cycle)", base),
+        { line = extends_line(path) })
+    end
+  end
+  local file, reason = io.open(resolved, "r")
+  if not file then
+    invalid(path, string.format("extends %s: cannot open %s: %s", base, resolved,
+      tostring(reason):gsub("^[^:]*: ", "")), { line = extends_line(path) })
+  end
+  file:close()
+  return M.merge(load_table(resolved, loading), overrides)
+end
+
 local function split_location(message, path)
   local prefix = path .. ":"
   local rest = nil
@@ -172,29 +262,33 @@ local function read_lines(path)
   return lines
 end
 
---- The line where a field is written, found in the recipe's source: each key of
---- the dotted path is looked for after the line of the key before it. Falls
---- back to the last `return` line when the field is not written literally.
----@param path string  recipe file
----@param field string dotted field path ("params.steps", "steps[2].name")
-function M.field_line(path, field)
-  local lines = read_lines(path)
+-- The line where `field` is written in `lines`: each key of the dotted path
+-- is looked for after the line of the key before it. Returns the line and
+-- true when every key was found, the line of the deepest key found and false
+-- when only a part was, nil when none was.
+local function written_line(lines, field)
   local start = 1
   local found = nil
   for key in field:gmatch("[%a_][%w_]*") do
     local pattern = "[%s{,]" .. key .. "%s*="
     local pattern_at_start = "^" .. key .. "%s*="
+    local this = nil
     for number = start, #lines do
       local text = lines[number]
       if text:match(pattern) or text:match(pattern_at_start) then
-        found, start = number, number
+        this = number
         break
       end
     end
+    if not this then
+      return found, false
+    end
+    found, start = this, this
   end
-  if found then
-    return found
-  end
+  return found, found ~= nil
+end
+
+local function return_line(lines)
   for number = #lines, 1, -1 do
     if lines[number]:match("^%s*return") then
       return number
@@ -203,17 +297,60 @@ function M.field_line(path, field)
   return 1
 end
 
-local function invalid(path, message, fields)
+--- The line where a field is written, found in the recipe's source: each key of
+--- the dotted path is looked for after the line of the key before it. Falls
+--- back to the last `return` line when the field is not written literally.
+---@param path string  recipe file
+---@param field string dotted field path ("params.steps", "steps[2].name")
+function M.field_line(path, field)
+  local lines = read_lines(path)
+  return written_line(lines, field) or return_line(lines)
+end
+
+-- The line of the first `extends(` call in the recipe at `path` (its return
+-- line when there is none).
+function extends_line(path)
+  local lines = read_lines(path)
+  for number, text in ipairs(lines) do
+    if text:match("extends%s*%(") and not text:match("^%s*%-%-") then
+      return number
+    end
+  end
+  return return_line(lines)
+end
+
+--- Where to report `field` of a loaded recipe: its line in the recipe file;
+--- for a field inherited through `extends`, the line of the `extends` call
+--- and the base file and line it comes from.
+---@param recipe table  loaded (with `path` and `files`)
+---@param field string
+---@return integer line, string? inherited  "base.lua:12" when inherited
+function M.field_location(recipe, field)
+  local lines = read_lines(recipe.path)
+  local line, complete = written_line(lines, field)
+  if complete or field == "" then
+    return line or return_line(lines)
+  end
+  for index = 2, #(recipe.files or {}) do
+    local base = recipe.files[index]
+    local base_line, base_complete = written_line(read_lines(base), field)
+    if base_complete then
+      return extends_line(recipe.path), base .. ":" .. base_line
+    end
+  end
+  return line or return_line(lines)
+end
+
+function invalid(path, message, fields)
   fields = fields or {}
   fields.file = path
   errors.raise("RECIPE_INVALID", message, fields)
 end
 
---- Loads and validates a recipe file. Returns the validated recipe table, with
---- `path` set; raises RECIPE_INVALID naming file, line and field.
----@param path string
----@return table
-function M.load(path)
+-- Runs the recipe file at `path` in its restricted environment and returns
+-- the table it returns, unvalidated. Raises RECIPE_INVALID naming the file
+-- and line (of this file, or of a file it extends).
+function load_table(path, loading)
   local file = io.open(path, "r")
   if not file then
     local _, reason = io.open(path, "r")
@@ -226,8 +363,11 @@ function M.load(path)
     local line, message = split_location(load_message, path)
     invalid(path, "syntax error: " .. message, { line = line })
   end
-  setfenv(chunk, M.environment(path))
+  loading.files[#loading.files + 1] = path
+  loading.stack[#loading.stack + 1] = normalize(path)
+  setfenv(chunk, M.environment(path, loading))
   local ok, result = pcall(chunk)
+  loading.stack[#loading.stack] = nil
   if not ok then
     if errors.is(result) then
       error(result, 0)
@@ -238,15 +378,29 @@ function M.load(path)
   if type(result) ~= "table" then
     invalid(path, "a recipe must return a table, got " .. type(result), { line = M.field_line(path, "") })
   end
+  return result
+end
 
+--- Loads and validates a recipe file. Returns the validated recipe table, with
+--- `path` set and `files` (the recipe, then each file it extends); raises
+--- RECIPE_INVALID naming file, line and field. A field inherited through
+--- `extends` is reported at the `extends` line, naming where it comes from.
+---@param path string
+---@return table
+function M.load(path)
+  local loading = { files = {}, stack = {} }
+  local result = load_table(path, loading)
   local recipe, failure = schema.check(M.schema, result)
   if not recipe then
-    invalid(path, string.format("field '%s': %s", failure.path, failure.message), {
-      line = M.field_line(path, failure.path),
+    local line, inherited = M.field_location({ path = path, files = loading.files }, failure.path)
+    invalid(path, string.format("field '%s': %s%s", failure.path, failure.message,
+      inherited and (" (inherited from " .. inherited .. ")") or ""), {
+      line = line,
       field = failure.path,
     })
   end
   recipe.path = path
+  recipe.files = loading.files
   return recipe
 end
 
@@ -262,7 +416,9 @@ function M.check_plan(recipe)
   local err = plan
   if errors.is(err) and err.code ~= "RECIPE_INVALID" then
     local field = err.field or (err.code == "SCHEDULE_INVALID" and "schedule") or "model"
-    invalid(recipe.path, err.message, { line = M.field_line(recipe.path, field), field = field })
+    local line, inherited = M.field_location(recipe, field)
+    local origin = inherited and string.format(" (%s is inherited from %s)", field, inherited) or ""
+    invalid(recipe.path, err.message .. origin, { line = line, field = field })
   end
   error(err, 0)
 end

@@ -5,6 +5,7 @@
 local cjson = require("cjson")
 local fixtures = require("tests.helpers.fixtures")
 local leftovers = require("tests.helpers.leftovers")
+local recipe = require("wsync.recipe")
 
 local RECIPES = fixtures.recipes
 
@@ -93,7 +94,8 @@ describe("wsync check", function()
     assert.are.equal(3, result.code)
     assert.are.equal("", result.stdout)
     assert.are.equal(string.format("wsync: %s:%d: schedule[5] (wake kv_cache) needs 1534272 bytes (1.46 MiB) on "
-      .. "each device; the budget is 1468006 bytes (1.40 MiB)\n", path, line), result.stderr)
+      .. "each device; the budget is 1468006 bytes (1.40 MiB) (schedule[5] is inherited from recipes/demo.lua:%d)\n",
+      path, line, recipe.field_line("recipes/demo.lua", "schedule")), result.stderr)
   end)
 
   it("exits 3 naming file:line and the field of a model config the plan refuses", function()

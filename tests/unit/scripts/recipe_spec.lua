@@ -138,6 +138,119 @@ describe("recipe.field_line", function()
   end)
 end)
 
+describe("recipe extends", function()
+  local directory, written
+  local function write(name, text)
+    local path = directory .. "/" .. name
+    local file = assert(io.open(path, "w"))
+    file:write(text)
+    file:close()
+    written[#written + 1] = path
+    return path
+  end
+
+  before_each(function()
+    directory, written = assert(uv.fs_mkdtemp("/tmp/wsync-extends-XXXXXX")), {}
+    assert(uv.fs_mkdir(directory .. "/sub", 448))
+  end)
+  after_each(function()
+    for _, path in ipairs(written) do
+      assert(os.remove(path))
+    end
+    assert(uv.fs_rmdir(directory .. "/sub"))
+    assert(uv.fs_rmdir(directory))
+  end)
+
+  it("merges records field by field and replaces lists and scalars", function()
+    assert.are.same({ a = { x = 1, y = 20, z = { p = 1, q = 2 } }, list = { "c" }, n = 2, keep = true },
+      recipe.merge({ a = { x = 1, y = 2, z = { p = 1 } }, list = { "a", "b" }, n = 1, keep = true },
+        { a = { y = 20, z = { q = 2 } }, list = { "c" }, n = 2 }))
+    local base = { t = { x = 1 } }
+    recipe.merge(base, { t = { x = 2 } })
+    assert.are.same({ t = { x = 1 } }, base, "the base is not changed")
+    assert.are.same({ list = {} }, recipe.merge({ list = { 1 } }, { list = {} }), "an empty table replaces")
+  end)
+
+  it("loads the base relative to the extending file and validates the merged recipe", function()
+    write("base.lua", 'return { name = "base", params = { steps = 3, label = "x" }, run = function() end }\n')
+    local path = write("sub/child.lua", 'return extends("../base.lua", { name = "child", params = { steps = 9 } })\n')
+    local loaded = recipe.load(path)
+    assert.are.equal("child", loaded.name)
+    assert.are.same({ steps = 9, label = "x" }, loaded.params)
+    assert.is_function(loaded.run)
+    assert.are.same({ path, directory .. "/base.lua" }, loaded.files)
+  end)
+
+  it("extends a recipe that extends another", function()
+    write("a.lua", 'return { name = "a", params = { one = 1, two = 2, three = 3 }, run = function() end }\n')
+    write("b.lua", 'return extends("a.lua", { name = "b", params = { two = 20 } })\n')
+    local loaded = recipe.load(write("c.lua", 'return extends("b.lua", { name = "c", params = { three = 30 } })\n'))
+    assert.are.same({ one = 1, two = 20, three = 30 }, loaded.params)
+    assert.are.equal(3, #loaded.files)
+  end)
+
+  it("reports a field inherited from the base at the extends line, naming the base's line", function()
+    write("base.lua", 'return {\n  name = "base",\n  backend = "tpu",\n  run = function() end,\n}\n')
+    local path = write("child.lua", '-- a child\nreturn extends("base.lua", {\n  name = "child",\n})\n')
+    local err = error_of(recipe.load, path)
+    assert.are.equal("RECIPE_INVALID", err.code)
+    assert.are.equal(path, err.file)
+    assert.are.equal(2, err.line)
+    assert.are.equal("backend", err.field)
+    assert.matches("(inherited from " .. directory .. "/base.lua:3)", err.message, 1, true)
+  end)
+
+  it("reports a field written in the extending file at its own line", function()
+    write("base.lua", 'return { name = "base", run = function() end }\n')
+    local path = write("child.lua", 'return extends("base.lua", {\n  name = "child",\n  backend = "tpu",\n})\n')
+    local err = error_of(recipe.load, path)
+    assert.are.equal(3, err.line)
+    assert.is_nil(err.message:find("inherited", 1, true))
+  end)
+
+  it("names the base file and line of an error inside the base", function()
+    local base = write("base.lua", 'return {\n  name = "base" +,\n}\n')
+    local err = error_of(recipe.load, write("child.lua", 'return extends("base.lua", { name = "child" })\n'))
+    assert.are.equal(base, err.file)
+    assert.are.equal(2, err.line)
+    assert.matches("^syntax error: ", err.message)
+  end)
+
+  it("refuses a missing base at the extends line", function()
+    local path = write("child.lua", '-- extends(\nreturn extends("nothing.lua", { name = "child" })\n')
+    local err = error_of(recipe.load, path)
+    assert.are.equal(path, err.file)
+    assert.are.equal(2, err.line)
+    assert.matches("extends nothing.lua: cannot open " .. directory .. "/nothing.lua: No such file", err.message, 1, true)
+  end)
+
+  it("refuses a cycle, naming the file and line that closes it", function()
+    write("a.lua", 'return extends("b.lua", {})\n')
+    local b = write("b.lua", '\nreturn extends("a.lua", {})\n')
+    local err = error_of(recipe.load, directory .. "/a.lua")
+    assert.are.equal(b, err.file)
+    assert.are.equal(2, err.line)
+    assert.matches("extends a.lua, which is already being loaded (a cycle)", err.message, 1, true)
+  end)
+
+  it("refuses arguments of the wrong type", function()
+    local err = error_of(recipe.load, write("child.lua", 'return extends({}, {})\n'))
+    assert.matches("extends needs the path of a recipe file, got table", err.message, 1, true)
+    err = error_of(recipe.load, write("child2.lua", 'return extends("x.lua", "name")\n'))
+    assert.matches("extends takes a table of overrides, got string", err.message, 1, true)
+  end)
+
+  it("lets the fixtures share the demo: the fault fixture is the demo with short timeouts", function()
+    local demo = recipe.load("recipes/demo.lua")
+    local faults = recipe.load(fixtures.recipes .. "/publish_faults.lua")
+    assert.are.same(demo.schedule, faults.schedule)
+    assert.are.same(demo.buffers, faults.buffers)
+    assert.are.equal(2, faults.timeouts.load_chunk)
+    assert.are.equal(300, faults.runtime.grace_ms)
+    assert.are.equal(demo.runtime.tp, faults.runtime.tp)
+  end)
+end)
+
 describe("recipe overrides", function()
   local function loaded()
     return recipe.load(fixtures.recipes .. "/good.lua")
