@@ -6,9 +6,9 @@
 --- in a coroutine, one at a time. Any protocol violation, EOF or bad frame
 --- ends the connection: the request in flight fails with the cause and
 --- `on_close(reason)` runs once.
-local uv = require("luv")
 local channel_module = require("wsync.channel")
 local errors = require("wsync.errors")
+local inflight_module = require("wsync.inflight")
 local loop = require("wsync.loop")
 local protocol = require("wsync.protocol")
 
@@ -31,7 +31,6 @@ function M.new(stream, options)
     handlers = options.handlers or {},
     on_close = options.on_close,
     closed = false,
-    next_id = 1,
     busy = false,
   }, Peer)
   self.channel = channel_module.new(stream, {
@@ -43,6 +42,7 @@ function M.new(stream, options)
       self:_end(reason == "EOF" and (self.name .. " closed the connection") or reason)
     end,
   })
+  self.inflight = inflight_module.new(self.channel)
   return self
 end
 
@@ -53,13 +53,9 @@ function Peer:_end(reason)
   self.closed = true
   self.cause = reason
   self.channel:close()
-  if self.timer then
-    self.timer:close()
-    self.timer = nil
-  end
-  local pending = self.pending
-  self.pending = nil
-  if pending then
+  local pending = self.inflight.pending
+  self.inflight:close()
+  if pending and pending.resume then
     pending.resume(false, errors.new("PEER_LOST", string.format("%s: %s (during %s)", self.name, reason, pending.cmd),
       { phase = pending.cmd }))
   end
@@ -70,16 +66,10 @@ end
 
 function Peer:_on_message(message)
   if message.ok ~= nil then
-    local pending = self.pending
+    local pending, reason = self.inflight:take(message)
     if not pending then
-      return self:_end("unsolicited response " .. tostring(message.cmd))
-    end
-    local ok, reason = protocol.check_response(message, pending.id, pending.cmd)
-    if not ok then
       return self:_end(reason)
     end
-    self.pending = nil
-    self.timer:stop()
     if message.ok then
       return pending.resume(true, message.result)
     end
@@ -142,26 +132,19 @@ function Peer:request(cmd, payload, timeout)
     errors.raise("PEER_LOST", string.format("%s: connection closed: %s", self.name, tostring(self.cause)),
       { phase = cmd })
   end
-  if self.pending then
-    error(string.format("%s: %s requested while %s is in flight", self.name, cmd, self.pending.cmd), 2)
+  local inflight = self.inflight
+  if inflight.pending then
+    error(string.format("%s: %s requested while %s is in flight", self.name, cmd, inflight.pending.cmd), 2)
   end
-  local id = self.next_id
-  self.next_id = id + 1
-  local pending = { id = id, cmd = cmd }
-  local sent, reason = self.channel:send(protocol.request(id, cmd, payload))
-  if not sent then
+  local seconds = timeout or 60
+  local pending, reason = inflight:send(cmd, payload, seconds, function()
+    self:_end(string.format("timeout: no answer to %s within %.3g s", cmd, seconds))
+  end)
+  if not pending then
     self:_end("cannot send " .. cmd .. ": " .. reason)
     errors.raise("PEER_LOST", string.format("%s: %s", self.name, self.cause), { phase = cmd })
   end
-  self.pending = pending
-  self.timer = self.timer or uv.new_timer()
-  local seconds = timeout or 60
-  self.timer:start(math.floor(seconds * 1000), 0, function()
-    self:_end(string.format("timeout: no answer to %s within %.3g s", cmd, seconds))
-  end)
-  local ok, result = loop.await(function(resume)
-    pending.resume = resume
-  end)
+  local ok, result = inflight:await(pending)
   if not ok then
     error(result, 2)
   end

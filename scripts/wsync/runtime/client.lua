@@ -11,9 +11,9 @@
 local uv = require("luv")
 local channel_module = require("wsync.channel")
 local errors = require("wsync.errors")
+local inflight_module = require("wsync.inflight")
 local loop = require("wsync.loop")
 local process = require("wsync._process")
-local protocol = require("wsync.protocol")
 
 local M = {}
 
@@ -69,7 +69,6 @@ function M.spawn(options)
   local self = setmetatable({
     name = options.name or "runtime",
     state = "IDLE",
-    next_id = 1,
     timeouts = timeouts,
     grace_ms = options.grace_ms or 3000,
     dead_waiters = {},
@@ -131,6 +130,7 @@ function M.spawn(options)
       self:_break(reason)
     end,
   })
+  self.inflight = inflight_module.new(self.channel)
 
   local handshake = options.handshake or "info"
   local ok, result = self:_call(handshake, {}, timeouts.startup)
@@ -175,15 +175,11 @@ function Client:_on_exit(code, signal)
 end
 
 function Client:_on_message(message)
-  local pending = self.pending
+  local pending, reason = self.inflight:take(message)
   if not pending then
-    return self:_break("unsolicited message " .. tostring(message.cmd) .. " while idle")
-  end
-  local ok, reason = protocol.check_response(message, pending.id, pending.cmd)
-  if not ok then
     return self:_break(reason)
   end
-  self:_settle()
+  self.state = "IDLE"
   if message.ok then
     return pending.resume(true, message.result)
   end
@@ -199,17 +195,6 @@ function Client:_on_message(message)
   }))
 end
 
--- Ends the in-flight request's bookkeeping (not the caller's wait).
-function Client:_settle()
-  if self.timer then
-    self.timer:stop()
-  end
-  self.pending = nil
-  if self.state == "INFLIGHT" then
-    self.state = "IDLE"
-  end
-end
-
 -- Sends one request and waits. Returns true, result or false, error object.
 function Client:_call(cmd, payload, timeout)
   if self.cause then -- broken, or closed after breaking: the original cause
@@ -218,12 +203,12 @@ function Client:_call(cmd, payload, timeout)
     return false, errors.new("RUNTIME_CLOSED", self.name .. " is closed", { phase = cmd })
   elseif self.state == "INFLIGHT" then
     error(string.format("%s: %s requested while %s is in flight (one request at a time)", self.name, cmd,
-      self.pending.cmd), 3)
+      self.inflight.pending.cmd), 3)
   end
-  local id = self.next_id
-  self.next_id = id + 1
-  local sent, reason = self.channel:send(protocol.request(id, cmd, payload))
-  if not sent then
+  local pending, reason = self.inflight:send(cmd, payload, timeout, function(timed_out)
+    self:_break(string.format("timeout: no answer to %s within %s", cmd, seconds(timeout)), timed_out)
+  end)
+  if not pending then
     self:_break("cannot send " .. cmd .. ": " .. reason)
     return false, self.cause
   end
@@ -231,15 +216,7 @@ function Client:_call(cmd, payload, timeout)
   if M.SPIN_MICROSECONDS > 0 then
     loop.spin(M.SPIN_MICROSECONDS)
   end
-  local pending = { id = id, cmd = cmd }
-  self.pending = pending
-  self.timer = self.timer or uv.new_timer() -- one timer, re-armed per request
-  self.timer:start(math.floor(timeout * 1000), 0, function()
-    self:_break(string.format("timeout: no answer to %s within %s", cmd, seconds(timeout)), pending)
-  end)
-  return loop.await(function(resume)
-    pending.resume = resume
-  end)
+  return self.inflight:await(pending)
 end
 
 --- Sends `cmd` with `payload` and returns the result table. Raises the break
@@ -255,13 +232,6 @@ function Client:request(cmd, payload)
     error(result, 2)
   end
   return result
-end
-
-function Client:_close_timer()
-  if self.timer and not self.timer:is_closing() then
-    self.timer:close()
-  end
-  self.timer = nil
 end
 
 --- `info`: the runtime's protocol, TP world, workers' device identities,
@@ -290,21 +260,20 @@ function Client:_break(reason, pending)
   if self.state == "BROKEN" or self.state == "CLOSED" then
     return
   end
-  pending = pending or self.pending
+  pending = pending or self.inflight.pending
   local during = pending and (" during " .. pending.cmd) or ""
   self.cause = errors.new("RUNTIME_BROKEN", string.format("%s broken%s: %s", self.name, during, reason), {
     phase = pending and pending.cmd or nil,
   })
   self.state = "BROKEN"
-  self:_settle()
   if self.exit_timer then
     self.exit_timer:close()
     self.exit_timer = nil
   end
-  self:_close_timer()
+  self.inflight:close()
   self.channel:close()
   self:_destroy_tree()
-  if pending and pending.resume and self.pending == nil then
+  if pending and pending.resume then
     pending.resume(false, self.cause)
   end
 end
@@ -394,7 +363,7 @@ function Client:close()
     return true
   end
   if self.state == "INFLIGHT" then
-    error(string.format("%s: close() while %s is in flight", self.name, self.pending.cmd), 2)
+    error(string.format("%s: close() while %s is in flight", self.name, self.inflight.pending.cmd), 2)
   end
   if self.state == "IDLE" then
     local ok = self:_call("shutdown", {}, self.timeouts.shutdown)
@@ -421,7 +390,7 @@ function Client:close()
   end
   self:wait_dead()
   local cause = self.cause
-  self:_close_timer()
+  self.inflight:close()
   self.channel:close()
   self.state = "CLOSED"
   if cause then
