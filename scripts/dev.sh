@@ -25,7 +25,6 @@ usage: scripts/dev.sh COMMAND
   setup   install the Debian packages wsync needs (only those missing)
   build   setup, then configure and build into build/ (WSYNC_BUILD_DIR)
   demo    build, then run the main job: wsync run recipes/demo.lua
-          (recipes/smoke.lua until the demo recipe exists)
   test    build, then run every test tier through CTest (unit, bindings,
           functional, gpu (pending without a device), embed, memcheck)
   bundle  build, then gather bin/wsync and the test files for a GPU machine
@@ -60,12 +59,8 @@ build() {
 
 demo() {
   build
-  local recipe="$root/recipes/demo.lua"
-  if [ ! -f "$recipe" ]; then
-    recipe="$root/recipes/smoke.lua"
-  fi
   cd "$root"
-  "$build/wsync" run "${recipe#"$root"/}"
+  "$build/wsync" run recipes/demo.lua
 }
 
 run_tests() {

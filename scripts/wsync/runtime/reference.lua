@@ -203,28 +203,21 @@ end
 -- Shuts every worker down at once and waits until all are gone. Returns the
 -- failures ({rank, message}, by rank), empty when every worker closed cleanly.
 function Runtime:close_workers()
-  local failures, remaining = {}, #self.workers
-  if remaining > 0 then
-    loop.await(function(resume)
-      for rank, worker in ipairs(self.workers) do
-        loop.spawn(function()
-          return worker:close()
-        end, function(ok, closed, cause)
-          if not ok or not closed then
-            local message = ok and cause.message or tostring(closed)
-            failures[#failures + 1] = { rank = rank - 1, message = message }
-          end
-          remaining = remaining - 1
-          if remaining == 0 then
-            resume()
-          end
-        end)
-      end
-    end)
-  end
-  table.sort(failures, function(a, b)
-    return a.rank < b.rank
+  local workers = self.workers
+  -- Each worker's failure as text (false when it closed cleanly).
+  local outcomes = loop.all(#workers, function(index)
+    local ok, closed, cause = pcall(workers[index].close, workers[index])
+    if not ok then
+      return tostring(closed)
+    end
+    return not closed and cause.message
   end)
+  local failures = {}
+  for index = 1, #workers do
+    if outcomes[index] then
+      failures[#failures + 1] = { rank = index - 1, message = outcomes[index] }
+    end
+  end
   return failures
 end
 
