@@ -181,7 +181,8 @@ local function check_case(spec, kind, cmd, rank)
   local again_ok, again = pcall(client.request, client, "info")
   assert.is_false(again_ok)
   assert.are.equal(err, again, "after close, still the original cause")
-  assert.is_true(uv.hrtime() - started < 50e6, "later requests did not fail at once")
+  -- Below the 0.5 s command timeouts: none of them waited for an answer.
+  assert.is_true(uv.hrtime() - started < 400e6, "later requests did not fail at once")
 end
 
 describe("runtime faults", function()
