@@ -22,17 +22,19 @@ local function touch(path)
 end
 
 -- Runs the program and plays `steps` against it, one after the other. A step
--- waits (`wait_for = path`: until that file exists; `after = ms`: that long),
--- then writes `write` to stdin, sends SIGINT (`sigint = true`) or closes stdin
--- (`close = true`). `options` go to process.run (args, program).
+-- waits (`wait_for = path`: until that file exists; `expect = text`: until
+-- stdout shows `text` after what the previous `expect` matched; `after = ms`:
+-- that long), then writes `write` to stdin, sends SIGINT (`sigint = true`) or
+-- closes stdin (`close = true`). `options` go to process.run (args, program).
 local function play(steps, options)
   local timer = uv.new_timer()
   local run_options = { args = { "repl" }, timeout = 15000 }
   for key, value in pairs(options or {}) do
     run_options[key] = value
   end
-  run_options.on_start = function(handle, stdin)
+  run_options.on_start = function(handle, stdin, _, stdout_so_far)
     local index = 0
+    local seen = 1 -- stdout before this position was matched by an `expect`
     local function act(step)
       if handle:is_closing() then
         return
@@ -59,6 +61,17 @@ local function play(steps, options)
       if step.wait_for and not uv.fs_stat(step.wait_for) then
         index = index - 1
         timer:start(10, 0, next_step)
+        return
+      end
+      if step.expect and not step.matched then
+        local _, last = stdout_so_far():find(step.expect, seen, true)
+        index = index - 1
+        if last then
+          step.matched, seen = true, last + 1
+          next_step()
+        else
+          timer:start(10, 0, next_step)
+        end
         return
       end
       if step.after and not step.waited then
@@ -317,18 +330,21 @@ describe("wsync repl on a terminal", function()
     -- SIGINT and script -e reports 130 for it.
     local command = string.format("exec '%s' repl", process.wsync_binary():gsub("'", "'\\''"))
     local marker = marker_path()
+    -- Each key sequence goes in once the editor shows a new, empty prompt
+    -- (the terminal is in raw mode again): no guessing how long a chunk takes.
+    local prompt, continuation = "wsync> \27[K", ">> \27[K"
     local result = play({
-      { after = 300, write = "1+1\r" },
-      { after = 100, write = "x = {\r" },
-      { after = 100, write = "41}\r" },
-      { after = 100, write = "x\r" },
-      { after = 100, write = "[1] + 2\27[D2\1x\r" }, -- edited into x[1] + 22
-      { after = 100, write = "\27[A\r" }, -- the same line again from history
-      { after = 100, write = "garbage\3" }, -- Ctrl-C cancels the line
-      { after = 100, write = touch(marker) .. " while true do end\r" },
+      { expect = prompt, write = "1+1\r" },
+      { expect = prompt, write = "x = {\r" },
+      { expect = continuation, write = "41}\r" },
+      { expect = prompt, write = "x\r" },
+      { expect = prompt, write = "[1] + 2\27[D2\1x\r" }, -- edited into x[1] + 22
+      { expect = prompt, write = "\27[A\r" }, -- the same line again from history
+      { expect = prompt, write = "garbage\3" }, -- Ctrl-C cancels the line
+      { expect = prompt, write = touch(marker) .. " while true do end\r" },
       { wait_for = marker, write = "\3" }, -- Ctrl-C in normal mode: SIGINT
-      { after = 200, write = "'still here'\r" },
-      { after = 200, close = true }, -- script(1) passes end of input on as ^D
+      { expect = prompt, write = "'still here'\r" },
+      { expect = prompt, close = true }, -- script(1) passes end of input on as ^D
     }, { program = script, args = { "-qfec", command, "/dev/null" } })
     os.remove(marker)
     assert.are.equal(0, result.code, result.stdout .. result.stderr)

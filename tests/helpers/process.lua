@@ -19,8 +19,9 @@ end
 --- Runs `options.args` (a list; the first is the program, default wsync) with
 --- `options.stdin` written then closed, `options.env` ({"K=V", ...}, added to
 --- the current environment), killed after `options.timeout` ms (default
---- 20000). `options.on_start(process_handle, stdin_pipe, pid)` may drive it
---- while it runs. Returns a ProcessResult.
+--- 20000). `options.on_start(process_handle, stdin_pipe, pid, stdout_so_far)`
+--- may drive it while it runs (`stdout_so_far()` returns what it printed so
+--- far). Returns a ProcessResult.
 ---@return ProcessResult
 function M.run(options)
   local args = options.args or {}
@@ -70,7 +71,9 @@ function M.run(options)
   collect(output, stdout)
   collect(errors, stderr)
   if options.on_start then
-    options.on_start(handle, stdin, pid)
+    options.on_start(handle, stdin, pid, function()
+      return table.concat(output)
+    end)
   else
     if options.stdin then
       stdin:write(options.stdin)
