@@ -13,6 +13,7 @@
 #include "wsync.h"
 
 #include "bindings.h"
+#include "manifest.h"
 #include "status.h"
 
 #include <lauxlib.h>
@@ -23,7 +24,9 @@
 #include <string.h>
 
 struct ws_agent {
-  lua_State *L;
+  lua_State *L;     // the host's state; NULL once the host closed
+  ws_host *host;    // NULL once the host closed
+  ws_agent *next;   // the host's other open agents
   int handle;       // registry reference to the wsync.agent_api handle
   char error[8192]; // last error text
 };
@@ -31,15 +34,37 @@ struct ws_agent {
 typedef int (*agent_callback)(void *user_data);
 
 // Step callbacks running on this thread right now (0 outside them).
-static _Thread_local int callback_depth;
+_Thread_local int ws_callback_depth;
+#define callback_depth ws_callback_depth
+
+void ws_agents_detach(ws_agent *agents) {
+  for (ws_agent *agent = agents; agent != NULL; agent = agent->next) {
+    agent->L = NULL;
+    agent->host = NULL;
+  }
+}
+
+// Takes `agent` off its host's list of open agents.
+static void unlink_agent(ws_agent *agent) {
+  if (agent->host == NULL)
+    return;
+  for (ws_agent **link = ws_host_agents(agent->host); *link != NULL;
+       link = &(*link)->next) {
+    if (*link == agent) {
+      *link = agent->next;
+      break;
+    }
+  }
+}
 
 // Lua numbers hold integers exactly up to 2^53.
 static const int64_t largest_exact_integer = (int64_t)1 << 53;
 
 // Maps a status name from agent_api ("EFAILED") to its code.
 static int status_from_name(const char *name) {
+  // A failure named "OK" (or nothing) is a bug in agent_api: report it as one.
 #define WS_STATUS_FROM_NAME(status_name, value, message)                       \
-  if (name != NULL && strcmp(name, #status_name) == 0)                         \
+  if (value < 0 && name != NULL && strcmp(name, #status_name) == 0)            \
     return value;
   WS_STATUS_TABLE(WS_STATUS_FROM_NAME)
 #undef WS_STATUS_FROM_NAME
@@ -103,6 +128,12 @@ static int check_agent(ws_agent *agent, const char *call) {
              call);
     return WS_ESTATE;
   }
+  if (agent->L == NULL) {
+    snprintf(agent->error, sizeof agent->error,
+             "%s: the agent's host was closed; only ws_agent_close remains",
+             call);
+    return WS_ESTATE;
+  }
   return WS_OK;
 }
 
@@ -137,6 +168,7 @@ int ws_agent_open(ws_host *host, const char *endpoint, int rank, int world,
     return WS_ENOMEM;
   }
   agent->L = ws_host_lua_state(host);
+  agent->host = host;
   lua_State *L = agent->L;
   int top = lua_gettop(L);
   int first = 0;
@@ -167,6 +199,8 @@ int ws_agent_open(ws_host *host, const char *endpoint, int rank, int world,
   lua_pushvalue(L, first);
   agent->handle = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_settop(L, top);
+  agent->next = *ws_host_agents(host);
+  *ws_host_agents(host) = agent;
   *out = agent;
   return WS_OK;
 }
@@ -178,10 +212,11 @@ int ws_agent_register_tensor(ws_agent *agent, const char *name,
   int status = check_agent(agent, "ws_agent_register_tensor");
   if (status != WS_OK)
     return status;
-  if (name == NULL || dtype == NULL || shape == NULL || dims < 1)
+  if (name == NULL || dtype == NULL || shape == NULL || dims < 1 ||
+      dims > WS_MANIFEST_MAX_DIMS)
     return invalid(agent,
                    "ws_agent_register_tensor %s: needs a name, a dtype and a "
-                   "shape of at least one dim",
+                   "shape of 1 to 8 dims",
                    name);
   if (data == NULL && row_count != 0)
     return invalid(agent, "ws_agent_register_tensor %s: data is NULL", name);
@@ -318,6 +353,11 @@ const char *ws_agent_error(const ws_agent *agent) {
 void ws_agent_close(ws_agent *agent) {
   if (agent == NULL || callback_depth > 0)
     return;
+  if (agent->L == NULL) { // its host is closed: nothing left but the memory
+    free(agent);
+    return;
+  }
+  unlink_agent(agent);
   lua_State *L = agent->L;
   int top = lua_gettop(L);
   push_method(agent, "close");

@@ -37,6 +37,17 @@ void ws_lua_error_text(lua_State *L, int index, char *out, size_t size);
 /// Returns the Lua state of an embedding host (the agent API runs in it).
 lua_State *ws_host_lua_state(ws_host *host);
 
+/// The head of the host's list of open agents (agent.c links them): closing
+/// the host detaches them, so that a later ws_agent_* call fails cleanly.
+ws_agent **ws_host_agents(ws_host *host);
+
+/// Marks every agent in the list as belonging to a closed host.
+void ws_agents_detach(ws_agent *agents);
+
+/// Step callbacks (C code called from the loop) running on this thread: no
+/// wsync call may nest in one.
+extern _Thread_local int ws_callback_depth;
+
 /// Replaces the host's last error text (ws_host_error) with `text`.
 void ws_host_set_error(ws_host *host, const char *text);
 
@@ -48,6 +59,12 @@ int ws_lua_push_failure(lua_State *L, int status);
 /// Creates a boxed-pointer userdata holding `pointer` with the named metatable
 /// (created by ws_lua_new_class) and leaves it on the stack.
 void ws_lua_push_box(lua_State *L, const char *class_name, void *pointer);
+
+/// Stores `object`, created after its empty box was pushed (so that a box
+/// that cannot be allocated leaks nothing), in the box on top of the stack
+/// and returns 1; when `status` is a failure, pops the box and pushes nil,
+/// message, CODE instead (returns 3).
+int ws_lua_fill_box(lua_State *L, int status, void *object);
 
 /// Returns the pointer in the box at `index`; raises an argument error naming
 /// the expected class when the value is something else or is closed.

@@ -37,12 +37,10 @@ static int check_shape(lua_State *L, int index, int64_t *shape) {
 
 // _manifest.new() -> manifest | nil, message, CODE
 static int manifest_new(lua_State *L) {
+  ws_lua_push_box(L, manifest_class, NULL); // first: its allocation may raise
   ws_manifest *manifest = NULL;
   int status = ws_manifest_new(&manifest);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  ws_lua_push_box(L, manifest_class, manifest);
-  return 1;
+  return ws_lua_fill_box(L, status, manifest);
 }
 
 // manifest:add(name, dtype, shape) -> manifest | nil, message, CODE

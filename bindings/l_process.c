@@ -32,9 +32,14 @@ static int process_become_subreaper(lua_State *L) {
   return push_ok(L, ws_process_become_subreaper());
 }
 
-// _process.die_with_parent(signal) -> true | nil, message, CODE
+// _process.die_with_parent(signal, expected_parent?) -> true | nil, message,
+// CODE
 static int process_die_with_parent(lua_State *L) {
-  return push_ok(L, ws_process_die_with_parent(check_signal(L, 1)));
+  int signal_number = check_signal(L, 1);
+  lua_Integer parent = luaL_optinteger(L, 2, 0);
+  if (parent < 0 || parent > INT32_MAX)
+    luaL_argerror(L, 2, "not a process id");
+  return push_ok(L, ws_process_die_with_parent(signal_number, (int)parent));
 }
 
 // _process.signal_group(group, signal) -> true | nil, message, CODE

@@ -24,12 +24,10 @@ static int shm_create(lua_State *L) {
   lua_Number size = luaL_checknumber(L, 1);
   if (size < 1 || size != (lua_Number)(size_t)size)
     luaL_argerror(L, 1, "size must be a positive integer");
+  ws_lua_push_box(L, shm_class, NULL); // first: its allocation may raise
   ws_shm *shm = NULL;
   int status = ws_shm_create((size_t)size, &shm);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  ws_lua_push_box(L, shm_class, shm);
-  return 1;
+  return ws_lua_fill_box(L, status, shm);
 }
 
 // _shm.anonymous(bytes) -> buffer | nil, message, CODE (private memory)
@@ -37,12 +35,10 @@ static int shm_anonymous(lua_State *L) {
   lua_Number size = luaL_checknumber(L, 1);
   if (size < 1 || size != (lua_Number)(size_t)size)
     luaL_argerror(L, 1, "size must be a positive integer");
+  ws_lua_push_box(L, shm_class, NULL); // first: its allocation may raise
   ws_shm *shm = NULL;
   int status = ws_shm_create_anonymous((size_t)size, &shm);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  ws_lua_push_box(L, shm_class, shm);
-  return 1;
+  return ws_lua_fill_box(L, status, shm);
 }
 
 static size_t check_size(lua_State *L, int index) {
@@ -82,12 +78,10 @@ static int shm_sha256(lua_State *L) {
 // _shm.open(name) -> buffer | nil, message, CODE
 static int shm_open_existing(lua_State *L) {
   const char *name = luaL_checkstring(L, 1);
+  ws_lua_push_box(L, shm_class, NULL); // first: its allocation may raise
   ws_shm *shm = NULL;
   int status = ws_shm_open(name, &shm);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  ws_lua_push_box(L, shm_class, shm);
-  return 1;
+  return ws_lua_fill_box(L, status, shm);
 }
 
 // buffer:name() -> "/wsync-..."

@@ -19,6 +19,15 @@ void ws_lua_push_box(lua_State *L, const char *class_name, void *pointer) {
   lua_setmetatable(L, -2);
 }
 
+int ws_lua_fill_box(lua_State *L, int status, void *object) {
+  if (status != WS_OK) {
+    lua_pop(L, 1);
+    return ws_lua_push_failure(L, status);
+  }
+  *(void **)lua_touserdata(L, -1) = object;
+  return 1;
+}
+
 void **ws_lua_check_slot(lua_State *L, int index, const char *class_name) {
   void **box = luaL_testudata(L, index, class_name);
   if (box == NULL) {
@@ -50,20 +59,43 @@ void ws_lua_new_class(lua_State *L, const char *class_name,
   lua_pop(L, 1);
 }
 
+struct error_text {
+  char *out;
+  size_t size;
+};
+
+// Runs protected (lua_pcall from ws_lua_error_text): [error value, context].
+static int error_text_protected(lua_State *L) {
+  struct error_text *context = lua_touserdata(L, 2);
+  const char *text = NULL;
+  if (luaL_callmeta(L, 1, "__tostring"))
+    text = lua_tostring(L, -1); // [value, context, text]
+  if (text == NULL)
+    text = lua_tostring(L, 1);
+  const char *traceback = NULL;
+  if (lua_type(L, 1) == LUA_TTABLE) {
+    lua_getfield(L, 1, "traceback");
+    traceback = lua_tostring(L, -1);
+  }
+  snprintf(context->out, context->size, "%s%s%s",
+           text ? text : "(error without a message)", traceback ? "\n" : "",
+           traceback ? traceback : "");
+  return 0;
+}
+
 void ws_lua_error_text(lua_State *L, int index, char *out, size_t size) {
   index = index < 0 ? lua_gettop(L) + index + 1 : index;
   int top = lua_gettop(L);
-  const char *text = NULL;
-  if (luaL_callmeta(L, index, "__tostring"))
-    text = lua_tostring(L, -1); // [..., text]
-  if (text == NULL)
-    text = lua_tostring(L, index);
-  const char *traceback = NULL;
-  if (lua_type(L, index) == LUA_TTABLE) {
-    lua_getfield(L, index, "traceback"); // [..., text?, traceback]
-    traceback = lua_tostring(L, -1);
+  struct error_text context = {out, size};
+  // __tostring and field reads run Lua code that may raise; outside a
+  // protected call that would end the process (LuaJIT's panic).
+  lua_pushcfunction(L, error_text_protected);
+  lua_pushvalue(L, index);
+  lua_pushlightuserdata(L, &context);
+  if (lua_pcall(L, 2, 0, 0) != 0) {
+    const char *why = lua_tostring(L, -1);
+    snprintf(out, size, "(a %s error value that cannot be shown: %s)",
+             luaL_typename(L, index), why ? why : "?");
   }
-  snprintf(out, size, "%s%s%s", text ? text : "(error without a message)",
-           traceback ? "\n" : "", traceback ? traceback : "");
   lua_settop(L, top);
 }

@@ -34,6 +34,8 @@ struct ws_host {
   lua_State *L;
   uv_loop_t loop;
   int loop_open;
+  int lua_ready;    // the wsync modules are set up in L
+  ws_agent *agents; // open agents (agent.c keeps the list)
   char script_root[PATH_MAX];
   char error[8192];
 };
@@ -50,11 +52,13 @@ static const char exit_metatable_key = 'x';
 /// sentinel raised by os.exit passes untouched.
 int ws_lua_message_handler(lua_State *L) {
   if (lua_type(L, 1) == LUA_TTABLE) {
-    lua_getmetatable(L, 1);
-    lua_pushlightuserdata(L, (void *)&exit_metatable_key);
-    lua_rawget(L, LUA_REGISTRYINDEX);
-    int is_exit = lua_rawequal(L, -1, -2);
-    lua_pop(L, 2);
+    int is_exit = 0;
+    if (lua_getmetatable(L, 1)) { // a plain table has none: nothing pushed
+      lua_pushlightuserdata(L, (void *)&exit_metatable_key);
+      lua_rawget(L, LUA_REGISTRYINDEX);
+      is_exit = lua_rawequal(L, -1, -2);
+      lua_pop(L, 2);
+    }
     if (is_exit)
       return 1;
     lua_getfield(L, 1, "traceback");
@@ -145,6 +149,15 @@ static lua_State *volatile interrupt_state;
 
 static void interrupt_hook(lua_State *L, lua_Debug *debug) {
   (void)debug;
+  // Chunks run in coroutines. On the main thread this is the loop's own code
+  // between two resumes (or the disarm call itself): keep the hook, so that
+  // the interrupt lands in the chunk when it runs again, or is dropped by
+  // disarm when the chunk is done.
+  if (lua_pushthread(L)) {
+    lua_pop(L, 1);
+    return;
+  }
+  lua_pop(L, 1);
   lua_sethook(L, NULL, 0, 0);
   luaL_error(L, "interrupted");
 }
@@ -427,11 +440,13 @@ int ws_host_open(ws_host **out) {
   lua_pushcfunction(host->L, open_state);
   lua_pushlightuserdata(host->L, host);
   if (lua_pcall(host->L, 1, 0, 0) != 0) {
+    const char *why = lua_tostring(host->L, -1);
     int status = ws_fail(WS_ELUA, "host: cannot set up Lua: %s",
-                         lua_tostring(host->L, -1));
+                         why != NULL ? why : "(not a string)");
     ws_host_close(host);
     return status;
   }
+  host->lua_ready = 1;
   *out = host;
   return WS_OK;
 }
@@ -443,6 +458,13 @@ static int call_script(ws_host *host, const char *module, const char *function,
                        int string_count, const char *const *strings, int argc,
                        const char *const *argv, int *exit_code) {
   lua_State *L = host->L;
+  if (ws_callback_depth > 0) {
+    snprintf(host->error, sizeof host->error,
+             "wsync.cli.%s: called from inside a step callback (wsync's loop "
+             "is not reentrant)",
+             function);
+    return WS_ESTATE;
+  }
   host->error[0] = '\0';
   lua_settop(L, 0);
   lua_pushcfunction(L, ws_lua_message_handler);
@@ -518,6 +540,8 @@ const char *ws_host_error(const ws_host *host) { return host->error; }
 
 lua_State *ws_host_lua_state(ws_host *host) { return host->L; }
 
+ws_agent **ws_host_agents(ws_host *host) { return &host->agents; }
+
 void ws_host_set_error(ws_host *host, const char *text) {
   snprintf(host->error, sizeof host->error, "%s", text);
 }
@@ -554,8 +578,20 @@ static void close_leftover_handle(uv_handle_t *handle, void *argument) {
 void ws_host_close(ws_host *host) {
   if (host == NULL)
     return;
+  if (ws_callback_depth > 0) {
+    // The state is running the callback that called this: closing it now
+    // would pull it out from under the callback.
+    snprintf(host->error, sizeof host->error,
+             "ws_host_close: called from inside a step callback; the host "
+             "stays open");
+    return;
+  }
+  ws_agents_detach(host->agents);
+  host->agents = NULL;
   if (host->L != NULL) {
-    if (host->loop_open)
+    if (interrupt_state == host->L)
+      host_disarm_interrupt(host->L);
+    if (host->loop_open && host->lua_ready)
       close_handles(host);
     lua_close(host->L);
     host->L = NULL;

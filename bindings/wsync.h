@@ -46,7 +46,11 @@ const char *ws_host_error(const ws_host *host);
 const char *ws_version(void);
 
 /// Stops new work, closes every handle and the loop, closes the Lua state and
-/// frees the host. Close the host's agents first. NULL is accepted.
+/// frees the host. NULL is accepted. Agents still open lose their host: every
+/// later ws_agent_* call on them fails with WS_ESTATE and ws_agent_close only
+/// frees them (close them first to leave the publication cleanly). Refused
+/// (the host stays open, ws_host_error says why) from inside a step callback,
+/// as are ws_host_run_* (WS_ESTATE).
 void ws_host_close(ws_host *host);
 
 // ---------------------------------------------------------------------------

@@ -222,6 +222,8 @@ static void run_ops(char *const *targets, size_t target_count,
   int streamed = 0;
   for (size_t i = 0; i < count; i++) {
     const ws_copy_op *op = &ops[i];
+    if (op->rows == 0 || op->width == 0)
+      continue; // nothing to copy (and no row loop over an empty op)
     const char *from = source + op->source_offset;
     copy_fn copy = plain_copy;
     if (op->rows * op->width >= STREAM_MIN_OP_BYTES &&

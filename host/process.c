@@ -20,14 +20,16 @@ int ws_process_become_subreaper(void) {
   return WS_OK;
 }
 
-int ws_process_die_with_parent(int signal_number) {
+int ws_process_die_with_parent(int signal_number, int expected_parent) {
   ws_clear_error();
-  pid_t parent = getppid();
+  pid_t parent = expected_parent > 0 ? (pid_t)expected_parent : getppid();
   if (prctl(PR_SET_PDEATHSIG, signal_number, 0, 0, 0) != 0)
     return ws_fail(WS_ESYS, "process: PR_SET_PDEATHSIG: %s", strerror(errno));
-  // The parent may have died before prctl took effect.
-  if (getppid() != parent || parent == 1)
-    return ws_fail(WS_ESTATE, "process: the parent process is already gone");
+  // The parent may have died before prctl took effect: this process was then
+  // reparented (to init or a subreaper) and no signal will come.
+  if (getppid() != parent)
+    return ws_fail(WS_ESTATE, "process: the parent process (%d) is already gone",
+                   (int)parent);
   return WS_OK;
 }
 

@@ -14,8 +14,9 @@ int ws_process_become_subreaper(void);
 
 /// Asks the kernel to send `signal_number` to this process when its parent
 /// dies (PR_SET_PDEATHSIG); fails with WS_ESTATE when the parent is already
-/// gone.
-int ws_process_die_with_parent(int signal_number);
+/// gone: when the parent is no longer `expected_parent` (the pid the spawner
+/// passed down), or, with `expected_parent` 0, when it changed during the call.
+int ws_process_die_with_parent(int signal_number, int expected_parent);
 
 /// Sends `signal_number` to every process of group `group`. A group with no
 /// process left is not an error.

@@ -87,7 +87,8 @@ end
 function Agent:register_tensor(tensor)
   check(type(tensor.name) == "string" and not self.by_name[tensor.name],
     "register_tensor: a new tensor name is required", 2)
-  check(type(tensor.shape) == "table" and #tensor.shape >= 1, "register_tensor: shape with at least one dim", 2)
+  check(type(tensor.shape) == "table" and #tensor.shape >= 1 and #tensor.shape <= 8,
+    "register_tensor: shape with 1 to 8 dims", 2)
   local rows = tensor.rows or { 0, tensor.shape[1] }
   local row_elements = 1
   for i = 2, #tensor.shape do

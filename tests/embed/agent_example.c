@@ -136,6 +136,7 @@ typedef struct trainer {
   int rank;
   int actor, optimizer;
   const char *failing; // the callback that fails on purpose, or NULL
+  ws_host *host;
   ws_agent *agent;
 } trainer;
 
@@ -154,8 +155,11 @@ static int run_transition(void *user_data) {
             step->name);
     return 1;
   }
-  // A callback runs inside the agent's own call: wsync refuses to nest.
-  if (ws_agent_ready(owner->agent) != WS_ESTATE) {
+  // A callback runs inside the agent's own call: wsync refuses to nest,
+  // and a host closed from here would stay open.
+  ws_host_close(owner->host);
+  if (ws_agent_ready(owner->agent) != WS_ESTATE ||
+      ws_host_run_string(owner->host, "return 1", "=(nested)") != WS_ESTATE) {
     fprintf(stderr,
             "agent_example rank %d: a nested wsync call was not "
             "refused\n",
@@ -180,7 +184,8 @@ int main(int argc, char **argv) {
   const char *endpoint = argv[1];
   int rank = atoi(argv[2]), world = atoi(argv[3]), versions = atoi(argv[4]);
   long step_ms = argc >= 6 ? atol(argv[5]) : 0;
-  trainer state = {rank, RESIDENT, RESIDENT, argc == 7 ? argv[6] : NULL, NULL};
+  trainer state = {rank, RESIDENT, RESIDENT, argc == 7 ? argv[6] : NULL, NULL,
+                   NULL};
   transition steps[] = {
       {"offload_optimizer", &state, &state.optimizer, RESIDENT, OFFLOADED},
       {"onload_optimizer", &state, &state.optimizer, OFFLOADED, RESIDENT},
@@ -203,6 +208,7 @@ int main(int argc, char **argv) {
             ws_host_error(host));
     goto done;
   }
+  state.host = host;
   state.agent = agent;
   for (int i = 0; i < shards.count; i++) {
     const shard *tensor = &shards.tensors[i];
@@ -267,6 +273,16 @@ int main(int argc, char **argv) {
               rank);
       goto done;
     }
+  }
+  // Closing the host before its agent also works: the agent is detached, its
+  // calls fail with WS_ESTATE, and ws_agent_close only frees it.
+  ws_host_close(host);
+  host = NULL;
+  if (ws_agent_ready(agent) != WS_ESTATE ||
+      strstr(ws_agent_error(agent), "host was closed") == NULL) {
+    fprintf(stderr, "agent_example rank %d: an agent of a closed host: %s\n",
+            rank, ws_agent_error(agent));
+    goto done;
   }
   failed = 0;
 done:

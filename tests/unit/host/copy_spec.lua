@@ -94,6 +94,15 @@ describe("ws_copy_run", function()
     assert.is_true(same(target, bytes(SIZE, 0x55), SIZE))
   end)
 
+  it("skips empty ops at once, however many rows they claim", function()
+    local target = bytes(4096, 0x33)
+    local ops = ffi.new("ws_copy_op[2]")
+    ops[0].rows, ops[0].width, ops[0].target_pitch, ops[0].source_pitch = 2 ^ 62, 0, 1, 1
+    ops[1].rows, ops[1].width, ops[1].target_pitch, ops[1].source_pitch = 0, 64, 64, 64
+    assert.are.equal(0, C.ws_copy_run(target, 4096, source, SIZE, ops, 2), detail())
+    assert.is_true(same(target, bytes(4096, 0x33), 4096))
+  end)
+
   it("counts the bytes the ops move", function()
     local ops = { { to = 0, from = 0, width = 10 }, { to = 0, from = 0, rows = 3, width = 7 } }
     assert.are.equal(31, tonumber(C.ws_copy_bytes(op_list(ops), #ops)))
