@@ -82,7 +82,7 @@ function M.preflight(session)
         worker and worker.device.uuid or "nothing"), { rank = rank })
     end
     local needed = plan.buffer_bytes * plan.buffer_count + plan.largest.bytes + (session.headroom_bytes or 0)
-    if not session.initialized and info.device.free_bytes and info.device.free_bytes < needed then
+    if not session.runtime_initialized and info.device.free_bytes and info.device.free_bytes < needed then
       refuse(string.format("trainer rank %d's device has %d bytes free; the buffers need %d (%d x %d + largest "
         .. "tensor %d + headroom %d)", rank, info.device.free_bytes, needed, plan.buffer_count, plan.buffer_bytes,
         plan.largest.bytes, session.headroom_bytes or 0), { rank = rank })
@@ -342,8 +342,28 @@ Publication.__index = Publication
 function M.new(session, step)
   return setmetatable({
     session = session, step = step, phase = "new", timings = {}, next_chunk = 1, fills = {}, loads = {},
-    started = now(),
+    started = now(), completed = {},
   }, Publication)
+end
+
+-- The phase each phase needs completed before it: the REPL may call them in
+-- any order, and a step out of order is refused before it does anything.
+local NEEDS = { init = "preflight", start = "init", chunks = "start", verify = "chunks", finish = "verify",
+  release = "finish" }
+
+-- Refuses phase `name` when its predecessor has not completed or it has
+-- (chunks: while chunks remain). Nothing has moved: no poison.
+function Publication:_check_order(name)
+  local needed = NEEDS[name]
+  local done = self.completed
+  if needed == "chunks" and self.next_chunk <= #self.session.plan.chunks then
+    errors.raise("PHASE_ORDER", string.format("%s needs every chunk moved first (%d of %d moved)", name,
+      self.next_chunk - 1, #self.session.plan.chunks), { phase = name })
+  elseif needed and needed ~= "chunks" and not done[needed] then
+    errors.raise("PHASE_ORDER", string.format("%s needs %s first", name, needed), { phase = name })
+  elseif name ~= "chunks" and done[name] then
+    errors.raise("PHASE_ORDER", string.format("%s has already run for this publication", name), { phase = name })
+  end
 end
 
 -- Runs fn as phase `name`, timed. After start, any failure poisons.
@@ -351,6 +371,7 @@ function Publication:_phase(name, fn)
   if self.failed then
     error(self.failed, 0)
   end
+  self:_check_order(name)
   self.phase = name
   local started = now()
   local ok, result = pcall(fn)
@@ -358,6 +379,7 @@ function Publication:_phase(name, fn)
   if not ok then
     self:_fail(result)
   end
+  self.completed[name] = true
   return result
 end
 
@@ -395,7 +417,7 @@ function Publication:preflight()
   end
   self.header = {
     protocol = protocol.VERSION, transport = "shm", publication_id = random_id(),
-    model_version = session.version + 1, tp_world = session.topology.tp, manifest = plan.manifest,
+    model_version = M.next_version(session), tp_world = session.topology.tp, manifest = plan.manifest,
     uuids = uuids, resident_tensors = resident, step = self.step,
   }
   return self.header
@@ -411,6 +433,7 @@ end
 --- The runtime enters update mode; the agents start their consumed manifests.
 function Publication:start()
   local session, header = self.session, self.header
+  self:_check_order("start")
   self.started_update = true
   self:_phase("start", function()
     session.runtime:request("start_update", { header = header })
@@ -536,6 +559,16 @@ end
 ---@param step integer
 function M.run(session, step)
   return M.new(session, step):run()
+end
+
+--- The model version for a new header: above every version committed or
+--- given to a header before, so that a publication that failed after its
+--- runtime committed (or one abandoned in the REPL) never shares its number.
+---@param session table
+---@return integer
+function M.next_version(session)
+  session.issued_version = math.max(session.issued_version or 0, session.version) + 1
+  return session.issued_version
 end
 
 --- Destroys the runtime's process tree after a failed publication; the

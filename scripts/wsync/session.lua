@@ -98,7 +98,20 @@ local function agent_handlers(session, peer)
       return session:state()
     end,
     publish = function(payload)
-      local rank = payload.rank
+      -- The rank this connection registered as, not whatever the payload says.
+      local rank = nil
+      for registered_rank, registered in pairs(session.registered) do
+        if registered.peer == peer then
+          rank = registered_rank
+        end
+      end
+      if rank == nil then
+        errors.raise("NOT_REGISTERED", "publish from a connection that did not register a trainer rank")
+      end
+      if session.publishing[rank] then
+        errors.raise("PUBLISH_TWICE", string.format("rank %d called publish again before its answer", rank),
+          { rank = rank })
+      end
       local waiter = { step = payload.step }
       session.publishing[rank] = waiter
       changed(session)
@@ -223,6 +236,8 @@ function M.open(recipe)
         for _, registered in pairs(session.registered) do
           if registered.peer == peer then
             session.lost[peer] = reason
+            session.lost_ranks = session.lost_ranks or {}
+            session.lost_ranks[#session.lost_ranks + 1] = { rank = registered.info.rank, reason = reason }
             changed(session)
           end
         end
@@ -284,12 +299,24 @@ function M.open(recipe)
 end
 
 --- Waits until every rank called publish (true) or a trainer left (false).
+--- Ranks already waiting in publish when another left get its error: a
+--- publication needs every rank.
 function Session:wait_publish()
   self.phase = "waiting for publish"
   wait_until(self, function()
     return count(self.publishing) == self.topology.world or count(self.lost) > 0
   end)
-  return count(self.publishing) == self.topology.world
+  if count(self.publishing) == self.topology.world then
+    return true
+  end
+  if count(self.publishing) > 0 then
+    local lost = (self.lost_ranks or {})[1] or {}
+    local err = errors.new("TRAINER_LOST", string.format("trainer rank %s left (%s) while other ranks waited to "
+      .. "publish", tostring(lost.rank), tostring(lost.reason)), { phase = "publish", rank = lost.rank })
+    self.failure = self.failure or err
+    self:answer(nil, err)
+  end
+  return false
 end
 
 --- The trainer step the ranks publish (they must agree).
@@ -382,16 +409,19 @@ function Session:round()
     return result
   end
   if not errors.is(result) then
-    result = errors.new("PUBLISH_FAILED", tostring(result))
+    result = errors.new("PUBLISH_FAILED", tostring(result), { cause = "LUA_ERROR" })
   end
   say("publication failed: %s", tostring(result))
-  if result.code ~= "PUBLISH_FAILED" and result.code ~= "POISONED" then
-    publish.poison(self, result) -- a schedule step failed: fail-stop too
+  -- Whatever failed (a schedule step, a check after the commit, a bug), the
+  -- runtime's state is no longer known: fail-stop.
+  if not self.poisoned then
+    publish.poison(self, result)
   end
   self.failure = self.failure or result
   -- A rank may go on to its next step only when a new runtime will take it,
-  -- and with its memory back: the failed round stopped mid-schedule.
-  if self.recipe.runtime.respawn and self.poisoned then
+  -- every rank is still there, and with its memory back: the failed round
+  -- stopped mid-schedule.
+  if self.recipe.runtime.respawn and self.poisoned and count(self.lost) == 0 then
     result.respawn = pcall(function()
       for _, part in ipairs({ "actor", "optimizer" }) do
         if not self.trainer_resident[part] then
@@ -447,16 +477,15 @@ function M.close(session)
       end)
     end
   end
-  -- A synthetic rank killed mid-publication never unlinks its packed buffers;
-  -- every rank has exited by now, so a name still there is a leftover.
-  if session.recipe.trainer.kind == "synthetic" then
-    for _, names in pairs(session.buffer_names or {}) do
-      for _, name in ipairs(names) do
-        local buffer = shm.open(name)
-        if buffer then
-          buffer:unlink()
-          buffer:close()
-        end
+  -- A rank killed mid-publication never unlinks its packed buffers. Synthetic
+  -- ranks have exited by now and external ones are disconnected: a name still
+  -- there is a leftover. (Unlinking leaves a mapping that still exists valid.)
+  for _, names in pairs(session.buffer_names or {}) do
+    for _, name in ipairs(names) do
+      local buffer = shm.open(name)
+      if buffer then
+        buffer:unlink()
+        buffer:close()
       end
     end
   end

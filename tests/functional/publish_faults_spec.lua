@@ -131,6 +131,13 @@ describe("publication faults", function()
       assert.matches("closed the connection (during fill)", failure, 1, true)
     end)
 
+    it("rank1:die@fill#2 with respawn: no new runtime for a world short of a rank; rank 0 stops too", function()
+      local failure, result = run_failing({ env = { "WSYNC_TRAINER_FAULT=rank1:die@fill#2" }, survivors = 1,
+        recipe = fixtures.recipes .. "/publish_respawn.lua", label = "rank1:die@fill#2 respawn" })
+      assert.matches("^%[phase chunks, rank 1%] publication of model version 1 failed in chunks: ", failure)
+      assert.is_nil(result.stdout:find("respawning", 1, true), result.stdout)
+    end)
+
     it("rank0:fail@fill#1: rank 0 answers its first fill with an error", function()
       local failure = run_failing({ env = { "WSYNC_TRAINER_FAULT=rank0:fail@fill#1" }, survivors = 2,
         label = "rank0:fail@fill#1" })

@@ -25,14 +25,17 @@ local STEPS = table.concat({
   "s:wait_publish()",
   "p = s:begin_round()",
   "p:preflight().model_version",
+  "select(2, pcall(p.start, p)).message",
   "p:init()",
   "p:start()",
   "p:chunk().chunk",
+  "select(2, pcall(p.verify, p)).message",
   "#p.fills[1]",
   "p:chunk().load.chunk",
   "p:chunk().chunk",
   "pcall(p.chunk, p)",
   "p:verify()[2].manifest == s.plan.manifest",
+  "select(2, pcall(p.release, p)).code",
   "#p:finish()",
   "p.result.receipts[2].tp_rank",
   "p:release().model_version",
@@ -54,12 +57,15 @@ describe("wsync repl with a model recipe", function()
     assert.are.same({
       "true", -- every rank is waiting in publish
       "1", -- the header's model version
+      '"start needs init first"', -- out of order: refused, nothing moved
       "1", -- chunk 1 moved
+      '"verify needs every chunk moved first (1 of 3 moved)"',
       "2", -- two consensus reports
       "2", -- the runtime loaded chunk 2
       "3",
       'false\t"all 3 chunks have moved"',
       "true", -- rank 1's consumed manifest is the expected one
+      '"PHASE_ORDER"', -- release before finish; the publication goes on
       "2", -- two receipts
       "1", -- TP rank of the second receipt
       "1", -- committed version

@@ -167,6 +167,8 @@ function Client:_on_exit(code, signal)
       -- let its EOF end the connection, or break if it stays open.
       self.exit_timer = uv.new_timer()
       self.exit_timer:start(1000, 0, function()
+        self.exit_timer:close()
+        self.exit_timer = nil
         self:_break(reason)
       end)
     end

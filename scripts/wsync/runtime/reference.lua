@@ -20,6 +20,7 @@ local M = {}
 ---@class wsync.ReferenceRuntime
 local Runtime = {}
 Runtime.__index = Runtime
+M.Runtime = Runtime -- its methods, for tests
 
 -- Runs `cmd` on every worker concurrently; returns the results by rank, or
 -- raises a fatal error naming the first worker that failed.
@@ -60,10 +61,36 @@ function Runtime:broadcast_each(cmd, payload_of)
   return self:broadcast(cmd, nil, payload_of)
 end
 
--- A header must match this runtime: TP world and the workers' devices in order.
+-- A header must match this runtime: protocol, transport, a 128-bit id, a
+-- version above the committed one, a manifest, TP world and the workers'
+-- devices in order.
 function Runtime:check_header(header)
   if type(header) ~= "table" then
     errors.raise("BAD_HEADER", "start_update without a publication header", { fatal = true })
+  end
+  local function bad(message)
+    errors.raise("BAD_HEADER", message, { fatal = true })
+  end
+  if header.protocol ~= protocol.VERSION then
+    bad(string.format("header for protocol %s; this runtime speaks %d", tostring(header.protocol), protocol.VERSION))
+  end
+  if header.transport ~= self.transport then
+    bad(string.format("header for transport %s; the buffers this runtime imported are %s",
+      tostring(header.transport), tostring(self.transport)))
+  end
+  if type(header.publication_id) ~= "string" or not header.publication_id:match("^" .. string.rep("%x", 32) .. "$") then
+    bad(string.format("publication id %s is not 128 bits in hex", tostring(header.publication_id)))
+  end
+  if type(header.model_version) ~= "number" or header.model_version % 1 ~= 0
+      or header.model_version <= (self.model_version or 0) then
+    bad(string.format("model version %s does not follow the committed version %d", tostring(header.model_version),
+      self.model_version or 0))
+  end
+  if type(header.manifest) ~= "string" or not header.manifest:match("^" .. string.rep("%x", 64) .. "$") then
+    bad(string.format("manifest %s is not a SHA-256 in hex", tostring(header.manifest)))
+  end
+  if type(header.uuids) ~= "table" then
+    bad("header without the ordered device UUIDs")
   end
   if header.tp_world ~= #self.workers then
     errors.raise("BAD_HEADER", string.format("header for TP %s, runtime has %d workers", tostring(header.tp_world),
@@ -154,7 +181,7 @@ function Runtime:handlers()
           transport = payload.transport, buffers = payload.buffers[rank],
         }
       end)
-      self.initialized = true
+      self.initialized, self.transport = true, payload.transport
       return { workers = results }
     end,
     start_update = function(payload)

@@ -282,11 +282,18 @@ function Worker:load_chunk(payload)
 end
 
 --- finish_update{publication_id, model_version}: ends the update and returns
---- this worker's receipt.
+--- this worker's receipt, made from the header this worker got at
+--- start_update (the request must name the same publication).
 function Worker:finish_update(payload)
   local update = self.update
   if not update then
     fatal("NOT_UPDATING", "finish_update without start_update")
+  end
+  local header = update.header or {}
+  if payload.publication_id ~= header.publication_id or payload.model_version ~= header.model_version then
+    fatal("WRONG_PUBLICATION", string.format("finish_update for publication %s version %s; this worker is updating "
+      .. "publication %s version %s", tostring(payload.publication_id), tostring(payload.model_version),
+      tostring(header.publication_id), tostring(header.model_version)))
   end
   self.update = nil
   local digest = assert(update.manifest:finish())
@@ -296,8 +303,8 @@ function Worker:finish_update(payload)
     touched = touched + 1
   end
   return {
-    publication_id = payload.publication_id,
-    model_version = payload.model_version,
+    publication_id = header.publication_id,
+    model_version = header.model_version,
     tp_rank = self.rank,
     tp_world = self.world,
     uuid = self.device.uuid,
