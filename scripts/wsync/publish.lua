@@ -506,6 +506,10 @@ function Publication:finish()
       fail("RECEIPT_INVALID", string.format("the runtime committed version %s, not %d", tostring(result.model_version),
         header.model_version))
     end
+    if result.prefix_cache_reset ~= true then
+      fail("RECEIPT_INVALID", "the runtime committed without resetting its prefix cache (cached prefixes of the old "
+        .. "weights would be served)")
+    end
     receipts_module.check(header, result.receipts, header.resident_tensors)
     return result
   end)

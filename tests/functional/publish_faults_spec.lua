@@ -114,6 +114,13 @@ describe("publication faults", function()
       end
     end
 
+    it("worker1:crash@load_chunk#2: the error every rank gets names TP worker 1 as its rank", function()
+      local failure = run_failing({ env = { "WSYNC_RUNTIME_FAULT=worker1:crash@load_chunk#2" }, survivors = 2,
+        label = "worker1:crash@load_chunk#2" })
+      assert.matches("^%[phase chunks, rank 1%] publication of model version 1 failed in chunks: ", failure)
+      assert.matches("TP worker 1 broken during load_chunk", failure, 1, true)
+    end)
+
     it("wrong_protocol@start_update: fails in start, naming both protocol versions", function()
       local failure = run_failing({ env = { "WSYNC_RUNTIME_FAULT=wrong_protocol@start_update" }, survivors = 2,
         label = "wrong_protocol@start_update" })

@@ -188,10 +188,11 @@ function Client:_on_message(message)
   local remote = message.error
   local detail = string.format("%s failed: %s: %s", pending.cmd, remote.code, remote.message)
   if remote.fatal or M.FATAL_COMMANDS[pending.cmd] then
-    return self:_break(detail, pending) -- resumes the caller with the cause
+    return self:_break(detail, pending, remote.rank) -- resumes the caller with the cause
   end
   pending.resume(false, errors.new("RUNTIME_COMMAND_FAILED", string.format("%s: %s", self.name, detail), {
     phase = pending.cmd,
+    rank = remote.rank,
     remote_code = remote.code,
     remote_traceback = remote.traceback,
   }))
@@ -257,8 +258,8 @@ function Client:wake(...)
 end
 
 --- Marks the connection BROKEN with `reason` and destroys the process tree.
---- Only the first cause counts.
-function Client:_break(reason, pending)
+--- Only the first cause counts. `rank`: the TP worker the runtime named.
+function Client:_break(reason, pending, rank)
   if self.state == "BROKEN" or self.state == "CLOSED" then
     return
   end
@@ -266,6 +267,7 @@ function Client:_break(reason, pending)
   local during = pending and (" during " .. pending.cmd) or ""
   self.cause = errors.new("RUNTIME_BROKEN", string.format("%s broken%s: %s", self.name, during, reason), {
     phase = pending and pending.cmd or nil,
+    rank = rank,
   })
   self.state = "BROKEN"
   if self.exit_timer then

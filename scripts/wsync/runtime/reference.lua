@@ -32,7 +32,7 @@ function Runtime:broadcast(cmd, payload, payload_of)
   if failed then
     local fatal = err.code ~= "RUNTIME_COMMAND_FAILED"
     if fatal then
-      self.broken = err.message
+      self.broken, self.broken_rank = err.message, failed - 1
     end
     errors.raise(fatal and "WORKER_FAILED" or (err.remote_code or "WORKER_FAILED"), err.message,
       { fatal = fatal, rank = failed - 1 })
@@ -44,15 +44,15 @@ end
 -- even while the runtime was idle: a partial runtime is never used again.
 function Runtime:check_workers()
   if not self.broken then
-    for _, worker in ipairs(self.workers) do
+    for index, worker in ipairs(self.workers) do
       if worker.state == "BROKEN" then
-        self.broken = worker.cause.message
+        self.broken, self.broken_rank = worker.cause.message, index - 1
         break
       end
     end
   end
   if self.broken then
-    errors.raise("WORKER_DIED", self.broken, { fatal = true })
+    errors.raise("WORKER_DIED", self.broken, { fatal = true, rank = self.broken_rank })
   end
 end
 

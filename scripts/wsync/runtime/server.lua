@@ -69,7 +69,15 @@ function Server:_answer(request, ok, value, kind)
   if ok then
     response = protocol.success(request, value)
   elseif errors.is(value) then
-    response = protocol.failure(request, value.code, value.message, { fatal = value.fatal or nil })
+    -- A plain Lua error in a handler is a bug: the process's state is no
+    -- longer known, so it is fatal (with its traceback). `rank`: the TP
+    -- worker that failed, when a worker did.
+    local bug = value.code == "LUA_ERROR"
+    response = protocol.failure(request, value.code, value.message, {
+      fatal = (value.fatal or bug) or nil,
+      rank = value.rank,
+      traceback = bug and value.traceback or nil,
+    })
   else
     response = protocol.failure(request, "INTERNAL", tostring(value.message or value), {
       traceback = type(value) == "table" and value.traceback or nil,
