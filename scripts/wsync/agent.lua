@@ -312,6 +312,14 @@ function Agent:_handlers()
     verify = function()
       return self:_verify()
     end,
+    -- The device's memory now (the preflight checks it before buffers exist).
+    memory = function()
+      local info, message = require("wsync.device").query(self.backend, self.device_index)
+      if not info then
+        errors.raise("AGENT_DEVICE", string.format("rank %d: %s", self.rank, message), { rank = self.rank })
+      end
+      return { free_bytes = info.free_bytes, total_bytes = info.total_bytes }
+    end,
     callback = function(payload)
       local fn = self.callbacks[payload.name]
       if not fn then

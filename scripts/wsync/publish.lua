@@ -63,6 +63,14 @@ function M.preflight(session)
   local hostname = uv.os_gethostname()
   local seen_uuid = {}
   local workers = session.runtime_info.workers
+  -- Free memory as it is now, after the schedule's steps, while the buffers
+  -- do not exist yet (once they do, they are part of what is in use).
+  local memory = {}
+  if not session.runtime_initialized then
+    memory = M.all_agents(session, "memory", function()
+      return {}
+    end, session.timeouts.start)
+  end
   for index, agent in ipairs(agents) do
     local rank = index - 1
     local info = agent.info
@@ -82,9 +90,14 @@ function M.preflight(session)
         worker and worker.device.uuid or "nothing"), { rank = rank })
     end
     local needed = plan.buffer_bytes * plan.buffer_count + plan.largest.bytes + (session.headroom_bytes or 0)
-    if not session.runtime_initialized and info.device.free_bytes and info.device.free_bytes < needed then
+    local free = memory[index] and memory[index].free_bytes
+    if memory[index] and type(free) ~= "number" then
+      refuse(string.format("trainer rank %d's device reports no free memory: the preflight cannot check it", rank),
+        { rank = rank })
+    end
+    if free and free < needed then
       refuse(string.format("trainer rank %d's device has %d bytes free; the buffers need %d (%d x %d + largest "
-        .. "tensor %d + headroom %d)", rank, info.device.free_bytes, needed, plan.buffer_count, plan.buffer_bytes,
+        .. "tensor %d + headroom %d)", rank, free, needed, plan.buffer_count, plan.buffer_bytes,
         plan.largest.bytes, session.headroom_bytes or 0), { rank = rank })
     end
   end

@@ -158,6 +158,13 @@ describe("publication faults", function()
         .. "as bfloat16 3x64x64; the model config says bfloat16 4x64x64", failure)
     end)
 
+    it("a device without the free memory the buffers need is refused before anything moves", function()
+      local failure = run_failing({ recipe = fixtures.recipes .. "/publish_no_memory.lua", survivors = 2,
+        label = "no free memory" })
+      assert.matches("^%[phase preflight, rank 0%] trainer rank 0's device has %d+ bytes free; the buffers need "
+        .. "1125899907298304 %(2 x 163840 %+ largest tensor 128000 %+ headroom 1125899906842624%)$", failure)
+    end)
+
     it("rank1:wrong_device: two ranks on one device are refused before anything moves", function()
       local failure = run_failing({ env = { "WSYNC_TRAINER_FAULT=rank1:wrong_device" }, survivors = 2,
         label = "rank1:wrong_device" })
