@@ -62,6 +62,7 @@ end
 ---@class wsync.ReferenceWorker
 local Worker = {}
 Worker.__index = Worker
+M.Worker = Worker -- its methods, for tests
 
 function Worker:state()
   return { weights = self.weights_state, kv_cache = self.kv and "reserved" or "free" }

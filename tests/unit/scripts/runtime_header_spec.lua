@@ -1,6 +1,6 @@
 -- The reference runtime's check of a publication header at start_update
--- (shared/DESIGN.md section 5, step 2): every field, on a runtime state made
--- here (no processes).
+-- (shared/DESIGN.md section 5, step 2), every field, and a worker's receipt
+-- at finish_update, on runtime and worker states made here (no processes).
 local reference = require("wsync.runtime.reference")
 local protocol = require("wsync.protocol")
 local errors = require("wsync.errors")
@@ -61,5 +61,40 @@ describe("reference runtime: publication header", function()
     assert.matches("model version 1 does not follow", refusal(runtime(2), header({ model_version = 1 })), 1, true)
     assert.matches("model version 2.5", refusal(runtime(2), header({ model_version = 2.5 })), 1, true)
     runtime(nil):check_header(header({ model_version = 1 })) -- a new runtime takes any version from 1
+  end)
+end)
+
+describe("reference runtime worker: receipts", function()
+  local worker_module = require("wsync.runtime.worker")
+  local manifest_module = require("wsync._manifest")
+
+  -- A worker in an update, as start_update leaves it (no processes).
+  local function updating()
+    return setmetatable({
+      rank = 1, world = 2, device = { uuid = UUIDS[2] },
+      update = { header = header(), manifest = assert(manifest_module.new()), tensors = 0, bytes = 0, touched = {} },
+    }, worker_module.Worker)
+  end
+
+  it("builds its receipt from the header it got at start_update", function()
+    local receipt = updating():finish_update({ publication_id = string.rep("ab", 16), model_version = 3 })
+    assert.are.equal(string.rep("ab", 16), receipt.publication_id)
+    assert.are.equal(3, receipt.model_version)
+    assert.are.equal(1, receipt.tp_rank)
+    assert.are.equal(UUIDS[2], receipt.uuid)
+  end)
+
+  it("refuses, fatally, to finish a publication other than the one it is updating", function()
+    for _, payload in ipairs({
+      { publication_id = string.rep("cd", 16), model_version = 3 },
+      { publication_id = string.rep("ab", 16), model_version = 4 },
+    }) do
+      local worker = updating()
+      local ok, err = pcall(worker.finish_update, worker, payload)
+      assert.is_false(ok)
+      assert.are.equal("WRONG_PUBLICATION", err.code)
+      assert.is_true(err.fatal)
+      worker.update.manifest:close()
+    end
   end)
 end)
