@@ -236,7 +236,8 @@ describe("wsync repl over a pipe", function()
     assert.are.equal(0, result.code, result.stderr)
     local count = tonumber(result.stdout)
     assert.is_number(count, result.stdout)
-    assert.is_true(count >= 5, "the timer fired " .. count .. " times in 200 ms")
+    -- About 20 on a quiet machine; a few already show it kept firing.
+    assert.is_true(count >= 3, "the timer fired " .. count .. " times in 200 ms")
   end)
 
   it("interrupts a running chunk on SIGINT and goes on", function()
