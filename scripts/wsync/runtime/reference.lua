@@ -159,6 +159,7 @@ function Runtime:handlers()
       return { workers = self:broadcast("checksum", {}) }
     end,
     generate = function()
+      self:check_workers() -- a dead worker is reported as such, not as "not supported"
       errors.raise("NOT_SUPPORTED", "the reference runtime does not generate text; "
         .. "use the transformers or vllm runtime for generation")
     end,
