@@ -145,7 +145,13 @@ static int callback_pcall(lua_State *L, int nargs, int nresults, int flags) {
 // ---------------------------------------------------------------------------
 // Interrupts (Ctrl-C) for REPL chunks
 
+static ws_host *host_of(lua_State *L);
+
+// The main Lua state of the host that armed the handler (hooks are global to
+// a LuaJIT state, so the main state reaches the chunk's coroutine too), and
+// that host. One SIGINT handler per process: the host that arms last owns it.
 static lua_State *volatile interrupt_state;
+static ws_host *interrupt_host;
 
 static void interrupt_hook(lua_State *L, lua_Debug *debug) {
   (void)debug;
@@ -177,26 +183,34 @@ static int interrupt_armed;
 // Lua error "interrupted" in whatever Lua code runs (the REPL arms it around
 // each chunk; loops it compiles run interpreted so that the hook is seen).
 static int host_arm_interrupt(lua_State *L) {
+  ws_host *host = host_of(L);
+  interrupt_host = host;
+  interrupt_state = host->L; // never a coroutine, which may be collected
   if (interrupt_armed)
     return 0;
   struct sigaction action;
   memset(&action, 0, sizeof action);
   action.sa_handler = on_interrupt;
   sigemptyset(&action.sa_mask);
-  interrupt_state = L;
   sigaction(SIGINT, &action, &interrupt_previous);
   interrupt_armed = 1;
   return 0;
 }
 
-// _host.disarm_interrupt(): restores the SIGINT handler that was in place.
-static int host_disarm_interrupt(lua_State *L) {
-  if (!interrupt_armed)
-    return 0;
+// Restores the SIGINT handler that was in place and drops a pending hook.
+static void disarm(ws_host *host) {
   sigaction(SIGINT, &interrupt_previous, NULL);
   interrupt_armed = 0;
   interrupt_state = NULL;
-  lua_sethook(L, NULL, 0, 0);
+  interrupt_host = NULL;
+  lua_sethook(host->L, NULL, 0, 0);
+}
+
+// _host.disarm_interrupt(): undoes this host's arm_interrupt (another host's
+// arm is left alone).
+static int host_disarm_interrupt(lua_State *L) {
+  if (interrupt_armed && interrupt_host == host_of(L))
+    disarm(interrupt_host);
   return 0;
 }
 
@@ -589,8 +603,8 @@ void ws_host_close(ws_host *host) {
   ws_agents_detach(host->agents);
   host->agents = NULL;
   if (host->L != NULL) {
-    if (interrupt_state == host->L)
-      host_disarm_interrupt(host->L);
+    if (interrupt_armed && interrupt_host == host)
+      disarm(host);
     if (host->loop_open && host->lua_ready)
       close_handles(host);
     lua_close(host->L);
