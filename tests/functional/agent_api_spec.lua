@@ -6,6 +6,7 @@
 -- The example's path comes from $WSYNC_AGENT_EXAMPLE, which CTest's functional
 -- tier sets; without it every test here fails and says so.
 local uv = require("luv")
+local leftovers = require("tests.helpers.leftovers")
 local process = require("tests.helpers.process")
 
 local RECIPE = "tests/fixtures/recipes/external_tiny.lua"
@@ -82,51 +83,6 @@ local function drive(predicate, ms, what)
   assert(not expired, string.format("timed out after %d ms waiting for %s", ms, what))
 end
 
--- Pids of the live processes whose environment holds `mark`: the host, the
--- agents and everything they started (the rollout runtime and its workers).
-local function marked_pids(mark)
-  local pids = {}
-  local scanner = assert(uv.fs_scandir("/proc"))
-  while true do
-    local name = uv.fs_scandir_next(scanner)
-    if not name then
-      break
-    end
-    if name:match("^%d+$") then
-      local file = io.open("/proc/" .. name .. "/environ", "rb")
-      if file then
-        local environment = file:read("*a") or ""
-        file:close()
-        if environment:find(mark, 1, true) then
-          pids[#pids + 1] = tonumber(name)
-        end
-      end
-    end
-  end
-  return pids
-end
-
--- /dev/shm segments ("wsync-<pid>-...") created by any of `pids`.
-local function segments_of(pids)
-  local names = {}
-  local wanted = {}
-  for _, pid in ipairs(pids) do
-    wanted[tostring(pid)] = true
-  end
-  local scanner = assert(uv.fs_scandir("/dev/shm"))
-  while true do
-    local name = uv.fs_scandir_next(scanner)
-    if not name then
-      break
-    end
-    local pid = name:match("^wsync%-(%d+)%-")
-    if pid and wanted[pid] then
-      names[#names + 1] = name
-    end
-  end
-  return names
-end
-
 local function describe_proc(proc)
   return string.format("%s (pid %d) exited %s/%s\nstdout:\n%s\nstderr:\n%s", proc.program, proc.pid,
     tostring(proc.code), tostring(proc.signal), proc.stdout, proc.stderr)
@@ -147,7 +103,7 @@ local function run_session(options)
   local seen = {}
   local watcher = uv.new_timer()
   watcher:start(0, 10, function()
-    for _, pid in ipairs(marked_pids(mark)) do
+    for _, pid in ipairs(leftovers.with_environment(mark)) do
       seen[pid] = true
     end
   end)
@@ -181,27 +137,27 @@ local function run_session(options)
   -- The host reaps its runtime before it exits; give the kernel a moment to
   -- drop what it reaped from /proc.
   local deadline = uv.hrtime() + 2e9
-  while #marked_pids(mark) > 0 and uv.hrtime() < deadline do
+  while #leftovers.with_environment(mark) > 0 and uv.hrtime() < deadline do
     uv.sleep(10)
   end
   watcher:close()
   uv.run("nowait")
   -- What outlived the session is removed before the test fails on it, so
   -- that no later test trips over it.
-  local live = marked_pids(mark)
+  local live = leftovers.with_environment(mark)
   for _, pid in ipairs(live) do
     uv.kill(pid, "sigkill")
   end
-  local pids = {}
-  for pid in pairs(seen) do
-    pids[#pids + 1] = pid
-  end
-  local segments = segments_of(pids)
+  local segments = leftovers.segments_of(seen)
   for _, name in ipairs(segments) do
     uv.fs_unlink("/dev/shm/" .. name)
   end
   assert.are.same({}, live, "processes of the session outlived it")
-  assert.is_true(#pids >= 1 + WORLD, "the session's processes were not seen")
+  local seen_count = 0
+  for _ in pairs(seen) do
+    seen_count = seen_count + 1
+  end
+  assert.is_true(seen_count >= 1 + WORLD, "the session's processes were not seen")
   assert.are.same({}, segments, "shared-memory segments outlived the session")
   return host, agents
 end

@@ -47,12 +47,13 @@ local function pids()
   return list
 end
 
---- Pids of live processes whose environment holds `marker`.
----@param marker string
+--- Pids of live processes (other than this one) whose environment holds the
+--- entry `entry` ("KEY=VALUE").
+---@param entry string
 ---@return integer[]
-function M.marked(marker)
+function M.with_environment(entry)
   local found = {}
-  local needle = "WSYNC_TEST_MARKER=" .. marker .. "\0"
+  local needle = entry .. "\0"
   local own = uv.os_getpid()
   for _, pid in ipairs(pids()) do
     if pid ~= own then
@@ -64,6 +65,13 @@ function M.marked(marker)
   end
   table.sort(found)
   return found
+end
+
+--- Pids of live processes whose environment holds `marker`.
+---@param marker string
+---@return integer[]
+function M.marked(marker)
+  return M.with_environment("WSYNC_TEST_MARKER=" .. marker)
 end
 
 --- Pids of this process's zombie children (a leaked process re-parented here
@@ -81,7 +89,10 @@ function M.zombie_children()
   return found
 end
 
-local function segments_of(pid_set)
+--- /dev/shm segments named for a process of `pid_set` ({[pid] = true}).
+---@param pid_set table<integer, boolean>
+---@return string[]
+function M.segments_of(pid_set)
   local found = {}
   local scanner = uv.fs_scandir(shm_files.directory)
   while scanner do
@@ -177,7 +188,7 @@ function M.run(args, options)
     seen[pid] = true
     uv.kill(pid, "sigkill")
   end
-  leftovers.segments = segments_of(seen)
+  leftovers.segments = M.segments_of(seen)
   for _, name in ipairs(leftovers.segments) do
     uv.fs_unlink(shm_files.directory .. "/" .. name)
   end
