@@ -459,6 +459,9 @@ function M.apply_overrides(recipe, overrides)
     local value = text
     if type(default) == "number" then
       value = tonumber(text)
+      if value and (value ~= value or value == math.huge or value == -math.huge) then
+        value = nil -- inf and nan are not values a parameter can take
+      end
     elseif type(default) == "boolean" then
       value = ({ ["true"] = true, ["false"] = false })[text]
     end

@@ -31,6 +31,19 @@ local function invalid(message, fields)
   errors.raise("SCHEDULE_INVALID", message, fields)
 end
 
+-- "keys sleep and wake", for a message about a step table.
+local function describe_keys(step)
+  local keys = {}
+  for key in pairs(step) do
+    keys[#keys + 1] = tostring(key)
+  end
+  table.sort(keys)
+  if #keys == 0 then
+    return "no keys"
+  end
+  return (#keys == 1 and "key " or "keys ") .. table.concat(keys, ", ")
+end
+
 --- Normalizes one step; raises SCHEDULE_INVALID naming the step.
 ---@param step any
 ---@param where string  "schedule[3]"
@@ -40,6 +53,10 @@ function M.normalize(step, where)
     return { kind = step, where = where }
   elseif type(step) == "string" then
     return { kind = "trainer", name = step, where = where }
+  elseif type(step) == "table" and (step.sleep ~= nil) == (step.wake ~= nil) or type(step) == "table" and
+      next(step, next(step)) ~= nil then
+    invalid(string.format("%s: a step is a trainer callback name, \"publish\", \"generate\", {sleep = N} or "
+      .. "{wake = {...}}; this table has %s", where, describe_keys(step)), { field = where })
   elseif type(step) == "table" and step.sleep ~= nil then
     if step.sleep ~= 1 and step.sleep ~= 2 then
       invalid(string.format("%s: sleep level must be 1 or 2, got %s", where, tostring(step.sleep)), { field = where })
@@ -133,7 +150,13 @@ local function apply(state, step, sizes, callbacks)
   if step.kind == "trainer" then
     local effect = M.TRAINER_EFFECTS[step.name]
     if callbacks and not callbacks[step.name] then
-      refuse("no trainer rank registered this callback")
+      local known = {}
+      for name in pairs(callbacks) do
+        known[#known + 1] = name
+      end
+      table.sort(known)
+      refuse(string.format("not a callback that every trainer rank has (they have: %s)",
+        #known > 0 and table.concat(known, ", ") or "none"))
     end
     if effect then
       if state[effect.part] ~= effect.from then
@@ -188,6 +211,10 @@ function M.check(options)
   local bootstrap, steps = {}, {}
   for i, step in ipairs(options.bootstrap or {}) do
     bootstrap[i] = M.normalize(step, string.format("bootstrap[%d]", i))
+    if bootstrap[i].kind == "publish" or bootstrap[i].kind == "generate" then
+      invalid(string.format("bootstrap[%d]: %s belongs in the schedule; the bootstrap only moves memory (trainer "
+        .. "callbacks, sleep, wake)", i, bootstrap[i].kind), { field = bootstrap[i].where })
+    end
   end
   for i, step in ipairs(options.schedule or {}) do
     steps[i] = M.normalize(step, string.format("schedule[%d]", i))

@@ -41,8 +41,11 @@ function validators.string(spec, value, path)
 end
 
 function validators.number(spec, value, path)
-  if type(value) ~= "number" or value ~= value then
+  if type(value) ~= "number" then
     fail(path, "expected a number, got %s", describe(value))
+  end
+  if value ~= value or value == math.huge or value == -math.huge then
+    fail(path, "expected a finite number, got %s", describe(value))
   end
   if spec.integer and value ~= math.floor(value) then
     fail(path, "expected an integer, got %s", describe(value))

@@ -112,7 +112,28 @@ describe("schedule.check", function()
   it("refuses a step no trainer rank registered", function()
     local err = refusal(USUAL, { callbacks = { offload_optimizer = true } })
     assert.are.equal("schedule[4]", err.field)
-    assert.matches("schedule[4] (offload_actor): no trainer rank registered this callback", err.message, 1, true)
+    assert.matches("schedule[4] (offload_actor): not a callback that every trainer rank has (they have: "
+      .. "offload_optimizer)", err.message, 1, true)
+  end)
+
+  it("refuses publish or generate in the bootstrap", function()
+    for _, kind in ipairs({ "publish", "generate" }) do
+      local err = refusal(USUAL, { bootstrap = { { sleep = 1 }, kind } })
+      assert.are.equal("bootstrap[2]", err.field)
+      assert.matches("bootstrap[2]: " .. kind .. " belongs in the schedule", err.message, 1, true)
+    end
+  end)
+
+  it("refuses a step table with two kinds of step, or extra keys", function()
+    for _, step in ipairs({ { sleep = 1, wake = { "weights" } }, { sleep = 2, level = 2 }, {} }) do
+      local steps = { step }
+      for _, usual in ipairs(USUAL) do
+        steps[#steps + 1] = usual
+      end
+      local err = refusal(steps)
+      assert.are.equal("schedule[1]", err.field)
+      assert.matches("schedule[1]: a step is a trainer callback name", err.message, 1, true)
+    end
   end)
 
   it("refuses publish with the actor offloaded", function()
