@@ -9,6 +9,9 @@ local errors = require("wsync.errors")
 
 local M = {}
 
+--- The longest unix socket path Linux takes (sun_path is 108 bytes with its NUL).
+M.MAX_SOCKET_PATH = 107
+
 ---@class wsync.Endpoint
 ---@field path string     the socket's path, handed to agents
 ---@field directory string
@@ -22,6 +25,13 @@ Endpoint.__index = Endpoint
 ---@return wsync.Endpoint
 function M.listen(options)
   local parent = options.parent or os.getenv("TMPDIR") or "/tmp"
+  -- A unix socket's path has to fit sockaddr_un (107 bytes and a NUL); a
+  -- longer one would be cut short silently, outside the private directory.
+  local length = #(parent .. "/wsync-XXXXXX/control.sock")
+  if length > M.MAX_SOCKET_PATH then
+    errors.raise("ENDPOINT", string.format("the control socket's path under %s would be %d bytes; unix sockets take "
+      .. "at most %d: set TMPDIR to a shorter directory", parent, length, M.MAX_SOCKET_PATH))
+  end
   local directory, message = uv.fs_mkdtemp(parent .. "/wsync-XXXXXX")
   if not directory then
     errors.raise("ENDPOINT", "cannot create a private directory for the control socket: " .. tostring(message))
@@ -85,6 +95,12 @@ function Endpoint:close()
     peer:close("the host closed the endpoint")
   end
   self.peers = {}
+  self:remove_files()
+end
+
+--- Removes the socket and its directory, touching no connection (for a
+--- process about to exit: its connections end with it).
+function Endpoint:remove_files()
   uv.fs_unlink(self.path)
   uv.fs_rmdir(self.directory)
 end

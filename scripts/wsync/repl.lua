@@ -260,7 +260,9 @@ function Session:_run_chunk(fn, is_expression, packing)
       return -- abandoned by an interrupt
     end
     self.current = nil
-    io.stdout:flush()
+    -- (A failed flush drops what it held: the next one sees nothing to write
+    -- and succeeds, so both results count.)
+    local flushed = io.stdout:flush()
     if not resumed then
       self:_report_chunk_error(outcome)
     elseif outcome.ok then
@@ -268,7 +270,14 @@ function Session:_run_chunk(fn, is_expression, packing)
     else
       self:_report_chunk_error(outcome.err)
     end
-    io.stdout:flush()
+    -- Whoever read the output is gone (SIGPIPE is ignored): stop running
+    -- chunks whose output nobody sees.
+    flushed = io.stdout:flush() and flushed
+    if self.output == io.stdout and not flushed then
+      self:_write_error("wsync repl: standard output is closed; leaving")
+      self:_finish(1)
+      return
+    end
     self:_pump()
   end
 
@@ -347,12 +356,14 @@ function Session:_pump()
     if line then
       self:_handle_line(line)
     elseif self.eof then
-      if #self.chunk_lines > 0 then
+      -- Input that ends inside a chunk was cut short: say so, exit 1.
+      local cut_short = #self.chunk_lines > 0
+      if cut_short then
         local _, _, message = compile(table.concat(self.chunk_lines, "\n"))
         self.chunk_lines = {}
         self:_write_error(message)
       end
-      self:_finish(0)
+      self:_finish(cut_short and 1 or 0)
     elseif self.editor then
       if not self.editor.active then
         self:_set_raw(true)
@@ -598,6 +609,18 @@ function M.start(options)
       if not self.finished and not uv.loop_alive() then
         self:_finish(0)
       end
+    end
+    -- Sessions opened here and not closed: close them (runtime, trainers,
+    -- endpoint, buffers) rather than leave them to the process's exit.
+    local sessions = package.loaded["wsync.session"]
+    if sessions and next(sessions.open_sessions) then
+      local closed = false
+      loop.spawn(sessions.close_all, function()
+        closed = true
+      end)
+      loop.run_until(function()
+        return closed
+      end)
     end
   end, debug.traceback)
   self:_close()

@@ -14,6 +14,7 @@ local runtime_module = require("wsync.runtime")
 local schedule_module = require("wsync.schedule")
 local shm = require("wsync.shm")
 local verify = require("wsync.verify")
+local process = require("wsync._process")
 
 local M = {}
 
@@ -31,16 +32,33 @@ end
 --- Builds what `wsync check` shows and `run` needs: the plan and the schedule
 --- report. Raises with the recipe's field named.
 ---@param recipe table  validated recipe with a model
-function M.prepare(recipe)
+---@param callbacks table<string, boolean>?  the callbacks every rank registered
+function M.prepare(recipe, callbacks)
   local model = recipe.model
   local plan = plan_module.build({ family = model.family, config = model.preset or model.config }, recipe.buffers)
   local topology = { world = recipe.trainer.ranks, tp = recipe.runtime.tp }
   plan_module.family(plan.family).check_tp(plan.config, topology.tp)
   local memory_report = schedule_module.check({
     plan = plan, topology = topology, memory = recipe.memory, bootstrap = recipe.bootstrap,
-    schedule = recipe.schedule, budget = recipe.memory.device_bytes,
+    schedule = recipe.schedule, budget = recipe.memory.device_bytes, callbacks = callbacks or M.known_callbacks(recipe),
   })
   return plan, topology, memory_report
+end
+
+--- The trainer callbacks a recipe's ranks are known to have before they
+--- register: the synthetic trainer's four; nil (not known yet) for external
+--- ranks, whose registrations are checked when they arrive.
+---@param recipe table
+---@return table<string, boolean>?
+function M.known_callbacks(recipe)
+  if recipe.trainer.kind ~= "synthetic" then
+    return nil
+  end
+  local names = {}
+  for name in pairs(schedule_module.TRAINER_EFFECTS) do
+    names[name] = true
+  end
+  return names
 end
 
 -- Waits until `predicate()` holds, re-checked whenever session:changed() runs.
@@ -131,8 +149,8 @@ local function spawn_trainers(session)
   local program = uv.exepath()
   local model = recipe.model.preset or require("cjson").encode(recipe.model.config)
   for rank = 0, session.topology.world - 1 do
-    local process
-    process = uv.spawn(program, {
+    local process, pid
+    process, pid = uv.spawn(program, {
       args = {
         "trainer", "--endpoint", session.endpoint.path, "--rank", tostring(rank),
         "--world", tostring(session.topology.world), "--model", model,
@@ -148,6 +166,7 @@ local function spawn_trainers(session)
       errors.raise("TRAINER_START", "cannot start synthetic trainer rank " .. rank)
     end
     session.trainer_handles[rank] = process
+    session.trainer_pids[rank] = pid
   end
 end
 
@@ -200,7 +219,8 @@ end
 --- when every rank may publish. Must run in a spawned coroutine.
 ---@param recipe table  a validated recipe with a model
 ---@return wsync.Session
-function M.open(recipe)
+---@param options {on_open: fun(session: table)?}?  on_open sees the session before anything starts
+function M.open(recipe, options)
   local plan, topology, memory_report = M.prepare(recipe)
   local timeouts = {}
   for key, value in pairs(DEFAULT_TIMEOUTS) do
@@ -211,10 +231,14 @@ function M.open(recipe)
   end
   local session = setmetatable({
     recipe = recipe, plan = plan, topology = topology, timeouts = timeouts, version = 0, phase = "opening",
-    registered = {}, publishing = {}, reports = {}, waiters = {}, trainers = {}, trainer_handles = {},
+    registered = {}, publishing = {}, reports = {}, waiters = {}, trainers = {}, trainer_handles = {}, trainer_pids = {},
     lost = {}, headroom_bytes = recipe.memory.headroom_bytes, memory_report = memory_report,
     trainer_resident = { actor = true, optimizer = true },
   }, Session)
+  M.open_sessions[session] = true
+  if options and options.on_open then
+    options.on_open(session)
+  end
   local _, bootstrap, steps = schedule_module.check({
     plan = plan, topology = topology, memory = recipe.memory, bootstrap = recipe.bootstrap,
     schedule = recipe.schedule, budget = recipe.memory.device_bytes,
@@ -275,6 +299,20 @@ function M.open(recipe)
       session.agents[rank + 1] = { peer = registered.peer, info = registered.info }
       session.devices[rank + 1] = registered.info.device.index
     end
+    -- The schedule again, against the callbacks that every rank registered,
+    -- before anything starts: a step no rank can run is refused now, not
+    -- after a publication committed.
+    local common = nil
+    for rank = 0, topology.world - 1 do
+      local names = {}
+      for _, name in ipairs(session.registered[rank].info.callbacks or {}) do
+        if common == nil or common[name] then
+          names[name] = true
+        end
+      end
+      common = names
+    end
+    M.prepare(recipe, common or {})
     say("%d trainer ranks registered; starting the %s runtime (TP%d) on their devices in rank order",
       topology.world, recipe.runtime.kind, topology.tp)
     session.phase = "runtime start"
@@ -456,9 +494,86 @@ function Session:state()
   }
 end
 
+-- Removes the names of the ranks' packed buffers (a mapping that still
+-- exists stays valid): those the ranks reported, and any segment a synthetic
+-- trainer created (its pid is in the name) before it could report it.
+local function unlink_buffers(session)
+  local names = {}
+  for _, reported in pairs(session.buffer_names or {}) do
+    for _, name in ipairs(reported) do
+      names[#names + 1] = name
+    end
+  end
+  local scanner = next(session.trainer_pids) and uv.fs_scandir("/dev/shm")
+  while scanner do
+    local entry = uv.fs_scandir_next(scanner)
+    if not entry then
+      break
+    end
+    local pid = tonumber(entry:match("^wsync%-(%d+)%-"))
+    for _, trainer_pid in pairs(session.trainer_pids) do
+      if pid == trainer_pid then
+        names[#names + 1] = "/" .. entry
+      end
+    end
+  end
+  for _, name in ipairs(names) do
+    local buffer = shm.open(name)
+    if buffer then
+      buffer:unlink()
+      buffer:close()
+    end
+  end
+end
+
+--- Sessions opened and not closed yet (the REPL closes them when it ends).
+M.open_sessions = setmetatable({}, { __mode = "k" })
+
+--- Closes every open session (inside a coroutine of wsync.loop.spawn).
+function M.close_all()
+  for session in pairs(M.open_sessions) do
+    local ok, err = pcall(M.close, session)
+    if not ok then
+      io.stderr:write("wsync: closing a session failed: " .. tostring(err) .. "\n")
+    end
+  end
+end
+
+--- Stops at once for a signal (Ctrl-C or SIGTERM during `wsync run`), from a
+--- signal callback: kills the runtime's process group and the synthetic
+--- trainers, removes the packed buffers' names and the control endpoint.
+--- Nothing more is published; the caller exits right after.
+---@param session table
+---@param signal_name string
+function M.abort(session, signal_name)
+  say("%s: stopping now; the runtime and the synthetic trainers are killed, nothing more is published",
+    signal_name)
+  if session.runtime and session.runtime.group then
+    process.signal_group(session.runtime.group, "SIGKILL")
+  end
+  for _, handle in pairs(session.trainer_handles) do
+    if not handle:is_closing() then
+      handle:kill("sigkill")
+    end
+  end
+  unlink_buffers(session)
+  if session.endpoint then
+    -- Not close(): that would fail the requests in flight and wake the
+    -- coroutines waiting on them; the process exits instead.
+    session.endpoint:remove_files()
+  end
+end
+
 --- Closes everything the session started: runtime, endpoint, trainer processes.
 function M.close(session)
   session.phase = "closing"
+  M.open_sessions[session] = nil
+  if session.runtime and session.runtime.state == "INFLIGHT" then
+    -- A request left waiting (a REPL chunk abandoned mid-publication): the
+    -- runtime's state is unknown, so it is destroyed, not shut down.
+    session.runtime:_break("the session closed with " .. tostring(session.runtime.inflight.pending and
+      session.runtime.inflight.pending.cmd) .. " in flight")
+  end
   if session.runtime and session.runtime.state ~= "CLOSED" then
     session.runtime:close()
   end
@@ -479,16 +594,8 @@ function M.close(session)
   end
   -- A rank killed mid-publication never unlinks its packed buffers. Synthetic
   -- ranks have exited by now and external ones are disconnected: a name still
-  -- there is a leftover. (Unlinking leaves a mapping that still exists valid.)
-  for _, names in pairs(session.buffer_names or {}) do
-    for _, name in ipairs(names) do
-      local buffer = shm.open(name)
-      if buffer then
-        buffer:unlink()
-        buffer:close()
-      end
-    end
-  end
+  -- there is a leftover.
+  unlink_buffers(session)
   session.phase = "closed"
 end
 Session.close = M.close
@@ -518,7 +625,34 @@ end
 --- first failure after everything was closed.
 ---@param recipe table
 function M.run(recipe)
-  local session = M.open(recipe)
+  -- Ctrl-C or SIGTERM: fail-stop, leaving nothing behind, exit 128 + signal.
+  local opened = nil
+  local signals = {}
+  for name, number in pairs({ sigint = 2, sigterm = 15 }) do
+    local handle = uv.new_signal()
+    handle:start(name, function()
+      if opened then
+        M.abort(opened, name:upper())
+      end
+      os.exit(128 + number)
+    end)
+    handle:unref() -- the run ends when its work does, not when signals stop
+    signals[#signals + 1] = handle
+  end
+  local function stop_signals()
+    for _, handle in ipairs(signals) do
+      if not handle:is_closing() then
+        handle:close()
+      end
+    end
+  end
+  local open_ok, session = pcall(M.open, recipe, { on_open = function(created)
+    opened = created
+  end })
+  if not open_ok then
+    stop_signals()
+    error(session, 0)
+  end
   local ok, err = pcall(function()
     while session:wait_publish() do
       session:round()
@@ -533,6 +667,7 @@ function M.run(recipe)
     changed(session)
   end
   M.close(session)
+  stop_signals()
   for rank, status in pairs(session.trainers) do
     if status.code ~= 0 and not session.failure then
       session.failure = errors.new("TRAINER_FAILED", string.format("synthetic trainer rank %d exited with %s", rank,

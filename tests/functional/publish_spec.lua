@@ -167,3 +167,31 @@ describe("wsync run, a wrong value that only the resident check sees", function(
     assert.are.equal(3, same)
   end)
 end)
+
+describe("wsync run stopped by a signal", function()
+  -- The first publication hangs in its second load for 2 s (the fixture's
+  -- timeout), so the signal lands while a publication is in flight.
+  for _, case in ipairs({ { name = "sigterm", code = 143 }, { name = "sigint", code = 130 } }) do
+    it(case.name .. " in the middle of a publication: exit " .. case.code .. ", nothing left behind", function()
+      local result = leftovers.run({ "run", fixtures.recipes .. "/publish_faults.lua" }, {
+        env = { "WSYNC_RUNTIME_FAULT=hang@load_chunk#2" },
+        signal = { after = "bootstrap done", name = case.name },
+      })
+      leftovers.assert_clean(result)
+      assert.are.equal(case.code, result.code, result.stderr)
+      assert.matches("\nwsync: " .. case.name:upper() .. ": stopping now", result.stdout)
+      assert.is_nil(result.stdout:find("published model version", 1, true))
+      -- It did not wait for the hung command's 2 s timeout (that failure
+      -- would be reported).
+      assert.is_nil(result.stdout:find("publication failed", 1, true), result.stdout)
+    end)
+  end
+
+  it("sigint while it waits for external trainer ranks: exit 130, the endpoint removed", function()
+    local result = leftovers.run({ "run", fixtures.recipes .. "/external_tiny.lua" }, {
+      signal = { after = "waiting for 2 external trainer ranks", name = "sigint" },
+    })
+    leftovers.assert_clean(result) -- includes the endpoint's directory under the run's TMPDIR
+    assert.are.equal(130, result.code, result.stderr)
+  end)
+end)

@@ -209,3 +209,22 @@ describe("wsync repl with a runtime", function()
     assert.are.same({}, orphan_segments())
   end)
 end)
+
+describe("wsync repl ending with a session still open", function()
+  local leftovers = require("tests.helpers.leftovers")
+
+  for _, case in ipairs({
+    { label = "an idle session", input = "s = wsync.session.open(recipe)\n" },
+    { label = "a publication stopped after its first chunk", input = table.concat({
+      "s = wsync.session.open(recipe)", "s:wait_publish()", "p = s:begin_round()", "p:preflight()", "p:init()",
+      "p:start()", "p:chunk()", "",
+    }, "\n") },
+  }) do
+    it("closes " .. case.label .. ": runtime, trainers, endpoint and buffers all gone", function()
+      local result = leftovers.run({ "repl", "recipes/demo.lua" }, { stdin = case.input, timeout = 30000 })
+      leftovers.assert_clean(result)
+      assert.are.equal(0, result.code, result.stderr)
+      assert.matches("control endpoint ", result.stdout, 1, true)
+    end)
+  end
+end)

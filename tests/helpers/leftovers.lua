@@ -138,9 +138,11 @@ end
 ---@field leftovers {processes: integer[], zombies: integer[], segments: string[], files: string[]}
 
 --- Runs wsync with `args`; `options.env` ({"K=V"}) adds to its environment,
---- `options.timeout` (ms, default 60000) ends it. Returns a MarkedResult.
+--- `options.timeout` (ms, default 60000) ends it, `options.signal` sends the
+--- signal `name` ("sigint") once stdout shows the text `after`, `options.stdin`
+--- is its input (none by default). Returns a MarkedResult.
 ---@param args string[]
----@param options {env: string[]?, timeout: integer?}?
+---@param options {env: string[]?, timeout: integer?, signal: {after: string, name: string}?, stdin: string?}?
 ---@return MarkedResult
 function M.run(args, options)
   options = options or {}
@@ -151,11 +153,16 @@ function M.run(args, options)
   for _, entry in ipairs(options.env or {}) do
     env[#env + 1] = entry
   end
-  local seen, child = {}, nil
+  local seen, child, child_handle, stdout_so_far, signalled = {}, nil, nil, nil, false
   local poll = uv.new_timer()
   local function scan()
     for _, pid in ipairs(M.marked(marker)) do
       seen[pid] = true
+    end
+    local signal = options.signal
+    if signal and not signalled and stdout_so_far():find(signal.after, 1, true) then
+      signalled = true
+      uv.process_kill(child_handle, signal.name)
     end
   end
   local started = uv.hrtime()
@@ -163,9 +170,12 @@ function M.run(args, options)
     args = args,
     env = env,
     timeout = options.timeout or 60000,
-    on_start = function(_, stdin, pid)
-      child = pid
+    on_start = function(handle, stdin, pid, stdout)
+      child, child_handle, stdout_so_far = pid, handle, stdout
       seen[pid] = true
+      if options.stdin then
+        stdin:write(options.stdin)
+      end
       stdin:shutdown(function()
         stdin:close()
       end)
