@@ -388,5 +388,18 @@ describe("the reference runtime", function()
       assert.are.equal(1, result.code, result.stderr)
       assert.matches("no control channel on fd 3", result.stderr, 1, true)
     end)
+
+    it("a TP worker whose starter is not its parent any more refuses to run", function()
+      -- WSYNC_PARENT_PID names the process that spawned it; here that is not
+      -- the worker's parent, as if the spawner had died before the worker
+      -- could ask to die with it.
+      local result = process_helper.run({
+        args = { "runtime-worker", "--rank", "0", "--world", "1", "--device", "0", "--weights-bytes", "1",
+          "--kv-bytes", "1" },
+        env = { "WSYNC_PARENT_PID=1" },
+      })
+      assert.are.equal(1, result.code, result.stderr)
+      assert.matches("the process that started this one is gone", result.stderr, 1, true)
+    end)
   end)
 end)

@@ -84,19 +84,18 @@ function M.spawn(options)
   end
 
   local control = uv.new_pipe(false)
-  local env = nil
-  if options.env then
-    -- The child gets this process's environment with options.env's entries
-    -- replacing variables of the same name.
-    local variables = uv.os_environ()
-    for _, entry in ipairs(options.env) do
-      local key, value = entry:match("^([^=]+)=(.*)$")
-      variables[key] = value
-    end
-    env = {}
-    for key, value in pairs(variables) do
-      env[#env + 1] = key .. "=" .. value
-    end
+  -- The child gets this process's environment with options.env's entries
+  -- replacing variables of the same name, and WSYNC_PARENT_PID: the pid it
+  -- must find as its parent when it asks to die with it.
+  local variables = uv.os_environ()
+  for _, entry in ipairs(options.env or {}) do
+    local key, value = entry:match("^([^=]+)=(.*)$")
+    variables[key] = value
+  end
+  variables.WSYNC_PARENT_PID = tostring(uv.os_getpid())
+  local env = {}
+  for key, value in pairs(variables) do
+    env[#env + 1] = key .. "=" .. value
   end
   local argv = options.argv
   local handle, pid_or_error = uv.spawn(argv[1], {

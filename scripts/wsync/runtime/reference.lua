@@ -258,7 +258,12 @@ function M.main(options)
     errors.raise("RUNTIME_START", "reference runtime: no control channel on fd 3 "
       .. "(the host starts `wsync runtime` through wsync.runtime.spawn)")
   end
-  process.die_with_parent("SIGKILL")
+  -- Die with the process that started this one; refuse to run on when it
+  -- is already gone (nobody would ever stop this process).
+  local parent_ok, parent_gone = process.die_with_parent("SIGKILL", tonumber(os.getenv("WSYNC_PARENT_PID")))
+  if not parent_ok then
+    errors.raise("RUNTIME_START", "the process that started this one is gone: " .. tostring(parent_gone))
+  end
   local faults = fault_module.parse(options.fault)
   local self = setmetatable({
     backend = options.backend,

@@ -351,7 +351,12 @@ end
 --- Runs a worker until its main process shuts it down or goes away.
 ---@param options {rank: integer, world: integer, backend: string, device_index: integer, weights_bytes: integer, kv_bytes: integer, fault: string?}
 function M.main(options)
-  process.die_with_parent("SIGKILL")
+  -- Die with the process that started this one; refuse to run on when it
+  -- is already gone (nobody would ever stop this process).
+  local parent_ok, parent_gone = process.die_with_parent("SIGKILL", tonumber(os.getenv("WSYNC_PARENT_PID")))
+  if not parent_ok then
+    errors.raise("RUNTIME_START", "the process that started this one is gone: " .. tostring(parent_gone))
+  end
   local info, message = device.query(options.backend, options.device_index)
   if not info then
     errors.raise("RUNTIME_START", string.format("TP worker %d: device %s:%d: %s", options.rank, options.backend,
