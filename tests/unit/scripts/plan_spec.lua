@@ -1,19 +1,13 @@
 -- wsync.plan: chunks of whole trainer tensors packed back to back into the
 -- buffer size, the canonical tensors each chunk carries and their offsets,
 -- the expected manifest, and the summary `wsync check` prints.
-local errors = require("wsync.errors")
 local manifest = require("wsync.manifest")
 local plan_module = require("wsync.plan")
 local qwen3_moe = require("wsync.models.qwen3_moe")
 
 local KiB = 1024
 
-local function error_of(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  assert.is_true(errors.is(err), "not a wsync error: " .. tostring(err))
-  return err
-end
+local error_of = require("tests.helpers.errors").error_of
 
 local function tiny(changes)
   local config = {}

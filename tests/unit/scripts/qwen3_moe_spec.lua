@@ -2,17 +2,11 @@
 -- layout and its canonical export views, the configurations the plan refuses,
 -- FSDP dim-0 shards, and the TP loader plan, which is checked against a naive
 -- element-by-element reference written here from shared/DESIGN.md section 6.
-local errors = require("wsync.errors")
 local qwen3_moe = require("wsync.models.qwen3_moe")
 
 local BF16 = 2
 
-local function error_of(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  assert.is_true(errors.is(err), "not a wsync error: " .. tostring(err))
-  return err
-end
+local error_of = require("tests.helpers.errors").error_of
 
 local function numel(shape)
   local n = 1

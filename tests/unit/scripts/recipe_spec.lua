@@ -2,16 +2,9 @@
 -- name file, line and field, and command-line overrides.
 local uv = require("luv")
 local recipe = require("wsync.recipe")
-local errors = require("wsync.errors")
 local fixtures = require("tests.helpers.fixtures")
 
--- Runs fn and returns the wsync error object it raised.
-local function error_of(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  assert.is_true(errors.is(err), "not a wsync error: " .. tostring(err))
-  return err
-end
+local error_of = require("tests.helpers.errors").error_of
 
 local function fixture(name)
   for _, entry in ipairs(fixtures.broken) do

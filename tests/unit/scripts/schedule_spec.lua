@@ -1,19 +1,13 @@
 -- wsync.schedule: step normalization, the checks that refuse a schedule that
 -- makes no sense (naming the step), and the per-device memory model, checked
 -- against numbers computed by hand for the tiny model.
-local errors = require("wsync.errors")
 local plan_module = require("wsync.plan")
 local recipe_module = require("wsync.recipe")
 local schedule = require("wsync.schedule")
 
 local KiB = 1024
 
-local function error_of(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  assert.is_true(errors.is(err), "not a wsync error: " .. tostring(err))
-  return err
-end
+local error_of = require("tests.helpers.errors").error_of
 
 -- The tiny model, FSDP2 -> TP2, two buffers of 160 KiB.
 local PLAN = plan_module.build({ family = "qwen3_moe", config = "tiny" }, { bytes = 160 * KiB, count = 2 })
