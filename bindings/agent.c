@@ -7,7 +7,7 @@
 // Step callbacks are C function pointers that Lua calls through a trampoline
 // closure holding the pointer and its user data as upvalues. A callback runs
 // inside the loop that a ws_agent_* call drives, so no wsync call may nest in
-// it: the loop is not reentrant. `callback_depth` refuses them.
+// it: the loop is not reentrant. `ws_callback_depth` refuses them.
 #include <stdint.h>
 
 #include "wsync.h"
@@ -35,7 +35,6 @@ typedef int (*agent_callback)(void *user_data);
 
 // Step callbacks running on this thread right now (0 outside them).
 _Thread_local int ws_callback_depth;
-#define callback_depth ws_callback_depth
 
 void ws_agents_detach(ws_agent *agents) {
   for (ws_agent *agent = agents; agent != NULL; agent = agent->next) {
@@ -121,7 +120,7 @@ static int call_method(ws_agent *agent, int nargs, int *first) {
 static int check_agent(ws_agent *agent, const char *call) {
   if (agent == NULL)
     return ws_fail(WS_EINVAL, "%s: agent is NULL", call);
-  if (callback_depth > 0) {
+  if (ws_callback_depth > 0) {
     snprintf(agent->error, sizeof agent->error,
              "%s: called from inside a step callback (wsync's loop is not "
              "reentrant)",
@@ -148,7 +147,7 @@ int ws_agent_open(ws_host *host, const char *endpoint, int rank, int world,
     *out = NULL;
   if (host == NULL || out == NULL)
     return ws_fail(WS_EINVAL, "ws_agent_open: host and out are required");
-  if (callback_depth > 0) {
+  if (ws_callback_depth > 0) {
     ws_host_set_error(host, "ws_agent_open: called from inside a step "
                             "callback (wsync's loop is not reentrant)");
     return WS_ESTATE;
@@ -258,9 +257,9 @@ int ws_agent_register_tensor(ws_agent *agent, const char *name,
 static int callback_trampoline(lua_State *L) {
   const agent_callback *callback = lua_touserdata(L, lua_upvalueindex(1));
   void *user_data = lua_touserdata(L, lua_upvalueindex(2));
-  callback_depth++;
+  ws_callback_depth++;
   int status = (*callback)(user_data);
-  callback_depth--;
+  ws_callback_depth--;
   lua_pushinteger(L, status);
   return 1;
 }
@@ -351,7 +350,7 @@ const char *ws_agent_error(const ws_agent *agent) {
 }
 
 void ws_agent_close(ws_agent *agent) {
-  if (agent == NULL || callback_depth > 0)
+  if (agent == NULL || ws_callback_depth > 0)
     return;
   if (agent->L == NULL) { // its host is closed: nothing left but the memory
     free(agent);

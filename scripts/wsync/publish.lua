@@ -446,9 +446,8 @@ end
 --- The runtime enters update mode; the agents start their consumed manifests.
 function Publication:start()
   local session, header = self.session, self.header
-  self:_check_order("start")
-  self.started_update = true
   self:_phase("start", function()
+    self.started_update = true -- from here on, a failure poisons
     session.runtime:request("start_update", { header = header })
     M.all_agents(session, "begin", function()
       return { family = session.plan.family, publication_id = header.publication_id }

@@ -29,20 +29,27 @@ local function say(format, ...)
   io.stdout:flush()
 end
 
+-- Checks the recipe's bootstrap and schedule against the plan and the
+-- trainer callbacks (nil: not known yet); returns the memory report and the
+-- normalized bootstrap and schedule steps.
+local function check_schedule(recipe, plan, topology, callbacks)
+  return schedule_module.check({
+    plan = plan, topology = topology, memory = recipe.memory, bootstrap = recipe.bootstrap,
+    schedule = recipe.schedule, budget = recipe.memory.device_bytes, callbacks = callbacks,
+  })
+end
+
 --- Builds what `wsync check` shows and `run` needs: the plan and the schedule
---- report. Raises with the recipe's field named.
+--- report (then the normalized bootstrap and schedule steps). Raises with the
+--- recipe's field named.
 ---@param recipe table  validated recipe with a model
----@param callbacks table<string, boolean>?  the callbacks every rank registered
-function M.prepare(recipe, callbacks)
+function M.prepare(recipe)
   local model = recipe.model
   local plan = plan_module.build({ family = model.family, config = model.preset or model.config }, recipe.buffers)
   local topology = { world = recipe.trainer.ranks, tp = recipe.runtime.tp }
   plan_module.family(plan.family).check_tp(plan.config, topology.tp)
-  local memory_report = schedule_module.check({
-    plan = plan, topology = topology, memory = recipe.memory, bootstrap = recipe.bootstrap,
-    schedule = recipe.schedule, budget = recipe.memory.device_bytes, callbacks = callbacks or M.known_callbacks(recipe),
-  })
-  return plan, topology, memory_report
+  local memory_report, bootstrap, steps = check_schedule(recipe, plan, topology, M.known_callbacks(recipe))
+  return plan, topology, memory_report, bootstrap, steps
 end
 
 --- The trainer callbacks a recipe's ranks are known to have before they
@@ -86,6 +93,17 @@ local function count(table_value)
   return n
 end
 
+-- The trainer rank the connection `peer` registered as; nil for a connection
+-- that registered none (an attached viewer).
+local function rank_of(session, peer)
+  for rank, registered in pairs(session.registered) do
+    if registered.peer == peer then
+      return rank
+    end
+  end
+  return nil
+end
+
 -- The requests agents send to the host.
 local function agent_handlers(session, peer)
   return {
@@ -117,12 +135,7 @@ local function agent_handlers(session, peer)
     end,
     publish = function(payload)
       -- The rank this connection registered as, not whatever the payload says.
-      local rank = nil
-      for registered_rank, registered in pairs(session.registered) do
-        if registered.peer == peer then
-          rank = registered_rank
-        end
-      end
+      local rank = rank_of(session, peer)
       if rank == nil then
         errors.raise("NOT_REGISTERED", "publish from a connection that did not register a trainer rank")
       end
@@ -166,7 +179,7 @@ local function spawn_trainers(session)
       errors.raise("TRAINER_START", "cannot start synthetic trainer rank " .. rank)
     end
     session.trainer_handles[rank] = process
-    session.trainer_pids[rank] = pid
+    session.trainer_pids[pid] = true
   end
 end
 
@@ -221,7 +234,7 @@ end
 ---@return wsync.Session
 ---@param options {on_open: fun(session: table)?}?  on_open sees the session before anything starts
 function M.open(recipe, options)
-  local plan, topology, memory_report = M.prepare(recipe)
+  local plan, topology, memory_report, bootstrap, steps = M.prepare(recipe)
   local timeouts = {}
   for key, value in pairs(DEFAULT_TIMEOUTS) do
     timeouts[key] = value
@@ -239,10 +252,6 @@ function M.open(recipe, options)
   if options and options.on_open then
     options.on_open(session)
   end
-  local _, bootstrap, steps = schedule_module.check({
-    plan = plan, topology = topology, memory = recipe.memory, bootstrap = recipe.bootstrap,
-    schedule = recipe.schedule, budget = recipe.memory.device_bytes,
-  })
   session.bootstrap, session.steps = bootstrap, steps
   say("recipe %s: %s, %d canonical tensors, %s in %d chunks (buffers %d x %s), manifest %s", recipe.name,
     plan.family, #plan.canonical, format_bytes(plan.bytes), #plan.chunks, plan.buffer_count,
@@ -257,13 +266,10 @@ function M.open(recipe, options)
       end,
       on_lost = function(peer, reason)
         -- Only a trainer rank leaving matters; an attached viewer may come and go.
-        for _, registered in pairs(session.registered) do
-          if registered.peer == peer then
-            session.lost[peer] = reason
-            session.lost_ranks = session.lost_ranks or {}
-            session.lost_ranks[#session.lost_ranks + 1] = { rank = registered.info.rank, reason = reason }
-            changed(session)
-          end
+        local rank = rank_of(session, peer)
+        if rank then
+          session.lost[rank] = reason
+          changed(session)
         end
       end,
       on_refused = function(reason)
@@ -312,7 +318,7 @@ function M.open(recipe, options)
       end
       common = names
     end
-    M.prepare(recipe, common or {})
+    check_schedule(recipe, plan, topology, common or {})
     say("%d trainer ranks registered; starting the %s runtime (TP%d) on their devices in rank order",
       topology.world, recipe.runtime.kind, topology.tp)
     session.phase = "runtime start"
@@ -348,9 +354,12 @@ function Session:wait_publish()
     return true
   end
   if count(self.publishing) > 0 then
-    local lost = (self.lost_ranks or {})[1] or {}
-    local err = errors.new("TRAINER_LOST", string.format("trainer rank %s left (%s) while other ranks waited to "
-      .. "publish", tostring(lost.rank), tostring(lost.reason)), { phase = "publish", rank = lost.rank })
+    local rank = nil
+    for lost_rank in pairs(self.lost) do
+      rank = math.min(rank or lost_rank, lost_rank)
+    end
+    local err = errors.new("TRAINER_LOST", string.format("trainer rank %d left (%s) while other ranks waited to "
+      .. "publish", rank, tostring(self.lost[rank])), { phase = "publish", rank = rank })
     self.failure = self.failure or err
     self:answer(nil, err)
   end
@@ -511,10 +520,8 @@ local function unlink_buffers(session)
       break
     end
     local pid = tonumber(entry:match("^wsync%-(%d+)%-"))
-    for _, trainer_pid in pairs(session.trainer_pids) do
-      if pid == trainer_pid then
-        names[#names + 1] = "/" .. entry
-      end
+    if pid and session.trainer_pids[pid] then
+      names[#names + 1] = "/" .. entry
     end
   end
   for _, name in ipairs(names) do
