@@ -9,7 +9,8 @@
 --- written, so that programs can drive the REPL.
 ---
 --- Each line is compiled as `return <line>` first, then as a statement; input
---- that ends early (`... near '<eof>'`) waits for more lines. A chunk runs in
+--- that ends early (`... near '<eof>'`) waits for more lines (a long pending
+--- chunk is compiled again only where it can be complete: `Scan`). A chunk runs in
 --- a coroutine from wsync.loop.spawn, so `wsync.loop.await` works at the
 --- prompt; lines that arrive while a chunk waits are queued and run in order
 --- once it finishes. Errors print with a traceback and the REPL goes on.
@@ -21,6 +22,10 @@
 --- On a terminal in raw mode, Ctrl-C cancels the line being edited.
 ---
 --- End of input or os.exit() ends the REPL; `start` returns the exit code.
+--- So does a failed write to standard output (whoever read it is gone: `yes |
+--- wsync repl | head`): the REPL says so on stderr and returns 1.
+local bit = require("bit")
+local ffi = require("ffi")
 local uv = require("luv")
 local errors = require("wsync.errors")
 local host = require("wsync._host")
@@ -42,7 +47,26 @@ local file_read_size = 65536
 --- Lines queued before reading from a pipe pauses until they are run.
 local max_queued_lines = 256
 
+--- Lines a pending chunk may have before it is no longer compiled after every
+--- line, only where it can be complete (see `Scan`).
+local always_compile_lines = 64
+
 local tty_mode_normal, tty_mode_raw = 0, 1
+
+-- libc's stdout and its error flag. (busted reloads modules between spec
+-- files; a second cdef of the same names fails harmlessly.)
+pcall(ffi.cdef, "int ferror(void *stream);")
+pcall(ffi.cdef, "extern void *stdout;")
+
+-- Whether a write to standard output has failed since the process started
+-- (SIGPIPE is ignored: a reader that left shows as EPIPE). It asks the
+-- stream's sticky error flag, not io.stdout:flush(), whose result cannot be
+-- trusted: LuaJIT compiles flush() into fflush() plus a guard, a failed
+-- guard leaves the trace before the call, and the interpreter then flushes
+-- again, finds the buffer empty (glibc dropped it on EPIPE) and returns true.
+local function stdout_failed()
+  return ffi.C.ferror(ffi.C.stdout) ~= 0
+end
 
 ---@class wsync.ReplOptions
 ---@field recipe table?   a validated recipe (wsync.recipe.load), exposed as `recipe`
@@ -55,6 +79,7 @@ local tty_mode_normal, tty_mode_raw = 0, 1
 ---@field env table              globals of the typed chunks; __index is _G
 ---@field queue string[]         complete lines waiting to run
 ---@field chunk_lines string[]   lines of the chunk being typed (incomplete so far)
+---@field chunk_scan wsync.ReplScan  what those lines leave open
 ---@field partial string         bytes of a line whose newline has not arrived
 ---@field current table?         the chunk running or waiting, if any
 ---@field eof boolean            input ended
@@ -112,6 +137,87 @@ local function compile(source)
     return text:match("near '<eof>'$") ~= nil and not text:find("unfinished string", 1, true)
   end
   return nil, false, message, ends_early(message) or ends_early(expression_message)
+end
+
+-- What the lines of a pending chunk leave open, kept up to date line by line
+-- so that a long chunk is not recompiled at every line (quadratic: a piped
+-- 20,000-line table literal took 10.2 s, now 0.10 s; tests/bench/RESULTS.md).
+-- In Lua 5.1 every keyword is reserved, so in text without syntax errors
+-- `function`, `do`, `if` and `repeat` each open one block that one `end` or
+-- `until` closes (`while` and `for` open theirs with `do`, `elseif` none):
+-- while a bracket or block is open, or a long string or comment goes on, the
+-- chunk cannot be complete and compiling it would only say "near '<eof>'".
+-- Text with an error can look open when it is not; its error then shows when
+-- the chunk closes, at the latest when its line count reaches a power of two.
+---@class wsync.ReplScan
+---@field depth integer        brackets and blocks opened and not closed (negative: more closed)
+---@field long_close string?   the `]==]` that ends the long string or comment the text is in
+---@field broken boolean?      a short string ends with its line: a real error, to report now
+local Scan = {}
+Scan.__index = Scan
+
+local block_depth = { ["function"] = 1, ["do"] = 1, ["if"] = 1, ["repeat"] = 1, ["end"] = -1, ["until"] = -1 }
+local bracket_depth = { ["("] = 1, ["{"] = 1, ["["] = 1, [")"] = -1, ["}"] = -1, ["]"] = -1 }
+
+local function new_scan()
+  return setmetatable({ depth = 0 }, Scan)
+end
+
+-- Takes in the next line of the chunk.
+function Scan:add(line)
+  local position = 1
+  while true do
+    if self.long_close then
+      local _, last = line:find(self.long_close, position, true)
+      if not last then
+        return
+      end
+      self.long_close, position = nil, last + 1
+    end
+    local start, _, char = line:find("([%w_%-%[%]%(%){}\"'])", position)
+    if not start then
+      return
+    end
+    position = start + 1
+    if char:find("^[%a_]") then
+      local word = line:match("^[%w_]+", start)
+      self.depth = self.depth + (block_depth[word] or 0)
+      position = start + #word
+    elseif char:find("^%d") then
+      position = start + #line:match("^[%w_.]+", start) -- a number, `0xfe` and `1e5` too
+    elseif char == "-" then
+      if line:sub(position, position) == "-" then
+        local level = line:match("^%[(=*)%[", position + 1)
+        if not level then
+          return -- a comment to the end of the line
+        end
+        self.long_close, position = "]" .. level .. "]", position + 3 + #level
+      end
+    elseif char == "[" and line:find("^%[=*%[", start) then
+      local level = line:match("^%[(=*)%[", start)
+      self.long_close, position = "]" .. level .. "]", start + 2 + #level
+    elseif char == '"' or char == "'" then
+      while true do
+        local next_stop, _, stop = line:find("([\\" .. char .. "])", position)
+        if not next_stop then
+          self.broken = true
+          return
+        end
+        position = next_stop + (stop == "\\" and 2 or 1)
+        if stop == char then
+          break
+        end
+      end
+    else
+      self.depth = self.depth + bracket_depth[char]
+    end
+  end
+end
+
+-- Whether the lines taken in so far can make a complete chunk (or a syntax
+-- error worth reporting now).
+function Scan:can_end()
+  return self.broken or (self.long_close == nil and self.depth <= 0)
 end
 
 -- Cuts the REPL's own frames off a traceback: everything below the typed
@@ -260,9 +366,7 @@ function Session:_run_chunk(fn, is_expression, packing)
       return -- abandoned by an interrupt
     end
     self.current = nil
-    -- (A failed flush drops what it held: the next one sees nothing to write
-    -- and succeeds, so both results count.)
-    local flushed = io.stdout:flush()
+    io.stdout:flush() -- what the chunk printed comes before its results
     if not resumed then
       self:_report_chunk_error(outcome)
     elseif outcome.ok then
@@ -270,10 +374,10 @@ function Session:_run_chunk(fn, is_expression, packing)
     else
       self:_report_chunk_error(outcome.err)
     end
-    -- Whoever read the output is gone (SIGPIPE is ignored): stop running
-    -- chunks whose output nobody sees.
-    flushed = io.stdout:flush() and flushed
-    if self.output == io.stdout and not flushed then
+    io.stdout:flush()
+    -- Whoever read the output is gone: stop running chunks whose output
+    -- nobody sees.
+    if self.output == io.stdout and stdout_failed() then
       self:_write_error("wsync repl: standard output is closed; leaving")
       self:_finish(1)
       return
@@ -291,7 +395,14 @@ function Session:_run_chunk(fn, is_expression, packing)
   end
 end
 
--- Adds `line` to the chunk being typed; runs the chunk once it compiles.
+-- Forgets the chunk being typed.
+function Session:_drop_chunk()
+  self.chunk_lines, self.chunk_scan = {}, new_scan()
+end
+
+-- Adds `line` to the chunk being typed; runs the chunk once it compiles. A
+-- long chunk is compiled only where it can be complete, and when its line
+-- count is a power of two (so that an error inside it shows, at linear cost).
 function Session:_handle_line(line)
   if #self.chunk_lines == 0 then
     if not line:find("%S") then
@@ -301,12 +412,17 @@ function Session:_handle_line(line)
   end
   local lines = self.chunk_lines
   lines[#lines + 1] = line
+  self.chunk_scan:add(line)
+  local count = #lines
+  if count > always_compile_lines and not self.chunk_scan:can_end() and bit.band(count, count - 1) ~= 0 then
+    return
+  end
   local fn, is_expression, detail, ends_early = compile(table.concat(lines, "\n"))
   if fn then
-    self.chunk_lines = {}
+    self:_drop_chunk()
     self:_run_chunk(fn, is_expression, detail)
   elseif not ends_early then
-    self.chunk_lines = {}
+    self:_drop_chunk()
     self:_write_error(detail)
   end
 end
@@ -318,7 +434,7 @@ function Session:_on_editor_event(event)
   elseif event.kind == "eof" then
     self.eof = true
   elseif event.kind == "cancel" then
-    self.chunk_lines = {}
+    self:_drop_chunk()
   end
 end
 
@@ -360,7 +476,7 @@ function Session:_pump()
       local cut_short = #self.chunk_lines > 0
       if cut_short then
         local _, _, message = compile(table.concat(self.chunk_lines, "\n"))
-        self.chunk_lines = {}
+        self:_drop_chunk()
         self:_write_error(message)
       end
       self:_finish(cut_short and 1 or 0)
@@ -442,7 +558,8 @@ function Session:_interrupt()
   end
   local abandoned = self.current ~= nil
   self.current = nil
-  self.chunk_lines, self.queue, self.partial = {}, {}, ""
+  self:_drop_chunk()
+  self.queue, self.partial = {}, ""
   if self.editor then
     self.editor:cancel()
   end
@@ -571,7 +688,6 @@ function M.start(options)
   options = options or {}
   local self = setmetatable({
     queue = {},
-    chunk_lines = {},
     partial = "",
     eof = false,
     finished = false,
@@ -580,6 +696,7 @@ function M.start(options)
     output = options.output or io.stdout,
     errors = options.errors or io.stderr,
   }, Session)
+  self:_drop_chunk()
   self.env = self:_make_env(options.recipe, options.globals)
 
   local ok, err = xpcall(function()

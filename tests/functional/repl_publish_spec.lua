@@ -170,10 +170,44 @@ s:close()
     assert.are.same({}, orphan_segments())
   end)
 
-  it("names the endpoint it cannot reach", function()
-    local result = process.wsync({ "repl", "--attach", "/nonexistent/wsync.sock" }, "host:state()\n")
-    assert.are.equal(0, result.code) -- the REPL survives the error
-    assert.matches("cannot attach to /nonexistent/wsync.sock", result.stderr)
+  -- Runs `wsync repl --attach PATH` with a line that would print if a REPL
+  -- started; returns the ProcessResult.
+  local function attach(path)
+    return process.wsync({ "repl", "--attach", path }, "print('a REPL started')\n", { timeout = 15000 })
+  end
+
+  local function assert_refused(result, path, why)
+    assert.are.equal(1, result.code, result.stderr)
+    assert.are.equal("", result.stdout, "no REPL started")
+    assert.are.equal("wsync: cannot attach to " .. path .. ": " .. why .. "\n", result.stderr)
+  end
+
+  it("fails at once, starting no REPL, when nothing exists at the endpoint", function()
+    assert_refused(attach("/nonexistent/wsync.sock"), "/nonexistent/wsync.sock",
+      "no such socket (nothing exists at that path)")
+  end)
+
+  it("fails at once, starting no REPL, when the endpoint is not a socket", function()
+    local path = os.tmpname()
+    local result = attach(path)
+    os.remove(path)
+    assert_refused(result, path, "not a socket (it is a regular file)")
+  end)
+
+  it("fails at once, starting no REPL, when no host listens on the socket", function()
+    -- A socket file whose socket is closed: what a host that died without
+    -- cleaning up leaves. (Closing a bound pipe unlinks its path: move the
+    -- file away first.)
+    local bound, path = os.tmpname(), os.tmpname()
+    os.remove(bound)
+    local server = uv.new_pipe(false)
+    assert(server:bind(bound))
+    assert(os.rename(bound, path))
+    server:close()
+    uv.run("nowait")
+    local result = attach(path)
+    os.remove(path)
+    assert_refused(result, path, "connection refused (no host listens there: it has exited?)")
   end)
 end)
 

@@ -300,6 +300,90 @@ describe("wsync repl over a pipe", function()
   end)
 end)
 
+describe("wsync repl when the reader of its output goes away", function()
+  -- Runs `yes 'print(1)' | wsync repl | head -n LINES`: this process plays
+  -- yes (it writes "print(1)" lines until the REPL's input closes) and runs
+  -- head(1) on the REPL's standard output. Returns the REPL's exit code (128 +
+  -- signal when killed), its stderr and whether it was still running after
+  -- `timeout` ms (then it is killed).
+  local function until_reader_leaves(lines, timeout)
+    local fds = assert(uv.pipe())
+    local stdin, stderr, head_output = uv.new_pipe(false), uv.new_pipe(false), uv.new_pipe(false)
+    local result, errors = { code = -1, timed_out = false }, {}
+    local head, handle
+    head = assert(uv.spawn("head", { args = { "-n", tostring(lines) }, stdio = { fds.read, head_output, 2 } },
+      function()
+        head:close()
+      end))
+    handle = assert(uv.spawn(process.wsync_binary(), { args = { "repl" }, stdio = { stdin, fds.write, stderr } },
+      function(code, signal)
+        result.code = signal ~= 0 and 128 + signal or code
+        handle:close()
+      end))
+    uv.fs_close(fds.read)
+    uv.fs_close(fds.write)
+    local watchdog = uv.new_timer()
+    watchdog:start(timeout, 0, function()
+      result.timed_out = true
+      uv.process_kill(handle, "sigkill")
+    end)
+    local block = string.rep("print(1)\n", 4096)
+    local function feed()
+      stdin:write(block, function(err)
+        if not err then
+          feed()
+        elseif not stdin:is_closing() then
+          stdin:close() -- EPIPE: the REPL left
+        end
+      end)
+    end
+    feed()
+    local function drain(pipe, sink)
+      pipe:read_start(function(_, data)
+        if data then
+          sink[#sink + 1] = data
+        else
+          pipe:close()
+        end
+      end)
+    end
+    drain(stderr, errors)
+    drain(head_output, {})
+    while not (handle:is_closing() and head:is_closing() and stderr:is_closing() and head_output:is_closing()) do
+      uv.run("once")
+    end
+    watchdog:close()
+    if not stdin:is_closing() then
+      stdin:close()
+    end
+    uv.run("nowait")
+    result.stderr = table.concat(errors)
+    return result
+  end
+
+  local function assert_left(result, lines)
+    assert.is_false(result.timed_out, string.format("still running after head -n %d left", lines))
+    assert.are.equal(1, result.code, result.stderr)
+    assert.are.equal("wsync repl: standard output is closed; leaving\n", result.stderr)
+  end
+
+  it("leaves with exit code 1 once its output is closed, however late that comes", function()
+    -- Late: by then the code run after each chunk is compiled, and a compiled
+    -- io.stdout:flush() reported the EPIPE as success.
+    for _, lines in ipairs({ 1000, 5000 }) do
+      assert_left(until_reader_leaves(lines, 10000), lines)
+    end
+  end)
+
+  it("leaves every time in quick runs of `yes 'print(1)' | wsync repl | head -n 2`", function()
+    -- head leaves at a moment that varies from run to run: before the fix
+    -- about 1 run in 6 kept going.
+    for _ = 1, 40 do
+      assert_left(until_reader_leaves(2, 10000), 2)
+    end
+  end)
+end)
+
 describe("wsync repl from a regular file", function()
   it("reads the file through the loop and runs it like piped input", function()
     local path = os.tmpname()
@@ -384,6 +468,69 @@ describe("wsync.repl.start in process", function()
     assert.are.equal('2\n"after"\n', output.text())
     assert.matches("^stdin:1: e\n", errors.text())
     assert.is_false(uv.loop_alive(), "the REPL left handles active")
+  end)
+
+  -- Runs `input` through wsync.repl.start; returns the exit code, stdout,
+  -- stderr and how many bytes of source it compiled (loadstring's input).
+  local function start_counting(input)
+    local output, errors = sink(), sink()
+    local compiled, real_loadstring = 0, loadstring
+    _G.loadstring = function(source, ...)
+      compiled = compiled + #source
+      return real_loadstring(source, ...)
+    end
+    local ok, code = pcall(require("wsync.repl").start, { input = input, output = output, errors = errors })
+    _G.loadstring = real_loadstring
+    assert(ok, code)
+    return code, output.text(), errors.text(), compiled
+  end
+
+  it("compiles a long pending chunk in time linear in its length, not at every line", function()
+    local lines = { "t = {" }
+    for i = 1, 5000 do
+      lines[#lines + 1] = "  " .. i .. ","
+    end
+    lines[#lines + 1] = "}"
+    lines[#lines + 1] = "#t"
+    local input = table.concat(lines, "\n") .. "\n"
+    local code, output, errors, compiled = start_counting(input)
+    assert.are.equal(0, code, errors)
+    assert.are.equal("5000\n", output)
+    assert.is_true(compiled >= #input, "the count sees the REPL's compiles")
+    -- Compiling the chunk at every line reads it 5000 / 2 times over.
+    assert.is_true(compiled / #input < 20, string.format("compiled %.1f times the input", compiled / #input))
+  end)
+
+  it("ends a long chunk at its last line whatever brackets and keywords its strings and comments hold", function()
+    local lines = {
+      "t = {",
+      "  'a { ( [ string', \"end do if ' \\\" {\",",
+      "  [[ a long { ( string",
+      "  still in it ]], [==[ ]] } ]==],",
+      "  --[=[ a long comment {",
+      "  do ]] if ]=] -- a comment { (",
+      "  0xfe, 1e5, 3.5, 0xd0 + 0xe, t_end = true, ends = 1,",
+      "  f = function(a) if a then return { a } elseif a == nil then return 0 else repeat until true end end,",
+    }
+    while #lines < 100 do
+      lines[#lines + 1] = "  " .. #lines .. ","
+    end
+    lines[#lines + 1] = "}"
+    lines[#lines + 1] = "#t, t.f(7)[1], t.f(), t.t_end"
+    local code, output, errors = start_counting(table.concat(lines, "\n") .. "\n")
+    assert.are.equal(0, code, errors)
+    assert.are.equal("", errors)
+    assert.are.equal("100\t7\t0\ttrue\n", output)
+  end)
+
+  it("reports an error inside a long open chunk and goes on", function()
+    local lines = { "t = {" }
+    for i = 2, 200 do
+      lines[i] = i == 80 and "  1 +* 2," or "  " .. i .. ","
+    end
+    local _, output, errors = start_counting(table.concat(lines, "\n") .. "\n'after'\n")
+    assert.matches("^stdin:80: unexpected symbol near '%*'\n", errors)
+    assert.matches('"after"\n$', output)
   end)
 
   it("gives the recipe to the chunks and returns os.exit's code", function()
