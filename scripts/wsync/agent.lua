@@ -13,6 +13,7 @@ local C = require("wsync.ffi")
 local errors = require("wsync.errors")
 local loop = require("wsync.loop")
 local manifest_module = require("wsync._manifest")
+local messages = require("wsync.messages")
 local peer_module = require("wsync.peer")
 local plan_module = require("wsync.plan")
 local shm = require("wsync.shm")
@@ -65,6 +66,7 @@ function M.connect(options)
   self.peer = peer_module.new(pipe, {
     name = "host",
     handlers = self:_handlers(),
+    schemas = { requests = messages.to_agent, results = messages.from_host },
     on_close = function(reason)
       self.lost = reason
     end,
@@ -142,10 +144,14 @@ function Agent:ready()
     callbacks[#callbacks + 1] = name
   end
   table.sort(callbacks)
-  self.session = self.peer:request("register", {
+  local ok, result = pcall(self.peer.request, self.peer, "register", {
     rank = self.rank, world = self.world, device = self.device, tensors = tensors, callbacks = callbacks,
     hostname = uv.os_gethostname(), pid = uv.os_getpid(),
   }, self.timeout)
+  if not ok then
+    error(self.aborted or result, 0)
+  end
+  self.session = result
   return self.session
 end
 
@@ -156,8 +162,15 @@ end
 ---@param step integer?
 ---@return table
 function Agent:publish(step)
+  if self.aborted then
+    error(self.aborted, 0)
+  end
   local ok, result = pcall(self.peer.request, self.peer, "publish", { rank = self.rank, step = step },
     self.timeout)
+  if not ok and self.aborted then
+    -- The host said why the session ended before it closed the connection.
+    error(self.aborted, 0)
+  end
   if not ok then
     if errors.is(result) then
       error(result, 0)
@@ -232,6 +245,11 @@ function Agent:_fill(payload)
   local count, source_pointer, source_size = 0, nil, 0
   local bytes = 0
   for _, slot in ipairs(slots) do
+    if type(slot) ~= "table" or type(slot.name) ~= "string" or type(slot.offset) ~= "number" or slot.offset < 0
+        or slot.offset % 1 ~= 0 then
+      errors.raise("BAD_MESSAGE", string.format("rank %d: fill of chunk %d: a slot is not {name, offset}", self.rank,
+        payload.chunk), { rank = self.rank, phase = "fill" })
+    end
     local tensor = self.by_name[slot.name]
     if not tensor then
       errors.raise("MISSING_TENSOR", string.format("rank %d has no tensor %s registered", self.rank, slot.name),
@@ -319,6 +337,19 @@ function Agent:_handlers()
         errors.raise("AGENT_DEVICE", string.format("rank %d: %s", self.rank, message), { rank = self.rank })
       end
       return { free_bytes = info.free_bytes, total_bytes = info.total_bytes }
+    end,
+    process_memory = function()
+      return require("wsync.util").memory_usage()
+    end,
+    -- The session ended with a failure; it is this rank's next publish's.
+    abort = function(payload)
+      local fields = {}
+      for key, value in pairs(payload) do
+        fields[key] = value
+      end
+      fields.remote = true
+      self.aborted = errors.new(payload.code, payload.message, fields)
+      return {}
     end,
     callback = function(payload)
       local fn = self.callbacks[payload.name]

@@ -9,9 +9,12 @@ usage: wsync FILE.lua [ARGS...]        run a Lua file in the host (ARGS in `arg`
        wsync -e CODE [ARGS...]         run a Lua chunk
        wsync run RECIPE [KEY=VALUE...] run a recipe: its publications (a model
                                        recipe) or its run function, with params
-       wsync check RECIPE [KEY=VALUE...] [--json]
+       wsync check RECIPE [KEY=VALUE...] [--json] [--plan-only]
                                        load and validate a recipe and print its
-                                       plan; allocate and start nothing
+                                       plan; allocate and start nothing; refuse
+                                       what `run` would refuse (--plan-only: the
+                                       plan and schedule alone, for a recipe
+                                       meant for another machine or build)
        wsync repl [RECIPE]             interactive Lua with wsync loaded; with a
                                        model recipe, step through publications
        wsync repl --attach ENDPOINT    read a running host's live state (read-only)
@@ -21,7 +24,7 @@ usage: wsync FILE.lua [ARGS...]        run a Lua file in the host (ARGS in `arg`
 
 internal (started by wsync itself, not by hand):
        wsync runtime --tp N [--backend host] [--devices I,J,...]
-                     [--weights-bytes B] [--kv-bytes B]
+                     [--weights-bytes B] [--kv-bytes B] [--timeouts JSON]
                                        the reference rollout runtime's main process;
                                        its control channel is fd 3
        wsync runtime-worker --rank R --world N --device I
@@ -101,18 +104,15 @@ function M.exec_recipe(path, words)
   local recipe_module = require("wsync.recipe")
   local recipe = recipe_module.load(path)
   recipe_module.apply_overrides(recipe, recipe_module.parse_overrides(words or {}))
+  -- Refused as `check` refuses it (exit 3, file:line and field) before
+  -- anything starts: nothing to run, a plan or schedule that cannot work,
+  -- what this build or machine cannot serve.
+  recipe_module.check(recipe)
   if recipe.model then
-    -- The plan and the schedule are part of the recipe: refuse them as
-    -- `check` does (exit 3, file:line and field) before anything starts.
-    recipe_module.check_plan(recipe)
     run_on_loop(function()
       require("wsync.session").run(recipe)
     end)
     return
-  end
-  if not recipe.run then
-    errors.raise("RECIPE_INVALID", "the recipe has nothing to run: it defines neither `run` nor `model`",
-      { file = path, line = recipe_module.field_line(path, "") })
   end
   run_on_loop(recipe.run, { recipe = recipe, params = recipe.params })
 end
@@ -128,11 +128,13 @@ function commands.run(args)
 end
 
 function commands.check(args)
-  local json = false
+  local json, plan_only = false, false
   local words = {}
   for _, word in ipairs(args) do
     if word == "--json" then
       json = true
+    elseif word == "--plan-only" then
+      plan_only = true
     else
       words[#words + 1] = word
     end
@@ -151,21 +153,28 @@ function commands.check(args)
     backend = recipe.backend,
     params = recipe.params,
   }
-  local plan, topology, memory = nil, nil, nil
-  if recipe.model then
-    plan, topology, memory = recipe_module.check_plan(recipe)
+  -- `check` refuses what `run` would refuse. With --plan-only it checks the
+  -- plan and the schedule alone, for a recipe meant for another machine or
+  -- build, and says whether this one can run it.
+  plan_only = plan_only and recipe.model ~= nil
+  local plan, topology, memory = recipe_module.check(recipe, { plan_only = plan_only })
+  local unserved = plan_only and recipe_module.unserved(recipe) or nil
+  if plan then
     for key, value in pairs(require("wsync.plan").summary(plan)) do
       summary[key] = value
     end
     summary.trainer_ranks, summary.tp = topology.world, topology.tp
     summary.peak_device_bytes, summary.peak_step = memory.peak, memory.peak_step
     summary.device_budget_bytes = memory.budget
+    summary.runs_here = unserved == nil
+    summary.not_runnable = unserved
   end
   if json then
     io.stdout:write(require("cjson").encode(summary), "\n")
     return 0
   end
-  io.stdout:write(string.format("%s: ok: recipe %s, backend %s\n", path, recipe.name, recipe.backend))
+  io.stdout:write(string.format("%s: %s: recipe %s, backend %s\n", path, plan_only and "plan ok" or "ok", recipe.name,
+    recipe.backend))
   local keys = {}
   for key in pairs(recipe.params) do
     keys[#keys + 1] = key
@@ -189,6 +198,9 @@ function commands.check(args)
         format_bytes(memory.peak), memory.peak_step, memory.budget and format_bytes(memory.budget) or "not set"),
       string.format("manifest     %s", summary.manifest),
     }
+    if unserved then
+      lines[#lines + 1] = string.format("runs here    no: %s; `wsync run` refuses it", unserved)
+    end
     for _, line in ipairs(lines) do
       io.stdout:write("  ", line, "\n")
     end
@@ -207,7 +219,8 @@ function commands.repl(args)
     if not args[2] or args[3] then
       usage_error("wsync repl --attach takes one endpoint (the socket path the host printed)")
     end
-    globals.host = require("wsync.attach").new(args[2])
+    -- Connect first: an endpoint that cannot be reached starts no REPL.
+    globals.host = require("wsync.attach").open(args[2])
     return require("wsync.repl").start({ globals = globals })
   end
   if #args > 1 then
@@ -260,7 +273,7 @@ end
 function commands.runtime(args)
   local options = parse_options(args, {
     tp = "number", backend = "string", devices = "string", ["weights-bytes"] = "number",
-    ["kv-bytes"] = "number",
+    ["kv-bytes"] = "number", timeouts = "string",
   })
   if not options.tp or options.tp < 1 then
     usage_error("wsync runtime needs --tp N (N >= 1)")
@@ -268,6 +281,20 @@ function commands.runtime(args)
   local devices = {}
   for index in (options.devices or ""):gmatch("[^,]+") do
     devices[#devices + 1] = tonumber(index) or usage_error("--devices takes device indices, got '" .. index .. "'")
+  end
+  local timeouts = {}
+  if options.timeouts then
+    local decoded_ok, decoded = pcall(require("cjson").decode, options.timeouts)
+    if not decoded_ok or type(decoded) ~= "table" then
+      usage_error("--timeouts takes a JSON object of seconds by command, got '" .. options.timeouts .. "'")
+    end
+    for key, value in pairs(decoded) do
+      if type(key) ~= "string" or type(value) ~= "number" or value <= 0 then
+        usage_error(string.format("--timeouts: %s = %s is not a positive number of seconds", tostring(key),
+          tostring(value)))
+      end
+      timeouts[key] = value
+    end
   end
   for rank = #devices + 1, options.tp do
     devices[rank] = rank - 1
@@ -282,6 +309,7 @@ function commands.runtime(args)
       devices = devices,
       weights_bytes = options["weights-bytes"] or 1048576,
       kv_bytes = options["kv-bytes"] or 1048576,
+      timeouts = timeouts,
       fault = os.getenv("WSYNC_RUNTIME_FAULT"),
       program = require("luv").exepath(),
     })

@@ -58,6 +58,21 @@ function M.raise(code, message, fields)
   error(M.new(code, message, fields), 0)
 end
 
+--- An error's fields as a plain table for a control message: code,
+--- message, and every other field that is a string, number or boolean.
+---@param err wsync.Error
+---@return table
+function M.fields(err)
+  local fields = {}
+  for key, value in pairs(err) do
+    local kind = type(value)
+    if kind == "string" or kind == "number" or kind == "boolean" then
+      fields[key] = value
+    end
+  end
+  return fields
+end
+
 --- True when `value` is a wsync error object.
 function M.is(value)
   return getmetatable(value) == Error

@@ -133,6 +133,9 @@ function M.spawn(fn, on_done, ...)
       results[2] = M.annotate(co, results[2])
     end
     if coroutine.status(co) == "dead" then
+      -- LuaJIT's weak tables are not ephemerons: `step` refers to `co`, so
+      -- the entry would keep its own key alive forever. Dead: forget it.
+      steps[co], resume_hooks[co] = nil, nil
       if on_done then
         on_done(unpack(results, 1, results.n))
       elseif not results[1] then

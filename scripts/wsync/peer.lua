@@ -5,11 +5,19 @@
 --- end has at most one request of its own in flight and answers the other's
 --- in a coroutine, one at a time. Any protocol violation, EOF or bad frame
 --- ends the connection: the request in flight fails with the cause and
---- `on_close(reason)` runs once.
+--- `on_close(reason, violation)` runs once (`violation`: the other end broke
+--- the protocol: a bad frame, a malformed message, a second request).
+---
+--- `schemas` (wsync.messages) gives the shape of every request payload this
+--- end answers and of every result it waits for: a request whose payload does
+--- not fit is answered with a BAD_MESSAGE error naming the field (then
+--- `on_bad_request(cmd, reason)` decides what else happens), a result that
+--- does not fit fails its request with BAD_MESSAGE.
 local channel_module = require("wsync.channel")
 local errors = require("wsync.errors")
 local inflight_module = require("wsync.inflight")
 local loop = require("wsync.loop")
+local messages = require("wsync.messages")
 local protocol = require("wsync.protocol")
 
 local M = {}
@@ -23,13 +31,17 @@ Peer.__index = Peer
 
 --- Wraps an open stream.
 ---@param stream userdata
----@param options {name: string, handlers: table<string, fun(payload: table, request: table): table>?, limit: integer?, on_close: fun(reason: string)?}
+---@param options {name: string, handlers: table<string, fun(payload: table, request: table): table>?, limit: integer?, on_close: fun(reason: string, violation: boolean)?, schemas: {requests: table, results: table}?, on_bad_request: fun(cmd: string, reason: string)?}
 ---@return wsync.Peer
 function M.new(stream, options)
+  local schemas = options.schemas or {}
   local self = setmetatable({
     name = options.name,
     handlers = options.handlers or {},
     on_close = options.on_close,
+    on_bad_request = options.on_bad_request,
+    request_schemas = schemas.requests or {},
+    result_schemas = schemas.results or {},
     closed = false,
     busy = false,
   }, Peer)
@@ -39,19 +51,24 @@ function M.new(stream, options)
       self:_on_message(message)
     end,
     on_close = function(reason)
-      self:_end(reason == "EOF" and (self.name .. " closed the connection") or reason)
+      if reason == "EOF" then
+        self:_end(self.name .. " closed the connection")
+      else
+        self:_end(reason, not reason:match("^read error"))
+      end
     end,
   })
   self.inflight = inflight_module.new(self.channel)
   return self
 end
 
-function Peer:_end(reason)
+function Peer:_end(reason, violation)
   if self.closed then
     return
   end
   self.closed = true
   self.cause = reason
+  self.violation = violation == true
   self.channel:close()
   local pending = self.inflight.pending
   self.inflight:close()
@@ -60,7 +77,7 @@ function Peer:_end(reason)
       { phase = pending.cmd }))
   end
   if self.on_close then
-    self.on_close(reason)
+    self.on_close(reason, self.violation)
   end
 end
 
@@ -68,10 +85,15 @@ function Peer:_on_message(message)
   if message.ok ~= nil then
     local pending, reason = self.inflight:take(message)
     if not pending then
-      return self:_end(reason)
+      return self:_end(reason, true)
     end
     if message.ok then
-      return pending.resume(true, message.result)
+      local result, bad = messages.check(self.result_schemas, pending.cmd, message.result)
+      if bad then
+        return pending.resume(false, errors.new("BAD_MESSAGE", string.format("%s answered %s", self.name, bad),
+          { phase = pending.cmd }))
+      end
+      return pending.resume(true, result)
     end
     local remote = message.error
     local fields = { remote = true }
@@ -85,15 +107,23 @@ function Peer:_on_message(message)
   local ok, reason, code = protocol.check_request(message)
   if not ok then
     self.channel:send(protocol.failure({ id = tonumber(message.id) or 0, cmd = tostring(message.cmd) }, code, reason))
-    return self:_end(reason)
+    return self:_end(reason, true)
   end
   if self.busy then
-    return self:_end(self.name .. " sent a second request while one was being answered")
+    return self:_end(self.name .. " sent a second request while one was being answered", true)
   end
   local handler = self.handlers[message.cmd]
   if not handler then
     self.channel:send(protocol.failure(message, "UNKNOWN_COMMAND",
       string.format("no handler for '%s' on this side of %s", message.cmd, self.name)))
+    return
+  end
+  local payload, bad = messages.check(self.request_schemas, message.cmd, message.payload or {})
+  if bad then
+    self.channel:send(protocol.failure(message, "BAD_MESSAGE", bad))
+    if self.on_bad_request then
+      self.on_bad_request(message.cmd, bad)
+    end
     return
   end
   self.busy = true
@@ -106,18 +136,14 @@ function Peer:_on_message(message)
       self.channel:send(protocol.success(message, value))
       return
     end
-    local fields = {}
     if errors.is(value) then
-      for key, field in pairs(value) do
-        if key ~= "code" and key ~= "message" and type(field) ~= "table" and type(field) ~= "function" then
-          fields[key] = field
-        end
-      end
+      local fields = errors.fields(value)
+      fields.code, fields.message = nil, nil
       self.channel:send(protocol.failure(message, value.code, value.message, fields))
     else
       self.channel:send(protocol.failure(message, "INTERNAL", tostring(value)))
     end
-  end, message.payload or {}, message)
+  end, payload, message)
 end
 
 --- Sends a request and waits for its answer (inside a spawned coroutine).

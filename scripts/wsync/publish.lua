@@ -592,7 +592,7 @@ end
 function M.poison(session, cause)
   session.poisoned = cause
   if session.runtime and session.runtime.state ~= "CLOSED" then
-    session.runtime:_break("poisoned: " .. (errors.is(cause) and cause.message or tostring(cause)))
+    session.runtime:destroy("poisoned: " .. (errors.is(cause) and cause.message or tostring(cause)))
     session.runtime:wait_dead()
   end
   session.runtime_initialized = false

@@ -10,15 +10,32 @@ local schema = require("wsync.schema")
 
 local M = {}
 
-local positive_integer = schema.number({ integer = true, min = 1 })
-local byte_count = schema.number({ integer = true, min = 0 })
-local seconds = schema.number({ min = 0.001 })
+--- The largest integer a recipe may give for a count or a byte size: larger
+--- ones are not exact in a Lua number (and print as -9223372036854775808 once
+--- converted to an int64).
+M.MAX_INTEGER = 2 ^ 53
+local MAX_INTEGER_WHY = "2^53, the largest integer a Lua number holds exactly"
+--- Trainer ranks (and as many TP workers) on the cuda backend: they share
+--- one node's GPUs. A static bound: check does not query the GPU; the
+--- publication's preflight matches every rank to its device. On the host
+--- backend the bound is its device count.
+M.MAX_RANKS = 1024
+--- The longest timeout a recipe may give, in seconds: a week.
+M.MAX_SECONDS = 7 * 24 * 3600
+
+local function integer(min, default)
+  return schema.number({ integer = true, min = min, max = M.MAX_INTEGER, max_why = MAX_INTEGER_WHY,
+    default = default })
+end
+local rank_count = integer(1)
+local byte_count = integer(0)
+local seconds = schema.number({ min = 0.001, max = M.MAX_SECONDS, max_why = "a week" })
 
 --- Per-command timeouts in seconds (runtime commands and agent commands).
 M.TIMEOUT_KEYS = {
   "startup", "info", "sleep", "wake", "shutdown", "checksum", "generate", "init", "start", "fill", "verify",
   "default", "init_weights", "start_update", "load_chunk", "finish_update", "resident_checksums", "callback",
-  "publish", "release",
+  "publish", "release", "train_step",
 }
 
 local timeout_fields = {}
@@ -51,31 +68,35 @@ M.schema = schema.record({
     trainer = schema.record({
       fields = {
         kind = schema.enum({ "synthetic", "external", default = "synthetic" }),
-        ranks = positive_integer,
-        steps = schema.number({ integer = true, min = 1, default = 1 }),
+        ranks = rank_count,
+        steps = integer(1, 1),
       },
     }),
     runtime = schema.record({
       fields = {
         kind = schema.enum({ "reference", "transformers", "vllm", default = "reference" }),
-        tp = positive_integer,
+        tp = rank_count,
         respawn = schema.boolean({ default = false }),
-        grace_ms = schema.number({ integer = true, min = 0 }),
+        grace_ms = schema.number({ integer = true, min = 0, max = M.MAX_SECONDS * 1000, max_why = "a week" }),
       },
     }),
     buffers = schema.record({
       fields = {
-        bytes = schema.number({ integer = true, min = 1, required = true }),
+        bytes = schema.number({ integer = true, min = 1, max = M.MAX_INTEGER, max_why = MAX_INTEGER_WHY,
+          required = true }),
         count = schema.number({ integer = true, min = 1, max = 8, default = 2 }),
       },
     }),
     memory = schema.record({
       fields = {
         device_bytes = byte_count,
-        optimizer_factor = schema.number({ min = 0, default = 6 }),
+        -- Bytes of optimizer state per byte of parameters: FP32 master
+        -- weights and two Adam moments make 6 for BF16 parameters.
+        optimizer_factor = schema.number({ min = 0, max = 64, max_why = "64 times the parameters' bytes",
+          default = 6 }),
         gradients = schema.boolean({ default = true }),
-        kv_bytes = schema.number({ integer = true, min = 0, default = 0 }),
-        headroom_bytes = schema.number({ integer = true, min = 0, default = 0 }),
+        kv_bytes = integer(0, 0),
+        headroom_bytes = integer(0, 0),
       },
       default = {},
     }),
@@ -96,6 +117,21 @@ M.schema = schema.record({
       end
       if recipe.runtime.tp == nil then
         return false, "is required", "runtime.tp"
+      end
+      local ranks = recipe.trainer.ranks
+      local host_devices = recipe.backend == "host" and require("wsync.device").count("host")
+      if host_devices and ranks > host_devices then
+        return false, string.format("%d trainer ranks: the host backend has %d devices, one per trainer rank and its "
+          .. "TP worker", ranks, host_devices), "trainer.ranks"
+      elseif ranks > M.MAX_RANKS then
+        return false, string.format("%d trainer ranks: at most %d on one node (its devices hold every rank and its TP "
+          .. "worker)", ranks, M.MAX_RANKS), "trainer.ranks"
+      end
+      -- The publication's preflight refuses any other topology (trainer
+      -- rank r and TP worker r share rank r's device).
+      if recipe.runtime.tp ~= recipe.trainer.ranks then
+        return false, string.format("TP %d differs from the %d trainer ranks: TP worker r runs on trainer rank r's "
+          .. "device, so runtime.tp must equal trainer.ranks", recipe.runtime.tp, recipe.trainer.ranks), "runtime.tp"
       end
     end
     return true
@@ -404,23 +440,228 @@ function M.load(path)
   return recipe
 end
 
---- Builds the plan and checks the memory schedule of a recipe with a model.
---- Failures become RECIPE_INVALID naming the file, the line and the field.
+-- Raises RECIPE_INVALID for `field` of a loaded recipe, at its line; a
+-- field inherited through `extends` at the extends line, naming the base.
+local function refuse(recipe, field, message)
+  local line, inherited = M.field_location(recipe, field)
+  local origin = inherited and string.format(" (%s is inherited from %s)", field, inherited) or ""
+  invalid(recipe.path, message .. origin, { line = line, field = field })
+end
+
+--- Builds the plan and checks the memory schedule of a recipe with a model,
+--- and (unless `options.plan_only`) that this build and this machine can
+--- serve it (wsync.session.prepare). Failures become RECIPE_INVALID naming
+--- the file, the line and the field.
 ---@param recipe table  validated, with `path`
+---@param options {plan_only: boolean?}?
 ---@return wsync.Plan plan, table topology, table memory_report
-function M.check_plan(recipe)
-  local ok, plan, topology, memory = pcall(require("wsync.session").prepare, recipe)
+function M.check_plan(recipe, options)
+  local ok, plan, topology, memory = pcall(require("wsync.session").prepare, recipe, options)
   if ok then
     return plan, topology, memory
   end
   local err = plan
   if errors.is(err) and err.code ~= "RECIPE_INVALID" then
-    local field = err.field or (err.code == "SCHEDULE_INVALID" and "schedule") or "model"
-    local line, inherited = M.field_location(recipe, field)
-    local origin = inherited and string.format(" (%s is inherited from %s)", field, inherited) or ""
-    invalid(recipe.path, err.message .. origin, { line = line, field = field })
+    refuse(recipe, err.field or (err.code == "SCHEDULE_INVALID" and "schedule") or "model", err.message)
   end
   error(err, 0)
+end
+
+--- Refuses what `wsync run` would refuse before it starts anything, for
+--- `wsync check` and `wsync run` alike: a recipe with nothing to run, and for
+--- a model recipe what M.check_plan refuses. Raises RECIPE_INVALID naming
+--- file:line and the field; returns a model recipe's plan, topology and
+--- memory report.
+---@param recipe table  validated, with `path`
+---@param options {plan_only: boolean?}?
+---@return wsync.Plan? plan, table? topology, table? memory_report
+function M.check(recipe, options)
+  if recipe.model then
+    return M.check_plan(recipe, options)
+  end
+  if not recipe.run then
+    invalid(recipe.path, "the recipe has nothing to run: it defines neither `run` nor `model`",
+      { line = M.field_line(recipe.path, "") })
+  end
+  return nil
+end
+
+--- The rollout runtimes this build has: the backends each one's TP workers
+--- hold weights on, and whether it generates. A runtime added to the build
+--- is added here (and to wsync.runtime.spawn): `check` and `run` refuse any
+--- other, and what a runtime cannot do.
+M.RUNTIMES = {
+  reference = { backends = { host = true }, generates = false },
+}
+
+--- Why this build cannot serve a model recipe: its runtime kind, that
+--- runtime on its backend, or a schedule step the runtime cannot run. The
+--- message and the field; nil when it can.
+---@param recipe table  validated, with a model
+---@return string? message, string? field
+function M.unserved(recipe)
+  local kind, backend = recipe.runtime.kind, recipe.backend
+  local runtime = M.RUNTIMES[kind]
+  local function sorted_keys(map)
+    local keys = {}
+    for key in pairs(map) do
+      keys[#keys + 1] = key
+    end
+    table.sort(keys)
+    return keys
+  end
+  if not runtime then
+    local has = {}
+    for _, name in ipairs(sorted_keys(M.RUNTIMES)) do
+      has[#has + 1] = string.format("%s, on the %s backend", name,
+        table.concat(sorted_keys(M.RUNTIMES[name].backends), " and "))
+    end
+    return string.format("runtime.kind '%s' is not in this build (this build has: %s)", kind,
+      table.concat(has, "; ")), "runtime.kind"
+  end
+  if not runtime.backends[backend] then
+    return string.format("backend '%s': this build's %s runtime holds weights on the %s backend only", backend, kind,
+      table.concat(sorted_keys(runtime.backends), " and ")), "backend"
+  end
+  for index, step in ipairs(recipe.schedule or {}) do
+    if step == "generate" and not runtime.generates then
+      return string.format("schedule[%d] (generate): the %s runtime does not generate text", index, kind),
+        string.format("schedule[%d]", index)
+    end
+  end
+  return nil
+end
+
+local function read_file(path)
+  local file = io.open(path, "r")
+  if not file then
+    return nil
+  end
+  local text = file:read("*a")
+  file:close()
+  return text
+end
+
+-- The soft limit called `name` ("Max open files") in /proc/self/limits (luv
+-- 1.44 has no getrlimit); nil when it is unlimited or cannot be read.
+local function soft_limit(name)
+  return tonumber((read_file("/proc/self/limits") or ""):match("\n" .. name .. "%s+(%S+)"))
+end
+
+-- True when this process's forks are not held to RLIMIT_NPROC (Linux exempts
+-- real uid 0 and CAP_SYS_ADMIN or CAP_SYS_RESOURCE in effect).
+local function exempt_from_process_limit()
+  local status = read_file("/proc/self/status") or ""
+  if status:match("\nUid:%s+(%d+)") == "0" then
+    return true
+  end
+  local effective = tonumber((status:match("\nCapEff:%s+(%x+)") or ""):sub(-8), 16)
+  return effective ~= nil and require("bit").band(effective, 2 ^ 21 + 2 ^ 24) ~= 0
+end
+
+-- Files this process has open now.
+local function open_files()
+  local uv = require("luv")
+  local scanner = uv.fs_scandir("/proc/self/fd")
+  local count = 0
+  while scanner and uv.fs_scandir_next(scanner) do
+    count = count + 1
+  end
+  return math.max(count - 1, 0) -- not the directory being read
+end
+
+--- Files the host process opens for a run besides one per trainer rank and
+--- TP worker: the control endpoint, the runtime's channel, the loop's handles
+--- (measured with the demo at 1, 2 and 4 ranks: it runs under `ulimit -n`
+--- of the files open before it + 5 + ranks, and fails under one less).
+M.FILES_OF_A_RUN = 5
+
+--- Refuses, before the plan is built, a model recipe that this build or
+--- this machine cannot run: a runtime kind or backend this build does not
+--- serve (M.RUNTIMES); more processes than RLIMIT_NPROC or open files than
+--- RLIMIT_NOFILE allow (the schema bounds the ranks by the devices). Reads
+--- limits only: allocates and starts nothing.
+---@param recipe table  validated, with a model and `path`
+function M.check_serve(recipe)
+  local message, field = M.unserved(recipe)
+  if message then
+    refuse(recipe, field, message)
+  end
+  local world, tp = recipe.trainer.ranks, recipe.runtime.tp
+  local synthetic = recipe.trainer.kind == "synthetic" and world or 0
+  local processes = synthetic + 1 + tp
+  local process_limit = soft_limit("Max processes")
+  if process_limit and processes > process_limit and not exempt_from_process_limit() then
+    refuse(recipe, "trainer.ranks", string.format("the run starts %d processes (%d synthetic trainer ranks, the "
+      .. "runtime's main process, %d TP workers); RLIMIT_NPROC (ulimit -u) allows this user %d", processes,
+      synthetic, tp, process_limit))
+  end
+  local file_limit = soft_limit("Max open files")
+  local open = open_files()
+  local files = open + M.FILES_OF_A_RUN + math.max(world, tp)
+  if file_limit and files > file_limit then
+    refuse(recipe, "trainer.ranks", string.format("the host process needs at least %d open files for %d trainer ranks "
+      .. "(%d open now, one per rank, %d for the endpoint, the runtime and the loop); RLIMIT_NOFILE (ulimit -n) "
+      .. "allows %d", files, world, open, M.FILES_OF_A_RUN, file_limit))
+  end
+end
+
+-- This machine's memory: physical, or the cgroup's limit when lower.
+local function machine_memory()
+  local uv = require("luv")
+  local total = uv.get_total_memory()
+  local constrained = uv.get_constrained_memory and uv.get_constrained_memory() or 0
+  if constrained > 0 and constrained < total then
+    return constrained, "the cgroup's memory limit"
+  end
+  return total, "physical memory"
+end
+
+--- Refuses a host-backend recipe whose run would hold more than this machine
+--- has: the packed buffers (every rank's, in /dev/shm) beyond the free space
+--- of /dev/shm, or the buffers, the trainer shards, the TP workers' resident
+--- weights and KV arenas beyond its memory. Budgets and reserves
+--- (memory.device_bytes, memory.headroom_bytes) are left to the schedule and
+--- to the publication's preflight, which asks every device for its free
+--- memory. A cuda recipe's device bytes are the devices': check does not
+--- query the GPU, the preflight does.
+---@param recipe table  validated, with a model and `path`
+---@param plan wsync.Plan
+---@param topology {world: integer, tp: integer}
+---@param report table  wsync.schedule.check's report (its `sizes`)
+function M.check_machine(recipe, plan, topology, report)
+  if recipe.backend ~= "host" then
+    return
+  end
+  local uv = require("luv")
+  local format_bytes = require("wsync.plan").format_bytes
+  local sizes, world, tp = report.sizes, topology.world, topology.tp
+  local buffers = world * sizes.buffers
+  local shm = uv.fs_statfs and uv.fs_statfs("/dev/shm")
+  if shm and buffers > shm.bavail * shm.bsize then
+    local free = shm.bavail * shm.bsize
+    refuse(recipe, "buffers.bytes", string.format("the packed buffers take %d bytes (%s) of /dev/shm (%d trainer "
+      .. "ranks x %d buffers x %d bytes); it has %d bytes (%s) free", buffers, format_bytes(buffers), world,
+      plan.buffer_count, plan.buffer_bytes, free, format_bytes(free)))
+  end
+  local parts = {
+    { field = "buffers.bytes", what = "packed buffers", bytes = buffers },
+    { field = "model", what = "trainer shards", bytes = plan.bytes },
+    { field = "model", what = string.format("resident weights of %d TP workers", tp), bytes = tp * sizes.rollout },
+    { field = "memory.kv_bytes", what = string.format("KV arenas of %d TP workers", tp), bytes = tp * sizes.kv_cache },
+  }
+  local total, largest, listed = 0, parts[1], {}
+  for _, part in ipairs(parts) do
+    total = total + part.bytes
+    largest = part.bytes > largest.bytes and part or largest
+    listed[#listed + 1] = string.format("%s %d", part.what, part.bytes)
+  end
+  local memory, what = machine_memory()
+  if total > memory then
+    refuse(recipe, largest.field, string.format("on the host backend every device is this machine's memory: the run "
+      .. "holds %d bytes (%s: %s); the machine has %d bytes (%s, %s)", total, format_bytes(total),
+      table.concat(listed, ", "), memory, format_bytes(memory), what))
+  end
 end
 
 --- Parses `key=value` command-line words into a table of strings; raises a

@@ -24,6 +24,14 @@ local function describe(value)
   return type(value) == "table" and "a table" or tostring(value)
 end
 
+-- A bound as written in a message: an integer in full (2^53 reads
+-- 9007199254740992, not 9.007199254741e+15), with its reason when it has one.
+local function describe_bound(bound, why)
+  local text = (bound == math.floor(bound) and math.abs(bound) < 2 ^ 63) and string.format("%d", bound)
+    or tostring(bound)
+  return why and (text .. " (" .. why .. ")") or text
+end
+
 local function fail(path, message, ...)
   error({ path = path, message = message:format(...) }, 0)
 end
@@ -51,10 +59,10 @@ function validators.number(spec, value, path)
     fail(path, "expected an integer, got %s", describe(value))
   end
   if spec.min and value < spec.min then
-    fail(path, "must be at least %s, got %s", spec.min, describe(value))
+    fail(path, "must be at least %s, got %s", describe_bound(spec.min), describe(value))
   end
   if spec.max and value > spec.max then
-    fail(path, "must be at most %s, got %s", spec.max, describe(value))
+    fail(path, "must be at most %s, got %s", describe_bound(spec.max, spec.max_why), describe(value))
   end
   return value
 end
@@ -112,6 +120,9 @@ function validators.list(spec, value, path)
   end
   if spec.min_length and count < spec.min_length then
     fail(path, "needs at least %d entries, has %d", spec.min_length, count)
+  end
+  if spec.max_length and count > spec.max_length then
+    fail(path, "takes at most %d entries, has %d", spec.max_length, count)
   end
   local result = {}
   for i = 1, count do
@@ -194,6 +205,8 @@ local function constructor(kind)
 end
 
 M.string = constructor("string")
+--- `schema.number{integer = true, min = 1, max = 8, max_why = "..."}`:
+--- `max_why` says in the refusal why the bound is there.
 M.number = constructor("number")
 M.boolean = constructor("boolean")
 M.func = constructor("function")

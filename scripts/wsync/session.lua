@@ -8,6 +8,7 @@ local uv = require("luv")
 local endpoint_module = require("wsync.endpoint")
 local errors = require("wsync.errors")
 local loop = require("wsync.loop")
+local messages = require("wsync.messages")
 local plan_module = require("wsync.plan")
 local publish = require("wsync.publish")
 local runtime_module = require("wsync.runtime")
@@ -20,8 +21,14 @@ local M = {}
 
 local format_bytes = plan_module.format_bytes
 
+-- Seconds. Agent commands (init, start, fill, verify, callback), the wait
+-- for every rank to register (startup), for every rank to call publish once
+-- the first did (publish), for the first call of the next publication after
+-- an answer (train_step: the trainers' step between two publications), and
+-- for the ranks to leave once the session's work is done (shutdown).
 local DEFAULT_TIMEOUTS = {
-  startup = 60, init = 120, start = 60, fill = 120, verify = 60, callback = 120,
+  startup = 60, init = 120, start = 60, fill = 120, verify = 60, callback = 120, publish = 300,
+  train_step = 3600, shutdown = 10,
 }
 
 local function say(format, ...)
@@ -41,14 +48,25 @@ end
 
 --- Builds what `wsync check` shows and `run` needs: the plan and the schedule
 --- report (then the normalized bootstrap and schedule steps). Raises with the
---- recipe's field named.
+--- recipe's field named. Unless `options.plan_only`, refuses first what this
+--- build or this machine cannot serve (RECIPE_INVALID, wsync.recipe
+--- check_serve and check_machine), so that nothing starts for it.
 ---@param recipe table  validated recipe with a model
-function M.prepare(recipe)
+---@param options {plan_only: boolean?}?
+function M.prepare(recipe, options)
+  local serve = not (options and options.plan_only)
+  local recipe_module = require("wsync.recipe")
+  if serve then
+    recipe_module.check_serve(recipe)
+  end
   local model = recipe.model
   local plan = plan_module.build({ family = model.family, config = model.preset or model.config }, recipe.buffers)
   local topology = { world = recipe.trainer.ranks, tp = recipe.runtime.tp }
   plan_module.family(plan.family).check_tp(plan.config, topology.tp)
   local memory_report, bootstrap, steps = check_schedule(recipe, plan, topology, M.known_callbacks(recipe))
+  if serve then
+    recipe_module.check_machine(recipe, plan, topology, memory_report)
+  end
   return plan, topology, memory_report, bootstrap, steps
 end
 
@@ -68,6 +86,14 @@ function M.known_callbacks(recipe)
   return names
 end
 
+local function changed(session)
+  local waiters = session.waiters
+  session.waiters = {}
+  for _, resume in ipairs(waiters) do
+    resume()
+  end
+end
+
 -- Waits until `predicate()` holds, re-checked whenever session:changed() runs.
 local function wait_until(session, predicate)
   while not predicate() do
@@ -77,13 +103,22 @@ local function wait_until(session, predicate)
   end
 end
 
-local function changed(session)
-  local waiters = session.waiters
-  session.waiters = {}
-  for _, resume in ipairs(waiters) do
-    resume()
-  end
+-- Waits until `predicate()` holds or `seconds` have passed; returns whether
+-- it holds.
+local function wait_for(session, seconds, predicate)
+  local expired = false
+  local timer = uv.new_timer()
+  timer:start(math.floor(seconds * 1000), 0, function()
+    expired = true
+    changed(session)
+  end)
+  wait_until(session, function()
+    return expired or predicate()
+  end)
+  timer:close()
+  return predicate()
 end
+
 
 local function count(table_value)
   local n = 0
@@ -104,29 +139,91 @@ local function rank_of(session, peer)
   return nil
 end
 
--- The requests agents send to the host.
+-- True once the session has served every publication its recipe asks for
+-- (trainer.steps rounds, failed ones counted): from then on ranks may leave.
+local function steps_done(session)
+  return session.rounds >= session.recipe.trainer.steps
+end
+
+-- Stops the session with `err`: nothing more is published, its verdict
+-- fails (the first failure is the one reported); wakes every wait.
+local function fail_session(session, err)
+  session.failure = session.failure or err
+  session.stopped = session.stopped or err
+  changed(session)
+end
+
+-- A registered rank is gone: its connection ended (the rank exited or was
+-- killed, a command to it timed out, it broke the protocol). Before the
+-- session's last step that fails the session, naming the rank and the phase;
+-- during a publication round the round's own failure is the session's (the
+-- round cannot finish without the rank, and every rank hears that error).
+local function lose(session, rank, reason)
+  if session.lost[rank] then
+    return
+  end
+  -- (`before_stop`: lost while the session still ran, so not a rank that
+  -- heard the session's failure and went; it may be stopped, or hung.)
+  session.lost[rank] = { reason = reason, phase = session.phase, before_stop = session.stopped == nil }
+  if not steps_done(session) and not session.in_round then
+    fail_session(session, errors.new("TRAINER_LOST", string.format("trainer rank %d was lost during %s: %s", rank,
+      session.phase, reason), { phase = session.phase, rank = rank }))
+  end
+  changed(session)
+end
+
+-- The lowest rank lost before the session's last step, as an error; nil
+-- when none was.
+local function lost_error(session)
+  local rank = nil
+  for lost_rank in pairs(session.lost) do
+    rank = math.min(rank or lost_rank, lost_rank)
+  end
+  if rank == nil or steps_done(session) then
+    return nil
+  end
+  local lost = session.lost[rank]
+  return errors.new("TRAINER_LOST", string.format("trainer rank %d was lost during %s: %s", rank, lost.phase,
+    lost.reason), { phase = lost.phase, rank = rank })
+end
+
+-- The requests agents send to the host (their payloads are checked against
+-- wsync.messages before a handler runs).
 local function agent_handlers(session, peer)
   return {
     register = function(payload)
       local rank = payload.rank
-      if type(rank) ~= "number" or rank < 0 or rank >= session.topology.world then
-        errors.raise("REGISTER", string.format("rank %s outside the recipe's %d trainer ranks", tostring(rank),
+      if rank >= session.topology.world then
+        errors.raise("REGISTER", string.format("rank %d outside the recipe's %d trainer ranks", rank,
           session.topology.world))
       end
       if payload.world ~= session.topology.world then
-        errors.raise("REGISTER", string.format("rank %d says world %s; the recipe says %d", rank,
-          tostring(payload.world), session.topology.world), { rank = rank })
+        errors.raise("REGISTER", string.format("rank %d says world %d; the recipe says %d", rank, payload.world,
+          session.topology.world), { rank = rank })
       end
-      if session.registered[rank] then
-        errors.raise("REGISTER", string.format("rank %d registered twice", rank), { rank = rank })
+      local earlier = session.registered[rank]
+      if earlier then
+        -- (A rank that was lost has failed the session already, unless its
+        -- steps were done: a session never takes a rank back.)
+        errors.raise("REGISTER", string.format("rank %d registered twice (pid %s, then pid %s)%s", rank,
+          tostring(earlier.info.pid), tostring(payload.pid), session.lost[rank]
+          and string.format("; its first connection was lost (%s) and a session does not take a rank back",
+            session.lost[rank].reason) or ""), { rank = rank })
+      end
+      if session.stopped then
+        error(session.stopped, 0)
       end
       session.registered[rank] = { info = payload, peer = peer }
+      if session.recipe.trainer.kind ~= "synthetic" then
+        say("trainer rank %d registered (pid %d, device %s): %d of %d", rank, payload.pid, payload.device.uuid,
+          count(session.registered), session.topology.world)
+      end
       changed(session)
       wait_until(session, function()
-        return session.ready or session.failure ~= nil
+        return session.ready or session.stopped ~= nil
       end)
-      if session.failure then
-        error(session.failure, 0)
+      if session.stopped then
+        error(session.stopped, 0)
       end
       return { plan = plan_module.summary(session.plan), model_version = session.version }
     end,
@@ -138,6 +235,13 @@ local function agent_handlers(session, peer)
       local rank = rank_of(session, peer)
       if rank == nil then
         errors.raise("NOT_REGISTERED", "publish from a connection that did not register a trainer rank")
+      end
+      if session.stopped then
+        error(session.stopped, 0)
+      end
+      if steps_done(session) then
+        errors.raise("STEPS_DONE", string.format("rank %d called publish after the session's %d steps "
+          .. "(trainer.steps in the recipe)", rank, session.recipe.trainer.steps), { rank = rank, phase = "publish" })
       end
       if session.publishing[rank] then
         errors.raise("PUBLISH_TWICE", string.format("rank %d called publish again before its answer", rank),
@@ -153,6 +257,40 @@ local function agent_handlers(session, peer)
         error(waiter.error, 0)
       end
       return waiter.result
+    end,
+  }
+end
+
+-- The endpoint's view of the session: handlers, message shapes, and what a
+-- malformed message or a lost connection does.
+local function endpoint_options(session)
+  return {
+    handlers_for = function(peer)
+      return agent_handlers(session, peer)
+    end,
+    schemas = { requests = messages.to_host, results = messages.from_agent },
+    on_bad_request = function(peer, _, reason)
+      local rank = rank_of(session, peer)
+      if rank == nil then
+        -- Not a trainer rank of this session: it goes, the session goes on.
+        say("dropped the connection of %s: malformed request: %s", peer.name, reason)
+      else
+        fail_session(session, errors.new("BAD_MESSAGE", string.format("trainer rank %d (%s) sent a malformed "
+          .. "request: %s", rank, peer.name, reason), { rank = rank, phase = session.phase }))
+      end
+      peer:close("malformed request: " .. reason)
+    end,
+    on_lost = function(peer, reason, violation)
+      -- A trainer rank leaving matters; an attached viewer may come and go.
+      local rank = rank_of(session, peer)
+      if rank then
+        lose(session, rank, reason)
+      elseif violation then
+        say("dropped the connection of %s: %s", peer.name, reason)
+      end
+    end,
+    on_refused = function(reason)
+      say("%s", reason)
     end,
   }
 end
@@ -244,8 +382,9 @@ function M.open(recipe, options)
   end
   local session = setmetatable({
     recipe = recipe, plan = plan, topology = topology, timeouts = timeouts, version = 0, phase = "opening",
-    registered = {}, publishing = {}, reports = {}, waiters = {}, trainers = {}, trainer_handles = {}, trainer_pids = {},
-    lost = {}, headroom_bytes = recipe.memory.headroom_bytes, memory_report = memory_report,
+    registered = {}, publishing = {}, reports = {}, published = 0, rounds = 0, waiters = {}, trainers = {},
+    trainer_handles = {}, trainer_pids = {}, lost = {}, headroom_bytes = recipe.memory.headroom_bytes,
+    memory_report = memory_report,
     trainer_resident = { actor = true, optimizer = true },
   }, Session)
   M.open_sessions[session] = true
@@ -260,22 +399,7 @@ function M.open(recipe, options)
     memory_report.peak_step)
 
   local ok, err = pcall(function()
-    session.endpoint = endpoint_module.listen({
-      handlers_for = function(peer)
-        return agent_handlers(session, peer)
-      end,
-      on_lost = function(peer, reason)
-        -- Only a trainer rank leaving matters; an attached viewer may come and go.
-        local rank = rank_of(session, peer)
-        if rank then
-          session.lost[rank] = reason
-          changed(session)
-        end
-      end,
-      on_refused = function(reason)
-        say("%s", reason)
-      end,
-    })
+    session.endpoint = endpoint_module.listen(endpoint_options(session))
     say("control endpoint %s", session.endpoint.path)
     if recipe.trainer.kind == "synthetic" then
       spawn_trainers(session)
@@ -283,17 +407,16 @@ function M.open(recipe, options)
       say("waiting for %d external trainer ranks on %s", topology.world, session.endpoint.path)
     end
 
-    -- Every rank registers (a dead trainer ends the wait).
+    -- Every rank registers (a dead trainer, a lost rank or a failure ends
+    -- the wait).
     session.phase = "registration"
-    local deadline = uv.now() + timeouts.startup * 1000
-    local timer = uv.new_timer()
-    timer:start(timeouts.startup * 1000, 0, function()
-      changed(session)
+    wait_for(session, timeouts.startup, function()
+      return count(session.registered) == topology.world or count(session.trainers) > 0
+        or session.stopped ~= nil
     end)
-    wait_until(session, function()
-      return count(session.registered) == topology.world or count(session.trainers) > 0 or uv.now() >= deadline
-    end)
-    timer:close()
+    if session.stopped then
+      error(session.stopped, 0)
+    end
     if count(session.registered) ~= topology.world then
       errors.raise("STARTUP", string.format("%d of %d trainer ranks registered within %g s%s",
         count(session.registered), topology.world, timeouts.startup,
@@ -329,40 +452,82 @@ function M.open(recipe, options)
     if #session.bootstrap > 0 then
       say("bootstrap done: rollout weights %s", session.runtime:info().state.weights)
     end
+    if session.stopped then -- a rank lost, or a malformed message, meanwhile
+      error(session.stopped, 0)
+    end
     session.ready = true
     session.phase = "ready"
     changed(session)
   end)
   if not ok then
-    session.failure = err
-    changed(session)
+    fail_session(session, err)
     M.close(session)
-    error(err, 0)
+    error(session.failure, 0)
   end
   return session
 end
 
---- Waits until every rank called publish (true) or a trainer left (false).
---- Ranks already waiting in publish when another left get its error: a
---- publication needs every rank.
+--- Waits until every rank called publish (true), or the session cannot go
+--- on (false): its steps are done, it failed (a rank was lost, a malformed
+--- message), or the ranks did not call publish in time: within
+--- `timeouts.train_step` of the last answer no rank called it, or within
+--- `timeouts.publish` of the first rank's call not every rank did. Ranks
+--- already waiting in publish get the failure: a publication needs every
+--- rank.
 function Session:wait_publish()
   self.phase = "waiting for publish"
+  if steps_done(self) or self.stopped then
+    return false
+  end
+  local world, timeouts = self.topology.world, self.timeouts
+  local started, first_call = uv.now(), nil
+  local expired = nil
+  local timer = uv.new_timer()
+  local function arm(seconds)
+    timer:stop()
+    timer:start(math.floor(seconds * 1000), 0, function()
+      changed(self)
+    end)
+  end
+  arm(timeouts.train_step)
   wait_until(self, function()
-    return count(self.publishing) == self.topology.world or count(self.lost) > 0
+    if count(self.publishing) == world or self.stopped or lost_error(self) then
+      return true
+    end
+    local now = uv.now()
+    if next(self.publishing) and not first_call then
+      first_call = now
+      arm(timeouts.publish)
+    end
+    if first_call and now - first_call >= timeouts.publish * 1000 then
+      expired = "publish"
+    elseif not first_call and now - started >= timeouts.train_step * 1000 then
+      expired = "train_step"
+    end
+    return expired ~= nil
   end)
-  if count(self.publishing) == self.topology.world then
+  timer:close()
+  if count(self.publishing) == world and not self.stopped then
     return true
   end
-  if count(self.publishing) > 0 then
-    local rank = nil
-    for lost_rank in pairs(self.lost) do
-      rank = math.min(rank or lost_rank, lost_rank)
+  local err = self.stopped or lost_error(self)
+  if not err and expired == "publish" then
+    local missing = {}
+    for rank = 0, world - 1 do
+      if not self.publishing[rank] then
+        missing[#missing + 1] = tostring(rank)
+      end
     end
-    local err = errors.new("TRAINER_LOST", string.format("trainer rank %d left (%s) while other ranks waited to "
-      .. "publish", rank, tostring(self.lost[rank])), { phase = "publish", rank = rank })
-    self.failure = self.failure or err
-    self:answer(nil, err)
+    err = errors.new("PUBLISH_TIMEOUT", string.format("trainer rank%s %s did not call publish within %g s of the "
+      .. "first rank's call (timeouts.publish)", #missing > 1 and "s" or "", table.concat(missing, ", "),
+      timeouts.publish), { phase = "publish", rank = tonumber(missing[1]) })
+  elseif not err then
+    err = errors.new("PUBLISH_TIMEOUT", string.format("no trainer rank called publish within %g s of %s "
+      .. "(timeouts.train_step)", timeouts.train_step, self.published > 0 and "the last publication" or
+      "the session's start"), { phase = "training" })
   end
+  fail_session(self, err)
+  self:answer(nil, self.stopped)
   return false
 end
 
@@ -393,6 +558,7 @@ function Session:begin_round()
     say("respawning the runtime after the failed publication")
     spawn_runtime(self)
   end
+  self.in_round = true
   local step = self:publishing_step()
   for index, schedule_step in ipairs(self.steps) do
     if schedule_step.kind == "publish" then
@@ -419,7 +585,7 @@ function Session:end_round(publication)
   end
   say("published %s", describe_publication(report))
   -- Committed: it is in the report even if a later step of the round fails.
-  self.reports[#self.reports + 1] = report
+  self:_record(report)
   for index = self.after_publish, #self.steps do
     run_step(self, self.steps[index])
   end
@@ -428,13 +594,31 @@ function Session:end_round(publication)
   return report
 end
 
---- Answers every rank waiting in publish with `result` or `err`.
+--- How many publication reports a session keeps (the newest): a long run
+--- must not grow with its publication count. `published` counts them all.
+M.KEPT_REPORTS = 32
+
+-- Keeps `report` (dropping the oldest beyond M.KEPT_REPORTS) and counts it.
+function Session:_record(report)
+  self.published = self.published + 1
+  self.reports[#self.reports + 1] = report
+  if #self.reports > M.KEPT_REPORTS then
+    table.remove(self.reports, 1)
+  end
+end
+
+--- Answers every rank waiting in publish with `result` or `err`; the round
+--- in progress, if any, has ended (a step of the session's trainer.steps).
 function Session:answer(result, err)
   for rank = 0, self.topology.world - 1 do
     local waiter = self.publishing[rank]
     if waiter then
       waiter.result, waiter.error, waiter.done = result, err, true
     end
+  end
+  if self.in_round then
+    self.in_round = false
+    self.rounds = self.rounds + 1
   end
   self.publishing = {}
   self.publication = nil
@@ -477,6 +661,9 @@ function Session:round()
       end
     end) or nil
   end
+  if not result.respawn then
+    self.stopped = self.stopped or result
+  end
   self:answer(nil, result)
   return nil, result
 end
@@ -499,7 +686,7 @@ function Session:state()
       workers = self.runtime_info and #self.runtime_info.workers } or nil,
     publication = publication and { phase = publication.phase, model_version = publication.header
       and publication.header.model_version, next_chunk = publication.next_chunk } or nil,
-    publications = #self.reports, poisoned = self.poisoned and tostring(self.poisoned.message or self.poisoned),
+    publications = self.published, poisoned = self.poisoned and tostring(self.poisoned.message or self.poisoned),
   }
 end
 
@@ -571,14 +758,61 @@ function M.abort(session, signal_name)
   end
 end
 
---- Closes everything the session started: runtime, endpoint, trainer processes.
+--- Ends the session's work: ranks waiting in publish get the failure, if
+--- any, and every rank still connected is told it (it raises it from its
+--- next publish); then the ranks get `timeouts.shutdown` to leave by
+--- themselves: a synthetic rank exits, an external one disconnects. A rank
+--- that was lost need not leave: M.close kills what is left.
+function Session:finish()
+  self.phase = "ending"
+  if self.stopped then
+    self:answer(nil, self.stopped)
+    local told = errors.fields(self.stopped)
+    for _, registered in pairs(self.registered) do
+      local peer = registered.peer
+      if not peer.closed and not peer.inflight.pending then
+        loop.spawn(function()
+          pcall(peer.request, peer, "abort", told, self.timeouts.shutdown)
+        end)
+      end
+    end
+  end
+  local left = wait_for(self, self.timeouts.shutdown, function()
+    for rank = 0, self.topology.world - 1 do
+      local registered, handle, lost = self.registered[rank], self.trainer_handles[rank], self.lost[rank]
+      if handle and not self.trainers[rank] and not (self.stopped and lost and lost.before_stop) then
+        return false
+      end
+      if registered and not handle and not registered.peer.closed then
+        return false
+      end
+    end
+    return true
+  end)
+  if not left then
+    -- M.close does not wait again: it closes the connections that are still
+    -- open and kills the synthetic ranks that are still running.
+    self.lingering = true
+    for rank = 0, self.topology.world - 1 do
+      local registered = self.registered[rank]
+      if registered and not self.trainer_handles[rank] and not registered.peer.closed then
+        say("trainer rank %d is still connected %g s after the session's end (timeouts.shutdown): closing its "
+          .. "connection", rank, self.timeouts.shutdown)
+      end
+    end
+  end
+end
+
+--- Closes everything the session started: runtime, endpoint, trainer
+--- processes (a synthetic rank still running is killed with SIGKILL and
+--- reaped), buffer names. Every wait in it is bounded.
 function M.close(session)
   session.phase = "closing"
   M.open_sessions[session] = nil
   if session.runtime and session.runtime.state == "INFLIGHT" then
     -- A request left waiting (a REPL chunk abandoned mid-publication): the
     -- runtime's state is unknown, so it is destroyed, not shut down.
-    session.runtime:_break("the session closed with " .. tostring(session.runtime.inflight.pending and
+    session.runtime:destroy("the session closed with " .. tostring(session.runtime.inflight.pending and
       session.runtime.inflight.pending.cmd) .. " in flight")
   end
   if session.runtime and session.runtime.state ~= "CLOSED" then
@@ -587,17 +821,33 @@ function M.close(session)
   if session.endpoint then
     session.endpoint:close()
   end
-  local deadline = uv.now() + 5000
-  for rank, process in pairs(session.trainer_handles) do
-    while not session.trainers[rank] and uv.now() < deadline do
-      loop.sleep(10)
+  -- The ranks heard the end (their connections closed): a moment to exit by
+  -- themselves unless the session already waited, then SIGKILL. A rank lost
+  -- before a failure gets no moment: it may be stopped, or hung.
+  local function all_exited(spare_lost)
+    for rank in pairs(session.trainer_handles) do
+      local lost = session.lost[rank]
+      if not session.trainers[rank] and not (spare_lost and session.stopped and lost and lost.before_stop) then
+        return false
+      end
     end
-    if not session.trainers[rank] and not process:is_closing() then
-      process:kill("sigkill")
-      wait_until(session, function()
-        return session.trainers[rank] ~= nil
-      end)
+    return true
+  end
+  if not session.lingering then
+    wait_for(session, 2, function()
+      return all_exited(true)
+    end)
+  end
+  for rank, handle in pairs(session.trainer_handles) do
+    if not session.trainers[rank] and not handle:is_closing() then
+      say("trainer rank %d (pid %s) did not exit: killed", rank, tostring(handle:get_pid()))
+      session.killed = session.killed or {}
+      session.killed[rank] = true
+      handle:kill("sigkill")
     end
+  end
+  if not wait_for(session, 10, all_exited) then
+    say("synthetic trainer processes did not end 10 s after SIGKILL")
   end
   -- A rank killed mid-publication never unlinks its packed buffers. Synthetic
   -- ranks have exited by now and external ones are disconnected: a name still
@@ -657,28 +907,30 @@ function M.run(recipe)
     opened = created
   end })
   if not open_ok then
+    -- (open closed everything it had started.)
     stop_signals()
+    say("verdict: FAILED: %s", tostring(session))
     error(session, 0)
   end
   local ok, err = pcall(function()
     while session:wait_publish() do
       session:round()
     end
-    -- Trainers that are still connected have nothing left to publish.
-    wait_until(session, function()
-      return count(session.trainers) == count(session.trainer_handles)
-    end)
+    -- Every publication the recipe asks for is done, or the session failed.
+    session:finish()
   end)
-  if not ok and not session.failure then
-    session.failure = err
-    changed(session)
+  if not ok then
+    fail_session(session, errors.is(err) and err or errors.new("LUA_ERROR", tostring(err)))
   end
   M.close(session)
   stop_signals()
-  for rank, status in pairs(session.trainers) do
-    if status.code ~= 0 and not session.failure then
-      session.failure = errors.new("TRAINER_FAILED", string.format("synthetic trainer rank %d exited with %s", rank,
-        status.signal ~= 0 and ("signal " .. status.signal) or ("code " .. status.code)), { rank = rank })
+  for rank = 0, session.topology.world - 1 do
+    local status = session.trainers[rank]
+    if status and status.code ~= 0 and not session.failure then
+      session.failure = errors.new("TRAINER_FAILED", string.format("synthetic trainer rank %d %s", rank,
+        session.killed and session.killed[rank] and string.format("did not exit within %g s of the session's end "
+          .. "(timeouts.shutdown) and was killed", session.timeouts.shutdown) or ("exited with " ..
+          (status.signal ~= 0 and ("signal " .. status.signal) or ("code " .. status.code)))), { rank = rank })
     end
   end
   closing_report(session)
@@ -686,7 +938,7 @@ function M.run(recipe)
     say("verdict: FAILED: %s", tostring(session.failure))
     error(session.failure, 0)
   end
-  say("verdict: OK: %d model versions published%s", #session.reports,
+  say("verdict: OK: %d model versions published%s", session.published,
     session.recipe.verify and ", every resident TP slice verified" or "")
   return session.reports
 end

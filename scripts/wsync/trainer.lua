@@ -9,8 +9,11 @@
 --- refuse steps that make no sense (publishing an offloaded actor).
 ---
 --- Test-only faults ($WSYNC_TRAINER_FAULT, comma-separated, each optionally
---- prefixed `rank<R>:` to apply to one rank only): `die@fill#N` (exit at the
---- N-th fill), `fail@fill#N` (answer it with an error), `drop_expert`
+--- prefixed `rank<R>:` to apply to one rank only): `die@CMD#N` (SIGKILL
+--- itself at the N-th host command CMD: fill, begin, verify, callback, ...),
+--- `stop@CMD#N` (SIGSTOP itself there: a rank that stops answering;
+--- `stop@publish#N` and `die@publish#N` act before the N-th publish),
+--- `fail@CMD#N` (answer it with an error), `drop_expert`
 --- (register the packed experts without the last expert), `wrong_device`
 --- (report the next rank's device), `stale@publish#N` (skip the optimizer
 --- step before the N-th publish: that publish carries the previous version's
@@ -133,22 +136,33 @@ function M.main(options)
   agent:register_callback("offload_actor", transition("actor", "resident", "offloaded"))
   agent:register_callback("onload_actor", transition("actor", "offloaded", "resident"))
 
-  -- Fill faults: wrap the agent's fill handler.
-  local fill = agent.peer.handlers.fill
-  local fills = 0
-  agent.peer.handlers.fill = function(payload)
-    fills = fills + 1
-    for _, fault in ipairs(faults) do
-      if fault.cmd == "fill" and fault.nth == fills then
-        if fault.kind == "die" then
-          uv.kill(uv.os_getpid(), "sigkill")
-        elseif fault.kind == "fail" then
-          errors.raise("INJECTED", string.format("rank %d: injected fill failure", options.rank),
-            { rank = options.rank, phase = "fill" })
+  -- Command faults: wrap the handler of every host command a fault names
+  -- (die: SIGKILL itself; stop: SIGSTOP itself, a rank that stops answering;
+  -- fail: answer with an error).
+  local handled = {}
+  for _, fault in ipairs(faults) do
+    local cmd = fault.cmd
+    local handler = agent.peer.handlers[cmd]
+    if handler and not handled[cmd] then
+      handled[cmd] = true
+      local calls = 0
+      agent.peer.handlers[cmd] = function(payload)
+        calls = calls + 1
+        for _, armed in ipairs(faults) do
+          if armed.cmd == cmd and armed.nth == calls then
+            if armed.kind == "die" then
+              uv.kill(uv.os_getpid(), "sigkill")
+            elseif armed.kind == "stop" then
+              uv.kill(uv.os_getpid(), "sigstop")
+            elseif armed.kind == "fail" then
+              errors.raise("INJECTED", string.format("rank %d: injected %s failure", options.rank, cmd),
+                { rank = options.rank, phase = cmd })
+            end
+          end
         end
+        return handler(payload)
       end
     end
-    return fill(payload)
   end
 
   local function fires(kind, cmd, count)
@@ -166,6 +180,11 @@ function M.main(options)
       -- The optimizer step: every shard takes the next version's values.
       if not fires("stale", "publish", version) then
         M.generate(memory, shards, version)
+      end
+      if fires("stop", "publish", version) then
+        uv.kill(uv.os_getpid(), "sigstop") -- a rank that stops before it publishes
+      elseif fires("die", "publish", version) then
+        uv.kill(uv.os_getpid(), "sigkill") -- a rank that dies before it publishes
       end
       local published, result = pcall(agent.publish, agent, version)
       if published then

@@ -24,64 +24,13 @@ end
 -- Processes the running test started; after_each ends whatever is left.
 local started = {}
 
--- Starts `program` with `args` and the extra `env` entries, collecting its
--- stdout and stderr; `proc.done` once it exited and both pipes ended.
 local function start(program, args, env)
-  local proc = { program = program, stdout = "", stderr = "", done = false }
-  local environment = {}
-  for key, value in pairs(uv.os_environ()) do
-    environment[#environment + 1] = key .. "=" .. value
-  end
-  for _, entry in ipairs(env) do
-    environment[#environment + 1] = entry
-  end
-  local pipes = { stdout = uv.new_pipe(false), stderr = uv.new_pipe(false) }
-  local open = 3
-  local function ended()
-    open = open - 1
-    proc.done = open == 0
-  end
-  local handle, pid = uv.spawn(program, { args = args, env = environment, stdio = { nil, pipes.stdout, pipes.stderr } },
-    function(code, signal)
-      proc.code, proc.signal = code, signal
-      proc.handle:close()
-      ended()
-    end)
-  if not handle then
-    pipes.stdout:close()
-    pipes.stderr:close()
-    error("cannot start " .. program .. ": " .. tostring(pid))
-  end
-  proc.handle, proc.pid = handle, pid
-  for key, pipe in pairs(pipes) do
-    pipe:read_start(function(read_error, data)
-      assert(not read_error, read_error)
-      if data then
-        proc[key] = proc[key] .. data
-      else
-        pipe:close()
-        ended()
-      end
-    end)
-  end
+  local proc = process.start(program, args, env)
   started[#started + 1] = proc
   return proc
 end
 
--- Runs the loop until `predicate()` holds; fails after `ms` milliseconds.
-local function drive(predicate, ms, what)
-  local expired = false
-  local timer = uv.new_timer()
-  timer:start(ms, 0, function()
-    expired = true
-  end)
-  while not predicate() and not expired do
-    uv.run("once")
-  end
-  timer:close()
-  uv.run("nowait")
-  assert(not expired, string.format("timed out after %d ms waiting for %s", ms, what))
-end
+local drive = process.drive
 
 local function describe_proc(proc)
   return string.format("%s (pid %d) exited %s/%s\nstdout:\n%s\nstderr:\n%s", proc.program, proc.pid,
@@ -181,14 +130,7 @@ describe("the agent API (libwsync, trainer ranks in C)", function()
     local left = started
     started = {}
     for _, proc in ipairs(left) do
-      if not proc.done then
-        if not proc.handle:is_closing() then
-          proc.handle:kill("sigkill")
-        end
-        drive(function()
-          return proc.done
-        end, 5000, "a killed process")
-      end
+      process.finish(proc)
     end
     uv.run("nowait")
     assert.is_false(uv.loop_alive(), "the test left handles or requests active")

@@ -5,6 +5,7 @@
 local cjson = require("cjson")
 local fixtures = require("tests.helpers.fixtures")
 local leftovers = require("tests.helpers.leftovers")
+local process = require("tests.helpers.process")
 local recipe = require("wsync.recipe")
 
 local RECIPES = fixtures.recipes
@@ -19,7 +20,7 @@ end
 
 describe("wsync check", function()
   it("prints the 30B FSDP4 -> TP4 plan as JSON", function()
-    local result = check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua", "--json" })
+    local result = check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua", "--plan-only", "--json" })
     assert.are.equal(0, result.code, result.stderr)
     assert.are.equal("", result.stderr)
     local summary = cjson.decode(result.stdout)
@@ -45,11 +46,11 @@ describe("wsync check", function()
   end)
 
   it("prints the plan as text: tensors, bytes, largest tensor, chunks, peak memory, manifest", function()
-    local json = cjson.decode(check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua", "--json" }).stdout)
-    local result = check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua" })
+    local json = cjson.decode(check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua", "--plan-only", "--json" }).stdout)
+    local result = check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua", "--plan-only" })
     assert.are.equal(0, result.code, result.stderr)
     local out = result.stdout
-    assert.matches("^recipes/qwen3_30b_a3b_fsdp4_tp4.lua: ok: recipe qwen3%-30b%-a3b%-fsdp4%-tp4, backend cuda\n", out)
+    assert.matches("^recipes/qwen3_30b_a3b_fsdp4_tp4.lua: plan ok: recipe qwen3%-30b%-a3b%-fsdp4%-tp4, backend cuda\n", out)
     assert.matches("\n  model +qwen3_moe %(qwen3%-30b%-a3b%), FSDP4 %-> TP4\n", out)
     assert.matches("\n  tensors +18867 canonical %(531 trainer tensors%)\n", out)
     assert.matches("\n  bytes +61064245248 %(56.87 GiB%)\n", out)
@@ -106,5 +107,136 @@ describe("wsync check", function()
     assert.are.equal("", result.stdout)
     assert.matches("^wsync: " .. path:gsub("%p", "%%%0") .. ":" .. line .. ": ", result.stderr)
     assert.matches(field .. " is not supported", result.stderr, 1, true)
+  end)
+end)
+
+-- What `run` refuses before it starts, `check` refuses the same way: exit 3,
+-- the same message at file:line, and neither starts a process.
+describe("wsync check and wsync run agree", function()
+  local function escape(text)
+    return (text:gsub("%p", "%%%0"))
+  end
+
+  -- fixture, and a plain part of the message
+  local REFUSED = {
+    { "no_model.lua", "the recipe has nothing to run: it defines neither `run` nor `model`" },
+    { "runtime_vllm.lua", "runtime.kind 'vllm' is not in this build (this build has: reference, on the host backend)" },
+    { "runtime_transformers.lua", "runtime.kind 'transformers' is not in this build (this build has: reference" },
+    { "huge_buffer.lua", "field 'buffers.bytes': must be at most 9007199254740992 (2^53, the largest integer a Lua "
+      .. "number holds exactly), got 1e+308" },
+    { "too_many_ranks.lua", "field 'trainer.ranks': 100000 trainer ranks: the host backend has 64 devices" },
+    { "ranks_not_tp.lua", "field 'runtime.tp': TP 1 differs from the 2 trainer ranks" },
+    { "shm_too_small.lua", "the packed buffers take 70368744177664 bytes (64.00 TiB) of /dev/shm (2 trainer ranks x 2 "
+      .. "buffers x 17592186044416 bytes); it has " },
+    { "kv_too_large.lua", "on the host backend every device is this machine's memory: the run holds 35184373562624 "
+      .. "bytes (32.00 TiB: packed buffers 655360, trainer shards 405248, resident weights of 2 TP workers 413184, KV "
+      .. "arenas of 2 TP workers 35184372088832); the machine has " },
+    { "model_too_many_layers.lua", "the config makes 21000003 canonical tensors (1000000 layers x 21 per layer); a "
+      .. "plan holds at most 1048576" },
+    { "schedule_generate.lua", "schedule[6] (generate): the reference runtime does not generate text" },
+  }
+
+  for _, case in ipairs(REFUSED) do
+    local file, says = case[1], case[2]
+    it(file .. ": both exit 3 at file:line before anything starts", function()
+      local path = RECIPES .. "/" .. file
+      local line = fixtures.bad_line(path)
+      local checked = check({ "check", path })
+      assert.are.equal(3, checked.code, checked.stderr)
+      assert.are.equal("", checked.stdout)
+      assert.matches("^wsync: " .. escape(path) .. ":" .. line .. ": [^\n]+\n$", checked.stderr)
+      assert.matches(says, checked.stderr, 1, true)
+      assert.is_nil(checked.stderr:find("-9223372036854775808", 1, true))
+      local ran = check({ "run", path })
+      assert.are.equal(3, ran.code, ran.stderr)
+      assert.are.equal("", ran.stdout)
+      assert.are.equal(checked.stderr, ran.stderr)
+    end)
+  end
+
+  it("a cuda recipe: check and run refuse it alike; check --plan-only shows its plan and says why not", function()
+    local path = RECIPES .. "/backend_cuda.lua"
+    local line = fixtures.bad_line(path)
+    local says = "backend 'cuda': this build's reference runtime holds weights on the host backend only"
+    local refused = string.format("wsync: %s:%d: %s\n", path, line, says)
+    local checked = check({ "check", path })
+    assert.are.equal(3, checked.code, checked.stderr)
+    assert.are.equal("", checked.stdout)
+    assert.are.equal(refused, checked.stderr)
+    local json = check({ "check", path, "--plan-only", "--json" })
+    assert.are.equal(0, json.code, json.stderr)
+    local summary = cjson.decode(json.stdout)
+    assert.is_false(summary.runs_here)
+    assert.are.equal(says, summary.not_runnable)
+    assert.are.equal(3, summary.chunks)
+    local text = check({ "check", path, "--plan-only" })
+    assert.are.equal(0, text.code, text.stderr)
+    assert.matches(": plan ok: recipe ", text.stdout, 1, true)
+    assert.matches("\n  runs here    no: " .. says .. "; `wsync run` refuses it\n", text.stdout, 1, true)
+    local ran = check({ "run", path })
+    assert.are.equal(3, ran.code, ran.stderr)
+    assert.are.equal("", ran.stdout)
+    assert.are.equal(refused, ran.stderr)
+  end)
+
+  it("the 30B recipe: check refuses it (no vllm runtime in this build); its plan checks with --plan-only", function()
+    local refused = check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua" })
+    assert.are.equal(3, refused.code)
+    assert.matches("runtime.kind 'vllm' is not in this build", refused.stderr, 1, true)
+    local summary = cjson.decode(check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua", "--plan-only", "--json" }).stdout)
+    assert.is_false(summary.runs_here)
+    assert.are.equal("runtime.kind 'vllm' is not in this build (this build has: reference, on the host backend)",
+      summary.not_runnable)
+    assert.is_true(cjson.decode(check({ "check", "recipes/demo.lua", "--json" }).stdout).runs_here)
+  end)
+
+  -- `command` (check or run) of the demo under a shell's `ulimit` option;
+  -- `limit` is shell arithmetic, where $open is the number of files the shell
+  -- has open (and passes on).
+  local function under_ulimit(option, limit, command)
+    return process.run({
+      program = "/bin/bash",
+      args = { "-c", string.format('open=$(ls /proc/$$/fd | wc -l); ulimit %s $((%s)) && exec "$0" "$@"', option,
+        limit), process.wsync_binary(), command, "recipes/demo.lua" },
+      timeout = 60000,
+    })
+  end
+
+  local ranks_line = recipe.field_line("recipes/demo.lua", "trainer.ranks")
+
+  it("refuses a run that needs more open files than RLIMIT_NOFILE allows, as run does before it starts", function()
+    -- wsync itself opens 6 (the loop's) before it checks: $open + 9 lets it
+    -- start, and the run needs more.
+    local checked = under_ulimit("-n", "open + 9", "check")
+    assert.are.equal(3, checked.code, checked.stderr)
+    assert.are.equal("", checked.stdout)
+    assert.matches("^wsync: recipes/demo%.lua:" .. ranks_line .. ": the host process needs at least %d+ open files "
+      .. "for 2 trainer ranks %(%d+ open now, one per rank, 5 for the endpoint, the runtime and the loop%); "
+      .. "RLIMIT_NOFILE %(ulimit %-n%) allows %d+\n$", checked.stderr)
+    local needed, limit = checked.stderr:match("needs at least (%d+) .* allows (%d+)\n$")
+    assert.is_true(tonumber(needed) > tonumber(limit))
+    local ran = under_ulimit("-n", "open + 9", "run")
+    assert.are.equal(3, ran.code, ran.stderr)
+    assert.are.equal("", ran.stdout) -- no session opened: nothing started
+    assert.are.equal(checked.stderr, ran.stderr)
+    -- with room for the run's files, it checks
+    local roomy = under_ulimit("-n", "open + 20", "check")
+    assert.are.equal(0, roomy.code, roomy.stderr)
+  end)
+
+  it("refuses a run that starts more processes than RLIMIT_NPROC allows (root is not held to it)", function()
+    local checked = under_ulimit("-u", "3", "check")
+    local status = io.open("/proc/self/status"):read("*a")
+    if status:match("\nUid:%s+(%d+)") == "0" then
+      assert.are.equal(0, checked.code, checked.stderr)
+      return
+    end
+    assert.are.equal(3, checked.code, checked.stderr)
+    assert.are.equal(string.format("wsync: recipes/demo.lua:%d: the run starts 5 processes (2 synthetic trainer "
+      .. "ranks, the runtime's main process, 2 TP workers); RLIMIT_NPROC (ulimit -u) allows this user 3\n",
+      ranks_line), checked.stderr)
+    local ran = under_ulimit("-u", "3", "run")
+    assert.are.equal(3, ran.code, ran.stderr)
+    assert.are.equal(checked.stderr, ran.stderr)
   end)
 end)

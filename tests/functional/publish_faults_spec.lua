@@ -57,7 +57,8 @@ end
 
 -- Runs the recipe with `env` and checks what every case shares. Returns the
 -- host's error (the verdict after "FAILED: ").
----@param options {env: string[]?, recipe: string?, survivors: integer, label: string}
+-- `published`: versions committed before the fault (default none).
+---@param options {env: string[]?, recipe: string?, survivors: integer, label: string, published: integer?}
 local function run_failing(options)
   local result = leftovers.run({ "run", options.recipe or RECIPE }, { env = options.env, timeout = 30000 })
   timings[#timings + 1] = { label = options.label, wall = result.wall }
@@ -74,9 +75,20 @@ local function run_failing(options)
   end
   assert.are.equal(options.survivors + 1, #stderr, result.stderr)
 
-  -- Nothing committed: no host line, no rank result, no report row.
-  assert.is_nil(result.stdout:find("published model version", 1, true), result.stdout)
-  assert.is_nil(result.stdout:find("\nwsync:   %d+ +%d+ +%d+"), "the closing report lists a version")
+  -- Nothing committed (after the versions before the fault): no host line,
+  -- no report row.
+  local committed, rows = 0, 0
+  for _ in result.stdout:gmatch("\nwsync: published model version") do
+    committed = committed + 1
+  end
+  for _ in result.stdout:gmatch("\nwsync:   %d+ +%d+ +%d+") do
+    rows = rows + 1
+  end
+  assert.are.equal(options.published or 0, committed, result.stdout)
+  assert.are.equal(options.published or 0, rows, "the closing report lists another version")
+  if not options.published then
+    assert.is_nil(result.stdout:find("published model version", 1, true), result.stdout)
+  end
   return failure, result
 end
 
@@ -118,8 +130,30 @@ describe("publication faults", function()
       local failure = run_failing({ env = { "WSYNC_RUNTIME_FAULT=worker1:crash@load_chunk#2" }, survivors = 2,
         label = "worker1:crash@load_chunk#2" })
       assert.matches("^%[phase chunks, rank 1%] publication of model version 1 failed in chunks: ", failure)
-      assert.matches("TP worker 1 broken during load_chunk", failure, 1, true)
+      assert.matches("TP worker 1 %(pid %d+%) broken during load_chunk", failure)
     end)
+
+    -- A TP worker that stops (SIGSTOP: alive, answering nothing) is named
+    -- with its pid and the command: the runtime's main process waits for it
+    -- a little less than the host waits for the main process (80% of the
+    -- recipe's 2 s for load_chunk).
+    it("worker1:stop@load_chunk#2: names TP worker 1, its pid and load_chunk, within the recipe's timeout", function()
+      local failure, result = run_failing({ env = { "WSYNC_RUNTIME_FAULT=worker1:stop@load_chunk#2" },
+        survivors = 2, label = "worker1:stop@load_chunk#2" })
+      assert.matches("^%[phase chunks, rank 1%] publication of model version 1 failed in chunks: reference runtime "
+        .. "broken during load_chunk: load_chunk failed: WORKER_FAILED: TP worker 1 %(pid %d+%) broken during "
+        .. "load_chunk: timeout: no answer to load_chunk within 1%.6 s$", failure)
+      assert.is_true(result.wall < 12, string.format("took %.1f s", result.wall))
+    end)
+
+    it("worker1:stop@info#1: a TP worker stopped before its handshake is named; the runtime does not start",
+      function()
+        local failure, result = run_failing({ env = { "WSYNC_RUNTIME_FAULT=worker1:stop@info#1" }, survivors = 2,
+          recipe = fixtures.recipes .. "/publish_stop.lua", label = "worker1:stop@info#1" })
+        assert.matches("^reference runtime did not start: .*TP worker 1 %(pid %d+%) broken during info: timeout: no "
+          .. "answer to info within 4 s$", failure)
+        assert.is_true(result.wall < 15, string.format("took %.1f s", result.wall))
+      end)
 
     it("wrong_protocol@start_update: fails in start, naming both protocol versions", function()
       local failure = run_failing({ env = { "WSYNC_RUNTIME_FAULT=wrong_protocol@start_update" }, survivors = 2,
@@ -136,6 +170,42 @@ describe("publication faults", function()
       assert.matches("^%[phase chunks, rank 1%] publication of model version 1 failed in chunks: trainer rank 1: ",
         failure)
       assert.matches("closed the connection (during fill)", failure, 1, true)
+    end)
+
+    -- A rank that stops (SIGSTOP: alive, answering nothing) is noticed when
+    -- the command it does not answer times out (5 s in the fixture); then
+    -- everything ends fail-stop: the stopped rank is killed and reaped, the
+    -- other rank hears the error, nothing is left.
+    for _, case in ipairs({
+      { at = "begin#1", phase = "start", cmd = "begin" },
+      { at = "fill#2", phase = "chunks", cmd = "fill" },
+      { at = "callback#1", phase = "callback", cmd = "callback" },
+    }) do
+      local spec = "rank1:stop@" .. case.at
+      it(spec .. ": a stopped rank fails the run within the timeout of " .. case.cmd .. "; it is killed", function()
+        local failure, result = run_failing({ env = { "WSYNC_TRAINER_FAULT=" .. spec }, survivors = 1, label = spec })
+        assert.matches("^%[phase " .. case.phase .. ", rank 1%] ", failure)
+        assert.matches("trainer rank 1: agent pid %d+: timeout: no answer to " .. case.cmd .. " within 5 s", failure)
+        assert.matches("\nwsync: trainer rank 1 %(pid %d+%) did not exit: killed\n", result.stdout)
+        assert.is_true(result.wall < 15, string.format("took %.1f s", result.wall))
+      end)
+    end
+
+    it("rank1:stop@publish#2: rank 0 waits in publish; rank 1 never comes; the run fails after timeouts.publish",
+      function()
+        local failure, result = run_failing({ env = { "WSYNC_TRAINER_FAULT=rank1:stop@publish#2" }, survivors = 1,
+          recipe = fixtures.recipes .. "/publish_stop.lua", label = "rank1:stop@publish#2", published = 1 })
+        assert.are.equal("[phase publish, rank 1] trainer rank 1 did not call publish within 3 s of the first "
+          .. "rank's call (timeouts.publish)", failure)
+        assert.is_true(result.wall < 12, string.format("took %.1f s", result.wall))
+      end)
+
+    it("stop@publish#2: no rank comes back from training; the run fails after timeouts.train_step", function()
+      local failure, result = run_failing({ env = { "WSYNC_TRAINER_FAULT=stop@publish#2" }, survivors = 0,
+        recipe = fixtures.recipes .. "/publish_stop.lua", label = "stop@publish#2", published = 1 })
+      assert.are.equal("[phase training] no trainer rank called publish within 3 s of the last publication "
+        .. "(timeouts.train_step)", failure)
+      assert.is_true(result.wall < 12, string.format("took %.1f s", result.wall))
     end)
 
     it("rank1:die@fill#2 with respawn: no new runtime for a world short of a rank; rank 0 stops too", function()

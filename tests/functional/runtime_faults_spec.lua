@@ -23,6 +23,7 @@ local GRACE_MS = 200
 local CAUSES = {
   crash = { "EOF", "exited" },
   hang = { "timeout" },
+  stop = { "timeout" },
   stubborn = { "timeout" },
   eof = { "EOF" },
   wrong_id = { "does not match request id" },
@@ -36,7 +37,7 @@ local CAUSES = {
 
 -- Kinds a worker is given (the others are the main process's own business:
 -- the main checks its workers' answers with the same client code).
-local WORKER_KINDS = { "crash", "hang", "stubborn", "error", "garbage", "wrong_id", "eof" }
+local WORKER_KINDS = { "crash", "hang", "stop", "stubborn", "error", "garbage", "wrong_id", "eof" }
 
 -- The scenario every case drives; a fault fires at one of its steps.
 local STEPS = {
@@ -154,9 +155,10 @@ local function check_case(spec, kind, cmd, rank)
   assert.are.equal(cmd, err.phase)
   assert.is_true(names_cause(err.message, kind),
     string.format("'%s' does not name the cause (%s)", err.message, table.concat(CAUSES[kind], " or ")))
-  if rank and kind ~= "hang" and kind ~= "stubborn" then
-    -- (A hanging worker is noticed by the host's own timeout first.)
-    assert.matches("TP worker " .. rank, err.message, 1, true)
+  if rank then
+    -- The worker, its pid and the command, also when the worker stopped
+    -- answering: the main process's hop to it times out first.
+    assert.matches(string.format("TP worker %d %%(pid %%d+%%) broken during %s", rank, cmd), err.message)
   end
   assert.are.equal("BROKEN", state)
 

@@ -97,6 +97,96 @@ function M.run(options)
   return result
 end
 
+---@class StartedProcess
+---@field program string
+---@field pid integer
+---@field handle userdata
+---@field stdout string    what it printed so far
+---@field stderr string
+---@field done boolean     it exited and both pipes ended
+---@field code integer?
+---@field signal integer?
+
+--- Starts `program` with `args` and the extra `env` entries ("K=V", added to
+--- this environment) without waiting for it, collecting its stdout and
+--- stderr while the loop runs (see M.drive). No stdin.
+---@param program string
+---@param args string[]
+---@param env string[]?
+---@return StartedProcess
+function M.start(program, args, env)
+  local proc = { program = program, stdout = "", stderr = "", done = false }
+  local environment = {}
+  for key, value in pairs(uv.os_environ()) do
+    environment[#environment + 1] = key .. "=" .. value
+  end
+  for _, entry in ipairs(env or {}) do
+    environment[#environment + 1] = entry
+  end
+  local pipes = { stdout = uv.new_pipe(false), stderr = uv.new_pipe(false) }
+  local open = 3
+  local function ended()
+    open = open - 1
+    proc.done = open == 0
+  end
+  local handle, pid = uv.spawn(program, { args = args, env = environment, stdio = { nil, pipes.stdout, pipes.stderr } },
+    function(code, signal)
+      proc.code, proc.signal = code, signal
+      proc.handle:close()
+      ended()
+    end)
+  if not handle then
+    pipes.stdout:close()
+    pipes.stderr:close()
+    error("cannot start " .. program .. ": " .. tostring(pid))
+  end
+  proc.handle, proc.pid = handle, pid
+  for key, pipe in pairs(pipes) do
+    pipe:read_start(function(read_error, data)
+      assert(not read_error, read_error)
+      if data then
+        proc[key] = proc[key] .. data
+      else
+        pipe:close()
+        ended()
+      end
+    end)
+  end
+  return proc
+end
+
+--- Runs the loop until `predicate()` holds; fails naming `what` after `ms`
+--- milliseconds.
+---@param predicate fun(): boolean
+---@param ms integer
+---@param what string
+function M.drive(predicate, ms, what)
+  local expired = false
+  local timer = uv.new_timer()
+  timer:start(ms, 0, function()
+    expired = true
+  end)
+  while not predicate() and not expired do
+    uv.run("once")
+  end
+  timer:close()
+  uv.run("nowait")
+  assert(not expired, string.format("timed out after %d ms waiting for %s", ms, what))
+end
+
+--- Kills `proc` (SIGKILL) unless it is done, and waits until it is.
+---@param proc StartedProcess
+function M.finish(proc)
+  if not proc.done then
+    if not proc.handle:is_closing() then
+      proc.handle:kill("sigkill")
+    end
+    M.drive(function()
+      return proc.done
+    end, 5000, "a killed process")
+  end
+end
+
 --- Runs wsync with `args` and optional stdin; returns the ProcessResult.
 function M.wsync(args, stdin, extra)
   local options = { args = args, stdin = stdin }

@@ -53,6 +53,14 @@ local REQUIRED = {
   "num_key_value_heads", "head_dim", "num_experts",
 }
 
+--- The most canonical tensors a plan may have: the plan, every loader plan
+--- and the manifest hold a record per tensor in memory (the 235B preset has
+--- 36,945).
+M.MAX_TENSORS = 2 ^ 20
+--- The largest size or byte count a config may make: larger integers are not
+--- exact in a Lua number.
+M.MAX_INTEGER = 2 ^ 53
+
 local function unsupported(message, field)
   errors.raise("MODEL_UNSUPPORTED", message, { field = field })
 end
@@ -86,6 +94,10 @@ function M.config(spec)
     if type(value) ~= "number" or value < 1 or value ~= math.floor(value) then
       unsupported(string.format("config field %s must be a positive integer, got %s", key, tostring(value)), key)
     end
+    if value > M.MAX_INTEGER then
+      unsupported(string.format("config field %s must be at most 2^53 (9007199254740992), got %s", key,
+        tostring(value)), key)
+    end
   end
   if config.model_type ~= nil and config.model_type ~= "qwen3_moe" then
     unsupported(string.format("model_type %s is not qwen3_moe", tostring(config.model_type)), "model_type")
@@ -105,6 +117,19 @@ function M.config(spec)
   end
   config.tie_word_embeddings = config.tie_word_embeddings == true
   config.decoder_sparse_step, config.mlp_only_layers = 1, {}
+  -- Before anything is enumerated: a config of a billion layers is refused
+  -- here, not after minutes of building its plan.
+  local counts = M.counts(config)
+  if counts.tensors > M.MAX_TENSORS then
+    local per_layer = 3 * config.num_experts + 9
+    unsupported(string.format("the config makes %.0f canonical tensors (%s layers x %s per layer); a plan holds at "
+      .. "most %d", counts.tensors, tostring(config.num_hidden_layers), tostring(per_layer), M.MAX_TENSORS),
+      config.num_hidden_layers >= per_layer and "num_hidden_layers" or "num_experts")
+  end
+  if counts.bytes > M.MAX_INTEGER then
+    unsupported(string.format("the config makes %s bytes of weights; a plan holds at most 2^53 (9007199254740992)",
+      tostring(counts.bytes)), "model")
+  end
   return config
 end
 

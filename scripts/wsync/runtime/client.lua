@@ -13,6 +13,7 @@ local channel_module = require("wsync.channel")
 local errors = require("wsync.errors")
 local inflight_module = require("wsync.inflight")
 local loop = require("wsync.loop")
+local messages = require("wsync.messages")
 local process = require("wsync._process")
 
 local M = {}
@@ -29,6 +30,21 @@ M.FATAL_COMMANDS = {
   sleep = true, wake = true, init_weights = true, start_update = true, load_chunk = true,
   finish_update = true, release = true, shutdown = true,
 }
+
+--- The timeouts for the next hop down: a process that forwards a command
+--- (the runtime's main process to its TP workers) waits for its own peers a
+--- little less than it is given itself, so that the hop that stopped
+--- answering is the one named when a command times out: 80% of each timeout,
+--- or one second less when that is shorter.
+---@param timeouts table<string, number>
+---@return table<string, number>
+function M.inner_timeouts(timeouts)
+  local inner = {}
+  for key, value in pairs(timeouts) do
+    inner[key] = math.max(value - 1, value * 0.8)
+  end
+  return inner
+end
 
 --- How long the host polls without sleeping after sending a request: quick
 --- answers (info, state) then arrive without an idle-CPU wake-up.
@@ -56,7 +72,10 @@ end
 --- fd 3 and performs the startup handshake (`info`). Must run inside a
 --- coroutine started by wsync.loop.spawn. Raises RUNTIME_START when the process
 --- cannot start or the handshake fails (the process tree is destroyed first).
----@param options {argv: string[], name: string?, detached: boolean?, timeouts: table?, grace_ms: integer?, env: string[]?, limit: integer?, handshake: string?}
+--- `name_pid` adds the process's pid to its name in every message ("TP
+--- worker 1 (pid 4242)"); `results` gives the shapes of the results, by
+--- command (wsync.messages): a result that does not fit breaks the client.
+---@param options {argv: string[], name: string?, name_pid: boolean?, detached: boolean?, timeouts: table?, grace_ms: integer?, env: string[]?, limit: integer?, handshake: string?, results: table?}
 ---@return wsync.RuntimeClient
 function M.spawn(options)
   local timeouts = {}
@@ -73,6 +92,7 @@ function M.spawn(options)
     grace_ms = options.grace_ms or 3000,
     dead_waiters = {},
     dead = false,
+    result_schemas = options.results or {},
   }, Client)
 
   local detached = options.detached ~= false
@@ -113,6 +133,9 @@ function M.spawn(options)
   end
   self.handle, self.pid = handle, pid_or_error
   self.group = detached and self.pid or nil
+  if options.name_pid then
+    self.name = string.format("%s (pid %d)", self.name, self.pid)
+  end
 
   self.channel = channel_module.new(control, {
     limit = options.limit,
@@ -135,8 +158,11 @@ function M.spawn(options)
   local ok, result = self:_call(handshake, {}, timeouts.startup)
   if not ok then
     -- A handshake answered with a clean failure leaves the process running:
-    -- break it too, so that the tree is destroyed before this raises.
+    -- break it too, so that the tree is destroyed before this raises. A
+    -- process that did not start holds nothing to clean up: no grace period
+    -- (one stopped by SIGSTOP would only wait it out).
     self:_break(result.message)
+    self:_signal("SIGKILL")
     self:wait_dead()
     errors.raise("RUNTIME_START", string.format("%s did not start: %s", self.name, result.message),
       { cause = result, pid = self.pid, group = self.group })
@@ -182,7 +208,11 @@ function Client:_on_message(message)
   end
   self.state = "IDLE"
   if message.ok then
-    return pending.resume(true, message.result)
+    local result, bad = messages.check(self.result_schemas, pending.cmd, message.result)
+    if bad then
+      return self:_break("malformed result: " .. bad, pending)
+    end
+    return pending.resume(true, result)
   end
   local remote = message.error
   local detail = string.format("%s failed: %s: %s", pending.cmd, remote.code, remote.message)
@@ -256,8 +286,17 @@ function Client:wake(...)
   return self:request("wake", { tags = { ... } })
 end
 
---- Marks the connection BROKEN with `reason` and destroys the process tree.
---- Only the first cause counts. `rank`: the TP worker the runtime named.
+--- Marks the connection BROKEN with `reason` and destroys the process tree
+--- (SIGTERM, SIGKILL after the grace period; `wait_dead` waits for it): for
+--- a runtime whose state is no longer known. A request in flight fails with
+--- the cause; every later call too.
+---@param reason string
+function Client:destroy(reason)
+  self:_break(reason)
+end
+
+-- Marks the connection BROKEN with `reason` and destroys the process tree.
+-- Only the first cause counts. `rank`: the TP worker the runtime named.
 function Client:_break(reason, pending, rank)
   if self.state == "BROKEN" or self.state == "CLOSED" then
     return
@@ -356,9 +395,13 @@ end
 --- Shuts a healthy runtime down politely (`shutdown`, then the same
 --- escalation if it does not exit within the grace period) and waits until the
 --- tree is gone. A broken runtime is only waited for. Returns true, or nil and
---- the error that broke it.
+--- the error that broke it. `options.wait = false`: a runtime that broke
+--- (also during the shutdown) is not waited for; its tree is destroyed all
+--- the same, and `wait_dead` waits for that later.
+---@param options {wait: boolean?}?
 ---@return boolean|nil ok, wsync.Error? cause
-function Client:close()
+function Client:close(options)
+  local wait = not (options and options.wait == false)
   if self.state == "CLOSED" then
     if self.cause then -- closed after breaking: still the original cause
       return nil, self.cause
@@ -391,7 +434,9 @@ function Client:close()
       end
     end
   end
-  self:wait_dead()
+  if wait or not self.cause then
+    self:wait_dead()
+  end
   local cause = self.cause
   self.inflight:close()
   self.channel:close()

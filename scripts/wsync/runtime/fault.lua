@@ -6,14 +6,15 @@
 --- `[worker<R>:]KIND@CMD[#N]`: do KIND at the N-th (default first) request
 --- CMD; items prefixed `worker<R>:` are handed to TP worker R instead.
 ---
---- KINDs: crash (die by SIGKILL), hang (never answer), stubborn (never answer
---- and ignore SIGTERM), eof (close the channel), wrong_id, wrong_cmd,
+--- KINDs: crash (die by SIGKILL), hang (never answer), stop (SIGSTOP itself:
+--- a process that stops answering and that only SIGKILL ends), stubborn
+--- (never answer and ignore SIGTERM), eof (close the channel), wrong_id, wrong_cmd,
 --- wrong_protocol, bad_result (a non-object result), garbage (an undecodable
 --- frame), oversize (a frame longer than the limit), error (answer ok=false).
 local M = {}
 
 M.KINDS = {
-  crash = true, hang = true, stubborn = true, eof = true, wrong_id = true, wrong_cmd = true,
+  crash = true, hang = true, stop = true, stubborn = true, eof = true, wrong_id = true, wrong_cmd = true,
   wrong_protocol = true, bad_result = true, garbage = true, oversize = true, error = true,
 }
 

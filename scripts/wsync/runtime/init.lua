@@ -18,7 +18,8 @@ function M.spawn(options)
   options = options or {}
   local kind = options.kind or "reference"
   if kind ~= "reference" then
-    error(string.format("unknown runtime kind '%s' (this build has: reference)", tostring(kind)), 2)
+    require("wsync.errors").raise("RUNTIME_START", string.format("unknown runtime kind '%s' (this build has: "
+      .. "reference)", tostring(kind)))
   end
   local tp = options.tp or 1
   local devices = {}
@@ -26,6 +27,15 @@ function M.spawn(options)
     devices[rank] = tostring(options.devices and options.devices[rank] or (rank - 1))
   end
   local program = options.program or uv.exepath()
+  -- The host's timeout of each command, which the runtime's main process
+  -- shortens for its own hop to the TP workers (client.inner_timeouts).
+  local timeouts = {}
+  for key, value in pairs(client.DEFAULT_TIMEOUTS) do
+    timeouts[key] = value
+  end
+  for key, value in pairs(options.timeouts or {}) do
+    timeouts[key] = value
+  end
   return client.spawn({
     name = "reference runtime",
     argv = {
@@ -35,6 +45,7 @@ function M.spawn(options)
       "--devices", table.concat(devices, ","),
       "--weights-bytes", tostring(options.weights_bytes or 1048576),
       "--kv-bytes", tostring(options.kv_bytes or 1048576),
+      "--timeouts", require("cjson").encode(timeouts),
     },
     env = (function()
       -- Without options.fault the runtime inherits $WSYNC_RUNTIME_FAULT (tests
@@ -45,8 +56,9 @@ function M.spawn(options)
       end
       return env
     end)(),
-    timeouts = options.timeouts,
+    timeouts = timeouts,
     grace_ms = options.grace_ms,
+    results = require("wsync.messages").from_runtime,
   })
 end
 

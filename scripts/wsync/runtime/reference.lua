@@ -14,6 +14,7 @@ local process = require("wsync._process")
 local protocol = require("wsync.protocol")
 local receipts_module = require("wsync.receipts")
 local server_module = require("wsync.runtime.server")
+local util = require("wsync.util")
 
 local M = {}
 
@@ -166,6 +167,7 @@ function Runtime:handlers()
     shutdown = function()
       local failures = self:close_workers()
       if #failures > 0 then
+        -- (The host destroys this process's group when it hears this.)
         -- A worker that did not shut down cleanly was destroyed; the host
         -- learns which one, and why.
         errors.raise("WORKER_FAILED", failures[1].message, { fatal = true, rank = failures[1].rank })
@@ -225,16 +227,23 @@ function Runtime:handlers()
     resident_checksums = function()
       return { workers = self:broadcast("resident_checksums", {}) }
     end,
+    -- Memory of every process of the runtime (soak tests watch it stay flat).
+    process_memory = function()
+      return { main = util.memory_usage(), workers = self:broadcast("process_memory", {}) }
+    end,
   }
 end
 
--- Shuts every worker down at once and waits until all are gone. Returns the
--- failures ({rank, message}, by rank), empty when every worker closed cleanly.
+-- Shuts every worker down at once and waits until all are gone, except a
+-- worker that broke: its failure is known at once and its process is
+-- destroyed meanwhile (the host destroys this whole group when it hears of
+-- the failure). Returns the failures ({rank,
+-- message}, by rank), empty when every worker closed cleanly.
 function Runtime:close_workers()
   local workers = self.workers
   -- Each worker's failure as text (false when it closed cleanly).
   local outcomes = loop.all(#workers, function(index)
-    local ok, closed, cause = pcall(workers[index].close, workers[index])
+    local ok, closed, cause = pcall(workers[index].close, workers[index], { wait = false })
     if not ok then
       return tostring(closed)
     end
@@ -249,11 +258,68 @@ function Runtime:close_workers()
   return failures
 end
 
---- Runs the main process: spawns the workers, then serves the host.
----@param options {tp: integer, backend: string, devices: integer[], weights_bytes: integer, kv_bytes: integer, fault: string?, program: string}
+-- Destroys every worker that is not closed (the host is gone).
+function Runtime:destroy_workers(reason)
+  for _, worker in pairs(self.workers) do
+    if worker.state ~= "CLOSED" then
+      worker:destroy(reason)
+    end
+  end
+end
+
+
+-- Spawns every TP worker at once, each with the handshake timeout of this
+-- process's own hop to it. Returns nil, or the first failure (the workers
+-- that did start are destroyed and reaped first).
+function Runtime:start_workers(options, faults)
+  local timeouts = client_module.inner_timeouts(options.timeouts)
+  local results, failed, err = loop.all(options.tp, function(index)
+    local rank = index - 1
+    -- Each worker gets only its own faults, never the main process's.
+    local worker = client_module.spawn({
+      name = "TP worker " .. rank,
+      name_pid = true,
+      detached = false,
+      timeouts = timeouts,
+      grace_ms = options.grace_ms,
+      env = { "WSYNC_RUNTIME_FAULT=" .. (faults.workers[rank] or "") },
+      argv = {
+        options.program, "runtime-worker",
+        "--rank", tostring(rank), "--world", tostring(options.tp),
+        "--backend", options.backend, "--device", tostring(options.devices[index]),
+        "--weights-bytes", tostring(options.weights_bytes), "--kv-bytes", tostring(options.kv_bytes),
+      },
+    })
+    self.workers[index] = worker
+    return worker
+  end)
+  if failed then
+    for index = 1, options.tp do
+      if results[index] then
+        results[index]:destroy("another TP worker did not start")
+        results[index]:wait_dead()
+      end
+    end
+    self.workers = {}
+    -- (The client's message names the worker, its pid and the cause.)
+    return errors.new("RUNTIME_START", errors.is(err) and err.message or tostring(err),
+      { rank = failed - 1, fatal = true })
+  end
+  for index, worker in ipairs(results) do
+    self.worker_info[index] = worker.startup_info
+    self.worker_state[index] = worker.startup_info.state
+  end
+  return nil
+end
+
+--- Runs the main process: serves the host at once, spawns the workers, and
+--- answers the host's startup handshake (`info`) once every worker answered
+--- its own, or with the worker that did not. `timeouts` are the host's, by
+--- command; this process's hop to its workers uses a little less of each.
+---@param options {tp: integer, backend: string, devices: integer[], weights_bytes: integer, kv_bytes: integer, timeouts: table<string, number>, fault: string?, program: string, grace_ms: integer?}
 function M.main(options)
-  -- The host's channel must be there before any worker is spawned: a worker's
-  -- pipe would otherwise take the free fd 3, and serving it would abort.
+  -- The host's channel must be served before any worker is spawned: a
+  -- worker's pipe would otherwise take the free fd 3.
   if uv.guess_handle(3) ~= "pipe" then
     errors.raise("RUNTIME_START", "reference runtime: no control channel on fd 3 "
       .. "(the host starts `wsync runtime` through wsync.runtime.spawn)")
@@ -265,47 +331,53 @@ function M.main(options)
     errors.raise("RUNTIME_START", "the process that started this one is gone: " .. tostring(parent_gone))
   end
   local faults = fault_module.parse(options.fault)
+  local defaults = {}
+  for key, value in pairs(client_module.DEFAULT_TIMEOUTS) do
+    defaults[key] = value
+  end
+  for key, value in pairs(options.timeouts or {}) do
+    defaults[key] = value
+  end
+  options.timeouts = defaults
   local self = setmetatable({
     backend = options.backend,
     workers = {},
     worker_info = {},
     worker_state = {},
   }, Runtime)
-  for rank = 0, options.tp - 1 do
-    -- Each worker gets only its own faults, never the main process's.
-    local env = { "WSYNC_RUNTIME_FAULT=" .. (faults.workers[rank] or "") }
-    local ok, worker = pcall(client_module.spawn, {
-      name = "TP worker " .. rank,
-      detached = false,
-      env = env,
-      argv = {
-        options.program, "runtime-worker",
-        "--rank", tostring(rank), "--world", tostring(options.tp),
-        "--backend", options.backend, "--device", tostring(options.devices[rank + 1]),
-        "--weights-bytes", tostring(options.weights_bytes), "--kv-bytes", tostring(options.kv_bytes),
-      },
-    })
-    if not ok then
-      self:close_workers()
-      error(worker, 0)
+  local handlers = self:handlers()
+  -- Until the workers are up, `info` waits for them (the host's handshake).
+  local started, startup_failure, waiting = false, nil, {}
+  local info = handlers.info
+  handlers.info = function(payload)
+    if not started then
+      loop.await(function(resume)
+        waiting[#waiting + 1] = resume
+      end)
     end
-    self.workers[rank + 1] = worker
-    self.worker_info[rank + 1] = worker.startup_info
-    self.worker_state[rank + 1] = worker.startup_info.state
+    if startup_failure then
+      error(startup_failure, 0)
+    end
+    return info(payload)
   end
   self.server = server_module.serve({
     name = "reference runtime",
-    handlers = self:handlers(),
+    handlers = handlers,
     fault = faults,
     on_close = function()
       -- The host went away (or broke the connection): take the workers down.
-      for _, worker in ipairs(self.workers) do
-        if worker.state ~= "CLOSED" then
-          worker:_destroy_tree()
-        end
-      end
+      self.host_gone = true
+      self:destroy_workers("the host closed the control channel")
     end,
   })
+  startup_failure = self:start_workers(options, faults)
+  if self.host_gone then -- while the workers started
+    self:destroy_workers("the host closed the control channel")
+  end
+  started = true
+  for _, resume in ipairs(waiting) do
+    resume()
+  end
   return self
 end
 

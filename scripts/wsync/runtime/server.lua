@@ -29,6 +29,9 @@ function Server:_inject(kind, request)
     return true
   elseif kind == "hang" then
     return true
+  elseif kind == "stop" then
+    uv.kill(uv.os_getpid(), "sigstop") -- stopped, not dead: only SIGKILL ends it
+    return true
   elseif kind == "stubborn" then
     self.ignore_term = uv.new_signal()
     self.ignore_term:start("sigterm", function() end)

@@ -16,6 +16,7 @@ local plan_module = require("wsync.plan")
 local process = require("wsync._process")
 local server_module = require("wsync.runtime.server")
 local shm = require("wsync.shm")
+local util = require("wsync.util")
 local device = require("wsync.device")
 
 local M = {}
@@ -404,6 +405,9 @@ function M.main(options)
     end,
     resident_checksums = function()
       return self:resident_checksums()
+    end,
+    process_memory = function()
+      return util.memory_usage()
     end,
     release = function()
       -- Buffers stay mapped (policy "keep"); nothing reads them now.

@@ -34,7 +34,7 @@ describe("wsync.runtime.fault.parse", function()
       assert.are.equal(kind .. "@info", fault.parse("worker0:" .. kind .. "@info").workers[0])
     end
     table.sort(kinds)
-    assert.are.same({ "bad_result", "crash", "eof", "error", "garbage", "hang", "oversize", "stubborn",
+    assert.are.same({ "bad_result", "crash", "eof", "error", "garbage", "hang", "oversize", "stop", "stubborn",
       "wrong_cmd", "wrong_id", "wrong_protocol" }, kinds)
   end)
 

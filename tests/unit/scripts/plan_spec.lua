@@ -102,6 +102,33 @@ describe("plan.build chunks", function()
     assert.matches("holds 32767", err.message, 1, true)
   end)
 
+  it("refuses a config size no number holds exactly, naming it as written", function()
+    local err = error_of(build, tiny({ vocab_size = 1e308 }), 1024 * KiB)
+    assert.are.equal("MODEL_UNSUPPORTED", err.code)
+    assert.are.equal("vocab_size", err.field)
+    assert.are.equal("config field vocab_size must be at most 2^53 (9007199254740992), got 1e+308", err.message)
+  end)
+
+  it("refuses a config of more tensors than a plan holds before enumerating them", function()
+    local started = os.clock()
+    local err = error_of(build, tiny({ num_hidden_layers = 65536 }), 1024 * KiB)
+    assert.is_true(os.clock() - started < 0.1)
+    assert.are.equal("num_hidden_layers", err.field)
+    assert.are.equal("the config makes 1376259 canonical tensors (65536 layers x 21 per layer); a plan holds at most "
+      .. "1048576", err.message)
+    assert.matches("^the config makes 21000000003 canonical tensors %(1000000000 layers x 21 per layer%)",
+      error_of(build, tiny({ num_hidden_layers = 1e9 }), 1024 * KiB).message)
+    err = error_of(build, tiny({ num_experts = 2 ^ 30 }), 1024 * KiB)
+    assert.are.equal("num_experts", err.field)
+  end)
+
+  it("refuses a config of more bytes than a number holds exactly", function()
+    local err = error_of(build, tiny({ hidden_size = 2 ^ 40, vocab_size = 2 ^ 20 }), 1024 * KiB)
+    assert.are.equal("model", err.field)
+    assert.matches("^the config makes [%d.e+]+ bytes of weights; a plan holds at most 2%^53 %(9007199254740992%)$",
+      err.message)
+  end)
+
   it("refuses an unknown model family, listing the known ones", function()
     local err = error_of(plan_module.build, { family = "llama", config = "tiny" }, { bytes = 1, count = 1 })
     assert.are.equal("MODEL_UNSUPPORTED", err.code)

@@ -286,3 +286,164 @@ describe("recipe overrides", function()
     assert.are.equal("parameter 'verbose' needs a boolean, got 'yes'", err.message)
   end)
 end)
+
+-- A model recipe as a table (recipes/demo.lua's shape), with `changes` laid
+-- over it (recipe.merge).
+local function model_recipe(changes)
+  return recipe.merge({
+    name = "model",
+    backend = "host",
+    model = { family = "qwen3_moe", preset = "tiny" },
+    trainer = { kind = "synthetic", ranks = 2, steps = 3 },
+    runtime = { kind = "reference", tp = 2 },
+    buffers = { bytes = 160 * 1024, count = 2 },
+    memory = { device_bytes = 64 * 1024 * 1024, kv_bytes = 1024 * 1024 },
+    schedule = { { wake = { "weights" } }, "publish" },
+    timeouts = { load_chunk = 30 },
+  }, changes or {})
+end
+
+local schema = require("wsync.schema")
+
+-- The schema failure of a model recipe with `changes`, asserting there is one.
+local function refused(changes)
+  local result, failure = schema.check(recipe.schema, model_recipe(changes))
+  assert.is_nil(result)
+  return failure
+end
+
+describe("recipe schema numbers", function()
+  -- Every number that reaches a byte count, a process count, a version or a
+  -- timer: huge values are refused at validation, naming the value as the
+  -- recipe wrote it (not as an int64 conversion prints it).
+  local FIELDS = {
+    { path = "buffers.bytes", set = function(v) return { buffers = { bytes = v } } end },
+    { path = "buffers.count", set = function(v) return { buffers = { count = v } } end },
+    { path = "trainer.ranks", set = function(v) return { trainer = { ranks = v } } end },
+    { path = "trainer.steps", set = function(v) return { trainer = { steps = v } } end },
+    { path = "runtime.tp", set = function(v) return { runtime = { tp = v } } end },
+    { path = "runtime.grace_ms", set = function(v) return { runtime = { grace_ms = v } } end },
+    { path = "memory.device_bytes", set = function(v) return { memory = { device_bytes = v } } end },
+    { path = "memory.kv_bytes", set = function(v) return { memory = { kv_bytes = v } } end },
+    { path = "memory.headroom_bytes", set = function(v) return { memory = { headroom_bytes = v } } end },
+    { path = "memory.optimizer_factor", set = function(v) return { memory = { optimizer_factor = v } } end },
+    { path = "timeouts.load_chunk", set = function(v) return { timeouts = { load_chunk = v } } end },
+    { path = "timeouts.startup", set = function(v) return { timeouts = { startup = v } } end },
+  }
+  for _, field in ipairs(FIELDS) do
+    for _, value in ipairs({ 1e308, 2 ^ 63, 2 ^ 53 + 2 }) do
+      it("refuses " .. field.path .. " = " .. tostring(value) .. ", naming it as written", function()
+        local failure = refused(field.set(value))
+        assert.are.equal(field.path, failure.path)
+        assert.matches(", got " .. tostring(value):gsub("%p", "%%%0") .. "$", failure.message)
+        assert.is_nil(failure.message:find("9223372036854775808", 1, true))
+      end)
+    end
+  end
+
+  it("says what bounds each number and why", function()
+    assert.are.equal("must be at most 9007199254740992 (2^53, the largest integer a Lua number holds exactly), "
+      .. "got 1e+308", refused({ buffers = { bytes = 1e308 } }).message)
+    assert.are.equal("must be at most 604800 (a week), got 1e+300", refused({ timeouts = { startup = 1e300 } }).message)
+    assert.are.equal("must be at most 64 (64 times the parameters' bytes), got 1000",
+      refused({ memory = { optimizer_factor = 1000 } }).message)
+  end)
+
+  it("accepts the bounds themselves", function()
+    assert.is_table(schema.check(recipe.schema, model_recipe({ memory = { device_bytes = 2 ^ 53,
+      headroom_bytes = 2 ^ 50 }, timeouts = { startup = recipe.MAX_SECONDS }, trainer = { steps = 2 ^ 53 } })))
+  end)
+
+  it("refuses more trainer ranks than the host backend has devices, and than one node holds", function()
+    local devices = require("wsync.device").count("host")
+    assert.is_table(schema.check(recipe.schema, model_recipe({ trainer = { ranks = devices },
+      runtime = { tp = devices } })))
+    local failure = refused({ trainer = { ranks = 100000 }, runtime = { tp = 100000 } })
+    assert.are.equal("trainer.ranks", failure.path)
+    assert.are.equal(string.format("100000 trainer ranks: the host backend has %d devices, one per trainer rank and "
+      .. "its TP worker", devices), failure.message)
+    -- cuda: a static bound (check does not query the GPU)
+    assert.is_table(schema.check(recipe.schema, model_recipe({ backend = "cuda", trainer = { ranks = 128 },
+      runtime = { tp = 128 } })))
+    failure = refused({ backend = "cuda", trainer = { ranks = 100000 }, runtime = { tp = 100000 } })
+    assert.are.equal("trainer.ranks", failure.path)
+    assert.matches("^100000 trainer ranks: at most 1024 on one node", failure.message)
+  end)
+
+  it("refuses a TP size other than the trainer world, which the preflight would refuse after the start", function()
+    local failure = refused({ runtime = { tp = 1 } })
+    assert.are.equal("runtime.tp", failure.path)
+    assert.are.equal("TP 1 differs from the 2 trainer ranks: TP worker r runs on trainer rank r's device, so "
+      .. "runtime.tp must equal trainer.ranks", failure.message)
+  end)
+end)
+
+describe("recipe.unserved", function()
+  local function validated(changes)
+    return assert(schema.check(recipe.schema, model_recipe(changes)))
+  end
+
+  it("serves the reference runtime on the host backend", function()
+    assert.is_nil(recipe.unserved(validated()))
+  end)
+
+  it("names runtime.kind and what this build has for the runtimes it lacks", function()
+    for _, kind in ipairs({ "vllm", "transformers" }) do
+      local message, field = recipe.unserved(validated({ runtime = { kind = kind } }))
+      assert.are.equal("runtime.kind", field)
+      assert.are.equal("runtime.kind '" .. kind .. "' is not in this build (this build has: reference, on the host "
+        .. "backend)", message)
+    end
+  end)
+
+  it("names the backend that the reference runtime's workers cannot hold weights on", function()
+    local message, field = recipe.unserved(validated({ backend = "cuda" }))
+    assert.are.equal("backend", field)
+    assert.are.equal("backend 'cuda': this build's reference runtime holds weights on the host backend only", message)
+  end)
+
+  it("names a generate step, which the reference runtime cannot run", function()
+    local message, field = recipe.unserved(validated({ schedule = { { wake = { "weights" } }, "publish",
+      { wake = { "kv_cache" } }, "generate" } }))
+    assert.are.equal("schedule[4]", field)
+    assert.are.equal("schedule[4] (generate): the reference runtime does not generate text", message)
+  end)
+end)
+
+describe("recipe.check", function()
+  local function loaded(path)
+    return recipe.load(path)
+  end
+
+  it("refuses a recipe with nothing to run at its return line", function()
+    local path = fixtures.recipes .. "/no_model.lua"
+    local err = error_of(recipe.check, loaded(path))
+    assert.are.equal("RECIPE_INVALID", err.code)
+    assert.are.equal(path, err.file)
+    assert.are.equal(fixtures.bad_line(path), err.line)
+    assert.are.equal("the recipe has nothing to run: it defines neither `run` nor `model`", err.message)
+  end)
+
+  it("passes a run recipe without a plan and returns a model recipe's plan", function()
+    assert.is_nil(recipe.check(loaded(fixtures.recipes .. "/good.lua")))
+    local plan, topology, memory = recipe.check(loaded("recipes/demo.lua"))
+    assert.are.equal(3, #plan.chunks)
+    assert.are.same({ world = 2, tp = 2 }, topology)
+    assert.is_number(memory.peak)
+  end)
+
+  it("refuses a runtime this build lacks, naming runtime.kind at its line", function()
+    local path = fixtures.recipes .. "/runtime_vllm.lua"
+    local err = error_of(recipe.check, loaded(path))
+    assert.are.equal("RECIPE_INVALID", err.code)
+    assert.are.equal("runtime.kind", err.field)
+    assert.are.equal(fixtures.bad_line(path), err.line)
+  end)
+
+  it("with plan_only checks the plan of a recipe this build cannot serve", function()
+    local plan = recipe.check(loaded(fixtures.recipes .. "/backend_cuda.lua"), { plan_only = true })
+    assert.are.equal(3, #plan.chunks)
+    local err = error_of(recipe.check, loaded(fixtures.recipes .. "/backend_cuda.lua"))
+    assert.are.equal("backend", err.field)
+  end)
+end)

@@ -31,6 +31,16 @@ describe("schema validators", function()
     assert.are.equal("must be at most 8, got 9", failure_of(schema.number({ max = 8 }), 9).message)
   end)
 
+  it("number: bounds read as integers in full, with their reason; the value as written", function()
+    local exact = schema.number({ integer = true, max = 2 ^ 53, max_why = "2^53" })
+    assert.are.equal("must be at most 9007199254740992 (2^53), got 1e+308", failure_of(exact, 1e308).message)
+    assert.are.equal("must be at most 9007199254740992 (2^53), got 9.2233720368548e+18",
+      failure_of(exact, 2 ^ 63).message)
+    assert.are.equal("must be at least 0.001, got 0", failure_of(schema.number({ min = 0.001 }), 0).message)
+    assert.are.equal("must be at least -9007199254740992, got -1e+308",
+      failure_of(schema.number({ min = -2 ^ 53 }), -1e308).message)
+  end)
+
   it("boolean: only true and false", function()
     assert.is_false(schema.check(schema.boolean({}), false))
     assert.are.equal("expected true or false, got \"true\"", failure_of(schema.boolean({}), "true").message)
