@@ -390,7 +390,8 @@ function load_table(path, loading)
   local file = io.open(path, "r")
   if not file then
     local _, reason = io.open(path, "r")
-    invalid(path, "cannot open the recipe: " .. tostring(reason):gsub("^[^:]*: ", ""), { line = 0 })
+    -- (No line: there is no file to point into.)
+    invalid(path, "cannot open the recipe: " .. tostring(reason):gsub("^[^:]*: ", ""))
   end
   file:close()
 

@@ -181,3 +181,14 @@ describe("wsync FILE.lua", function()
     assert.matches("cannot open " .. directory .. "/missing.lua", result.stderr, 1, true)
   end)
 end)
+
+describe("wsync run and check of a recipe file that does not exist", function()
+  it("exit 3 naming the file and why, with no line number", function()
+    for _, command in ipairs({ "run", "check" }) do
+      local result = process.wsync({ command, "tests/fixtures/recipes/missing.lua" })
+      assert.are.equal(3, result.code)
+      assert.are.equal("wsync: tests/fixtures/recipes/missing.lua: cannot open the recipe: No such file or "
+        .. "directory\n", result.stderr)
+    end
+  end)
+end)

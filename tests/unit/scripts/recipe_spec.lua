@@ -89,6 +89,9 @@ describe("recipe.load", function()
     assert.are.equal("RECIPE_INVALID", err.code)
     assert.matches("cannot open the recipe: ", err.message, 1, true)
     assert.matches("No such file", err.message, 1, true)
+    assert.is_nil(err.line)
+    assert.are.equal("tests/fixtures/recipes/does_not_exist.lua: cannot open the recipe: No such file or directory",
+      tostring(err))
   end)
 
   describe("under a long path", function()
