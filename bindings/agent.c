@@ -1,5 +1,5 @@
 // The agent API of libwsync (ws_agent_* in wsync.h): a trainer rank written in
-// C joins a host's publications. The agent is a wsync.agent_api handle in the
+// C joins a host's publications. The agent is a wsync.trainer.agent_api handle in the
 // Lua state of the rank's own host; each function here checks its arguments,
 // calls one function of that module under the message handler, and converts
 // the result. Policy (states, waiting on the loop, error texts) is in Lua.
@@ -27,7 +27,7 @@ struct ws_agent {
   lua_State *L;     // the host's state; NULL once the host closed
   ws_host *host;    // NULL once the host closed
   ws_agent *next;   // the host's other open agents
-  int handle;       // registry reference to the wsync.agent_api handle
+  int handle;       // registry reference to the wsync.trainer.agent_api handle
   char error[8192]; // last error text
 };
 
@@ -172,7 +172,7 @@ int ws_agent_open(ws_host *host, const char *endpoint, int rank, int world,
   int top = lua_gettop(L);
   int first = 0;
   lua_getglobal(L, "require");
-  lua_pushliteral(L, "wsync.agent_api");
+  lua_pushliteral(L, "wsync.trainer.agent_api");
   int status = protected_call(L, 1, &first, agent->error, sizeof agent->error);
   if (status == WS_OK) {
     lua_getfield(L, first, "open");

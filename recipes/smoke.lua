@@ -15,7 +15,7 @@ return {
   },
   run = function(ctx)
     local params = ctx.params
-    local manifest = wsync.manifest.of({
+    local manifest = wsync.native.manifest.of({
       { "model.embed_tokens.weight", "bfloat16", { 1024, 64 } },
       { "model.layers.0.self_attn.q_proj.weight", "bfloat16", { 128, 64 } },
       { "model.norm.weight", "bfloat16", { 64 } },
@@ -24,8 +24,8 @@ return {
     print(string.format("smoke: manifest %s (%d records, %d bytes)",
       manifest.digest, manifest.count, manifest.bytes))
 
-    local buffer = assert(wsync.shm.create(params.buffer_bytes))
-    local peer = assert(wsync.shm.open(buffer:name()))
+    local buffer = assert(wsync.native.shm.create(params.buffer_bytes))
+    local peer = assert(wsync.native.shm.open(buffer:name()))
     buffer:write(0, "wsync")
     assert(peer:read(0, 5) == "wsync", "shared memory did not round-trip")
     peer:close()
@@ -33,7 +33,7 @@ return {
     print(string.format("smoke: shared memory round-trip ok (%d bytes)", params.buffer_bytes))
 
     for rank = 0, params.ranks - 1 do
-      local device = assert(wsync.device.query("host", rank))
+      local device = assert(wsync.native.device.query("host", rank))
       print(string.format("smoke: rank %d -> host device %s", rank, device.uuid))
     end
     print("smoke: ok")

@@ -117,7 +117,7 @@ check() {
     "$name" "$code" "$errors" "$lost" "$seconds" "$verdict")")
 }
 
-check eval 0 "" -e 'local m = require("wsync.manifest").of({{"w", "bfloat16", {2, 3}}}) print(m.digest)'
+check eval 0 "" -e 'local m = require("wsync.native.manifest").of({{"w", "bfloat16", {2, 3}}}) print(m.digest)'
 check smoke 0 "" run recipes/smoke.lua
 check check-broken 3 "" check tests/fixtures/recipes/bad_param.lua
 check repl any '1+1\nerror("x")\n' repl

@@ -1,7 +1,7 @@
 --- wsync: publish trainer weights into a rollout engine, fail-stop.
 ---
 --- `require("wsync")` gives the version and loads submodules on first use:
---- `wsync.manifest`, `wsync.recipe`, `wsync.repl`, ... each is `wsync.<name>`.
+--- `wsync.native.manifest`, `wsync.recipe`, `wsync.cli.repl`, ... each is `wsync.<name>`.
 ---@class wsync
 ---@field version string
 local M = {}
@@ -17,19 +17,36 @@ M.script_source = host.script_root() or "embedded"
 --- True when this binary carries the cuda backend (a GPU may still be absent).
 M.cuda_built = core.cuda_built
 
-return setmetatable(M, {
-  __index = function(self, name)
-    if type(name) ~= "string" or name:sub(1, 1) == "_" then
-      return nil
-    end
-    local ok, module = pcall(require, "wsync." .. name)
-    if not ok then
-      if tostring(module):find("module 'wsync." .. name .. "' not found", 1, true) then
+--- The folders of wsync's modules (shared/DESIGN.md section 2). One that has
+--- no init.lua of its own is a namespace: `wsync.publish.session` loads
+--- `wsync.publish.session` on first use.
+M.FOLDERS = {
+  cli = true, control = true, native = true, plan = true, publish = true, recipe = true, runtime = true,
+  trainer = true, transport = true,
+}
+
+-- A table whose fields load the modules under `prefix` on first use.
+local function namespace(prefix, folders)
+  return setmetatable({}, {
+    __index = function(self, name)
+      if type(name) ~= "string" or name:sub(1, 1) == "_" then
         return nil
       end
-      error(module, 2)
-    end
-    rawset(self, name, module)
-    return module
-  end,
-})
+      local full = prefix .. "." .. name
+      local ok, module = pcall(require, full)
+      if not ok then
+        if not tostring(module):find("module '" .. full .. "' not found", 1, true) then
+          error(module, 2)
+        end
+        if not (folders and folders[name]) then
+          return nil
+        end
+        module = namespace(full)
+      end
+      rawset(self, name, module)
+      return module
+    end,
+  })
+end
+
+return setmetatable(M, getmetatable(namespace("wsync", M.FOLDERS)))

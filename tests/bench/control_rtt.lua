@@ -12,7 +12,7 @@
 local uv = require("luv")
 local loop = require("wsync.loop")
 local runtime = require("wsync.runtime")
-local client = require("wsync.runtime.client")
+local client = require("wsync.control.client")
 
 local requests = tonumber(arg and arg[1]) or 10000
 local TARGET_P50_US = 100

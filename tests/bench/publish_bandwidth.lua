@@ -7,14 +7,14 @@
 --       PUBLICATIONS model versions to publish (default 4)
 --
 -- (a) memcpy: one thread copies a buffer of the model's size into another
---     (both wsync.shm.anonymous, written before timing), with glibc's memcpy
+--     (both wsync.native.shm.anonymous, written before timing), with glibc's memcpy
 --     and with the C core's ws_copy_run given one contiguous op; several
 --     repetitions, best and median; the faster of the two is the reference.
 -- (b) publication: a Qwen3-MoE-shaped config of that size (hidden 1024, 32
 --     experts of 512, vocabulary 32000, as many layers as the size needs)
 --     published by two synthetic FSDP trainer ranks into a TP2 reference
 --     runtime through shared-memory packed buffers, in-process through
---     wsync.session with a generated recipe (schedule: publish only, verify
+--     wsync.publish.session with a generated recipe (schedule: publish only, verify
 --     off). Prints, per publication, the phases, model bytes/s, and moved
 --     bytes/s (every byte the data path copies: the fill writes each rank's
 --     shard into every rank's buffer, TP world x model bytes; the load copies
@@ -25,12 +25,12 @@
 -- median; the target is 50%.
 local ffi = require("ffi")
 local uv = require("luv")
-local C = require("wsync.ffi")
-local qwen3_moe = require("wsync.models.qwen3_moe")
+local C = require("wsync.native.ffi")
+local qwen3_moe = require("wsync.plan.qwen3_moe")
 local recipe_module = require("wsync.recipe")
-local schema = require("wsync.schema")
-local session = require("wsync.session")
-local shm = require("wsync.shm")
+local schema = require("wsync.recipe.schema")
+local session = require("wsync.publish.session")
+local shm = require("wsync.native.shm")
 
 -- glibc's memcpy, called with a size_t length: ffi.copy converts its length
 -- to an int32 and would copy 2 GiB of a larger buffer. (pcall: a second

@@ -1,11 +1,11 @@
--- libwsync's agent API (bindings/agent.c, policy in wsync.agent_api) called
+-- libwsync's agent API (bindings/agent.c, policy in wsync.trainer.agent_api) called
 -- through LuaJIT's FFI the way a C trainer calls it: argument checks, call
 -- order and error texts. The agent runs in a second host opened here and
 -- connects to a socket of this test that accepts connections (the kernel's
 -- backlog) but never answers, so nothing here waits on a wsync host.
 local ffi = require("ffi")
 local uv = require("luv")
-local C = require("wsync.ffi")
+local C = require("wsync.native.ffi")
 
 local function bf16_rows(rows, columns)
   return ffi.new("uint16_t[?]", rows * columns), rows * columns * 2

@@ -1,7 +1,7 @@
 -- `wsync._core`: version, status table, build features, ffi declarations.
 local ffi = require("ffi")
 local core = require("wsync._core")
-local C = require("wsync.ffi")
+local C = require("wsync.native.ffi")
 
 describe("wsync._core", function()
   it("carries the project version from CMakeLists.txt", function()

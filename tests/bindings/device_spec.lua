@@ -1,6 +1,6 @@
--- `wsync._device` and wsync.device: device identity and memory from Lua.
+-- `wsync._device` and wsync.native.device: device identity and memory from Lua.
 local device = require("wsync._device")
-local wsync_device = require("wsync.device")
+local wsync_device = require("wsync.native.device")
 
 local uuid_pattern = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
 
@@ -17,7 +17,7 @@ describe("wsync._device", function()
     assert.are_not.equal(info.uuid, device.query("host", 2).uuid)
   end)
 
-  it("is what wsync.device exports", function()
+  it("is what wsync.native.device exports", function()
     assert.are.equal(device.count, wsync_device.count)
     assert.are.equal(device.query, wsync_device.query)
   end)

@@ -2,7 +2,7 @@
 -- Without a usable device the whole file is reported as pending, with the
 -- reason the core gave.
 local ffi = require("ffi")
-local C = require("wsync.ffi")
+local C = require("wsync.native.ffi")
 local wsync = require("wsync")
 
 local uuid_pattern = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
@@ -35,7 +35,7 @@ describe("cuda devices", function()
   local seen = {}
   for index = 0, count - 1 do
     it("device " .. index .. " has a UUID, a name and free <= total memory", function()
-      local info, message, code = wsync.device.query("cuda", index)
+      local info, message, code = wsync.native.device.query("cuda", index)
       assert.is_table(info, tostring(message) .. " " .. tostring(code))
       assert.are.equal(index, info.index)
       assert.matches(uuid_pattern, info.uuid)
@@ -47,7 +47,7 @@ describe("cuda devices", function()
       assert.is_true(#info.name > 0)
       assert.is_true(info.free_bytes > 0)
       assert.is_true(info.total_bytes >= info.free_bytes)
-      local again = assert(wsync.device.query("cuda", index))
+      local again = assert(wsync.native.device.query("cuda", index))
       assert.are.equal(info.uuid, again.uuid)
     end)
   end
@@ -59,19 +59,19 @@ describe("cuda devices", function()
       return
     end
     for index = 0, count - 1 do
-      local uuid = assert(wsync.device.query("cuda", index)).uuid
+      local uuid = assert(wsync.native.device.query("cuda", index)).uuid
       assert.is_true(listed[uuid] ~= nil, uuid .. " is not among nvidia-smi's UUIDs")
     end
   end)
 
   it("refuses an index past the last device", function()
-    local info, message, code = wsync.device.query("cuda", count)
+    local info, message, code = wsync.native.device.query("cuda", count)
     assert.is_nil(info)
     assert.are.equal("EINVAL", code)
     assert.matches("out of range", message, 1, true)
   end)
 
   it("counts the same devices through Lua as through the core", function()
-    assert.are.equal(count, wsync.device.count("cuda"))
+    assert.are.equal(count, wsync.native.device.count("cuda"))
   end)
 end)

@@ -1,7 +1,7 @@
 --- Test helper: manifests computed straight through the C core (LuaJIT FFI),
 --- so that specs and child processes hash the same records the same way.
 local ffi = require("ffi")
-local C = require("wsync.ffi")
+local C = require("wsync.native.ffi")
 
 local M = {}
 

@@ -1,12 +1,12 @@
 --- Test helper: many publications in a row on the host backend, with the
 --- memory of every process sampled along the way. The calling process is the
---- host (wsync.session in this Lua state); the synthetic trainer ranks and the
---- runtime are its children. Used by tests/functional/soak_spec.lua (bounds)
+--- host (wsync.publish.session in this Lua state); the synthetic trainer ranks and the
+--- runtime are its children. Used by tests/functional/publish/soak_spec.lua (bounds)
 --- and tests/bench/soak.lua (the figures in tests/bench/RESULTS.md).
 local uv = require("luv")
-local publish = require("wsync.publish")
+local publish = require("wsync.publish.publication")
 local recipe_module = require("wsync.recipe")
-local session_module = require("wsync.session")
+local session_module = require("wsync.publish.session")
 local util = require("wsync.util")
 
 local M = {}

@@ -1,9 +1,9 @@
 --- Rollout runtimes the host spawns and drives. `spawn(options)` starts one
---- and returns its client (wsync.runtime.client) after the handshake; it must
+--- and returns its client (wsync.control.client) after the handshake; it must
 --- be called from a coroutine (the REPL, `wsync run`, and wsync.loop.spawn give
 --- one). The reference runtime is built in: `wsync runtime` is its main process.
 local uv = require("luv")
-local client = require("wsync.runtime.client")
+local client = require("wsync.control.client")
 
 local M = {}
 
@@ -11,7 +11,7 @@ M.DEFAULT_TIMEOUTS = client.DEFAULT_TIMEOUTS
 
 --- Spawns a runtime.
 --- `env` adds "NAME=value" entries to the runtime's environment; `fault` is
---- a test-only fault spec (wsync.runtime.fault).
+--- a test-only fault spec (wsync.control.fault).
 ---@param options {kind: "reference"?, tp: integer?, backend: string?, devices: integer[]?, weights_bytes: integer?, kv_bytes: integer?, timeouts: table?, grace_ms: integer?, fault: string?, program: string?, env: string[]?}
 ---@return wsync.RuntimeClient
 function M.spawn(options)
@@ -58,7 +58,7 @@ function M.spawn(options)
     end)(),
     timeouts = timeouts,
     grace_ms = options.grace_ms,
-    results = require("wsync.messages").from_runtime,
+    results = require("wsync.control.messages").from_runtime,
   })
 end
 

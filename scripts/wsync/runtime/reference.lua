@@ -6,14 +6,14 @@
 --- wakes them, and (with the publication protocol) receives weights. It does
 --- not generate text and says so.
 local uv = require("luv")
-local client_module = require("wsync.runtime.client")
+local client_module = require("wsync.control.client")
 local errors = require("wsync.errors")
-local fault_module = require("wsync.runtime.fault")
+local fault_module = require("wsync.control.fault")
 local loop = require("wsync.loop")
 local process = require("wsync._process")
-local protocol = require("wsync.protocol")
-local receipts_module = require("wsync.receipts")
-local server_module = require("wsync.runtime.server")
+local protocol = require("wsync.control.protocol")
+local receipts_module = require("wsync.publish.receipts")
+local server_module = require("wsync.control.server")
 local util = require("wsync.util")
 
 local M = {}

@@ -9,15 +9,15 @@
 --- vLLM's dummy load format, until a publication writes real ones.
 local ffi = require("ffi")
 local uv = require("luv")
-local C = require("wsync.ffi")
+local C = require("wsync.native.ffi")
 local errors = require("wsync.errors")
 local manifest_module = require("wsync._manifest")
 local plan_module = require("wsync.plan")
 local process = require("wsync._process")
-local server_module = require("wsync.runtime.server")
-local shm = require("wsync.shm")
+local server_module = require("wsync.control.server")
+local shm = require("wsync.native.shm")
 local util = require("wsync.util")
-local device = require("wsync.device")
+local device = require("wsync.native.device")
 
 local M = {}
 

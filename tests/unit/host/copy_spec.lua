@@ -3,7 +3,7 @@
 -- rows for large strided ones, one pass into several targets) must write
 -- exactly the bytes a row-by-row reference copy writes, and nothing else.
 local ffi = require("ffi")
-local C = require("wsync.ffi")
+local C = require("wsync.native.ffi")
 
 local function detail()
   return ffi.string(C.ws_error_detail())

@@ -1,7 +1,7 @@
 -- Device identity and memory through the FFI: the host backend everywhere, the
 -- cuda backend's refusal where no GPU is usable.
 local ffi = require("ffi")
-local C = require("wsync.ffi")
+local C = require("wsync.native.ffi")
 local process = require("tests.helpers.process")
 
 local uuid_pattern = "^%x%x%x%x%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%-%x%x%x%x%x%x%x%x%x%x%x%x$"
@@ -55,7 +55,7 @@ describe("host backend", function()
     end
     local result = process.wsync({ "-e", [[
       local ffi = require("ffi")
-      local C = require("wsync.ffi")
+      local C = require("wsync.native.ffi")
       for index = 0, 3 do
         local info = ffi.new("ws_device_info")
         assert(C.ws_device_query(C.WS_BACKEND_HOST, index, info) == 0)

@@ -1,6 +1,6 @@
 -- Dtype names and element sizes.
 local ffi = require("ffi")
-local C = require("wsync.ffi")
+local C = require("wsync.native.ffi")
 
 -- Sizes as torch defines them, written out here independently of the core.
 local expected_sizes = {

@@ -1,7 +1,7 @@
 -- The manifest: SHA-256 over ordered structural records, through the FFI.
 local ffi = require("ffi")
 local bit = require("bit")
-local C = require("wsync.ffi")
+local C = require("wsync.native.ffi")
 local core = require("tests.helpers.core_manifest")
 local process = require("tests.helpers.process")
 

@@ -2,7 +2,7 @@
 local bit = require("bit")
 local ffi = require("ffi")
 local uv = require("luv")
-local C = require("wsync.ffi")
+local C = require("wsync.native.ffi")
 local shm_files = require("tests.helpers.shm")
 
 local pid = uv.os_getpid()

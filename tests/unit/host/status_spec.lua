@@ -1,6 +1,6 @@
 -- Status codes, names and messages of the C core, and the per-thread detail.
 local ffi = require("ffi")
-local C = require("wsync.ffi")
+local C = require("wsync.native.ffi")
 
 -- The X-macro table as written in host/status_defs.h, read from the source so
 -- that this spec checks the compiled lookups against it instead of restating it.

@@ -1,0 +1,418 @@
+--- The `wsync` command line: parses arguments, dispatches, maps errors to exit
+--- codes. The C host calls `main(argv)` and exits with what it returns.
+local errors = require("wsync.errors")
+
+local M = {}
+
+M.usage = [[
+usage: wsync FILE.lua [ARGS...]        run a Lua file in the host (ARGS in `arg`)
+       wsync -e CODE [ARGS...]         run a Lua chunk
+       wsync run RECIPE [KEY=VALUE...] run a recipe: its publications (a model
+                                       recipe) or its run function, with params
+       wsync check RECIPE [KEY=VALUE...] [--json] [--plan-only]
+                                       load and validate a recipe and print its
+                                       plan; allocate and start nothing; refuse
+                                       what `run` would refuse (--plan-only: the
+                                       plan and schedule alone, for a recipe
+                                       meant for another machine or build)
+       wsync repl [RECIPE]             interactive Lua with wsync loaded; with a
+                                       model recipe, step through publications
+       wsync repl --attach ENDPOINT    read a running host's live state (read-only)
+       wsync test [BUSTED ARGS...]     run busted specs inside the host
+       wsync --version                 print the version
+       wsync --help                    print this help
+
+internal (started by wsync itself, not by hand):
+       wsync runtime --tp N [--backend host] [--devices I,J,...]
+                     [--weights-bytes B] [--kv-bytes B] [--timeouts JSON]
+                                       the reference rollout runtime's main process;
+                                       its control channel is fd 3
+       wsync runtime-worker --rank R --world N --device I
+                     --weights-bytes B --kv-bytes B
+                                       one TP worker of the reference runtime
+       wsync trainer --endpoint SOCKET --rank R --world N --model PRESET|JSON
+                     [--versions N] [--backend host] [--device I]
+                                       a synthetic trainer rank (generated weights)
+                                       that publishes N versions to the host
+
+Lua scripts come from the source tree when this binary runs from its build
+directory, from the bytecode embedded in the binary otherwise; set
+WSYNC_SCRIPTS=DIR (or WSYNC_SCRIPTS=embedded) to choose.
+
+exit codes:
+  0    success
+  1    failure while running (the message says what failed and where)
+  2    usage error (bad command line, unknown recipe parameter)
+  3    invalid recipe or script (file:line and the field are named)
+  130  interrupted (Ctrl-C)
+]]
+
+local function usage_error(message)
+  errors.raise("USAGE", message .. " (see wsync --help)")
+end
+
+local function pack(...)
+  return { n = select("#", ...), ... }
+end
+
+-- Runs fn(...) in a spawned coroutine and the loop until all work is done;
+-- raises what fn or any callback raised.
+local function run_on_loop(fn, ...)
+  local loop = require("wsync.loop")
+  local outcome = nil
+  loop.spawn(fn, function(...)
+    outcome = pack(...)
+  end, ...)
+  loop.run()
+  if outcome and not outcome[1] then
+    error(outcome[2], 0)
+  end
+end
+
+--- Runs a chunk of Lua source, then the loop. Used by `-e` and ws_host_run_string.
+---@param code string
+---@param chunk_name string?
+---@param args string[]?
+function M.exec_string(code, chunk_name, args)
+  local chunk, message = loadstring(code, chunk_name or "=(command line)")
+  if not chunk then
+    errors.raise("SCRIPT_INVALID", message)
+  end
+  run_on_loop(chunk, unpack(args or {}))
+end
+
+--- Runs a Lua file with `arg` set like the standalone interpreter sets it.
+---@param path string
+---@param args string[]
+function M.exec_file(path, args)
+  local chunk, message = loadfile(path)
+  if not chunk then
+    errors.raise("SCRIPT_INVALID", message)
+  end
+  local script_args = { [0] = path }
+  for i, value in ipairs(args or {}) do
+    script_args[i] = value
+  end
+  _G.arg = script_args
+  run_on_loop(chunk, unpack(script_args))
+end
+
+--- Loads, validates and runs a recipe with `key=value` overrides.
+---@param path string
+---@param words string[]
+function M.exec_recipe(path, words)
+  local recipe_module = require("wsync.recipe")
+  local recipe = recipe_module.load(path)
+  recipe_module.apply_overrides(recipe, recipe_module.parse_overrides(words or {}))
+  -- Refused as `check` refuses it (exit 3, file:line and field) before
+  -- anything starts: nothing to run, a plan or schedule that cannot work,
+  -- what this build or machine cannot serve.
+  recipe_module.check(recipe)
+  if recipe.model then
+    run_on_loop(function()
+      require("wsync.publish.session").run(recipe)
+    end)
+    return
+  end
+  run_on_loop(recipe.run, { recipe = recipe, params = recipe.params })
+end
+
+local commands = {}
+
+function commands.run(args)
+  if not args[1] then
+    usage_error("wsync run needs a recipe file")
+  end
+  M.exec_recipe(args[1], { unpack(args, 2) })
+  return 0
+end
+
+function commands.check(args)
+  local json, plan_only = false, false
+  local words = {}
+  for _, word in ipairs(args) do
+    if word == "--json" then
+      json = true
+    elseif word == "--plan-only" then
+      plan_only = true
+    else
+      words[#words + 1] = word
+    end
+  end
+  local path = table.remove(words, 1)
+  if not path then
+    usage_error("wsync check needs a recipe file")
+  end
+  local recipe_module = require("wsync.recipe")
+  local recipe = recipe_module.load(path)
+  recipe_module.apply_overrides(recipe, recipe_module.parse_overrides(words))
+  local summary = {
+    ok = true,
+    recipe = recipe.name,
+    path = path,
+    backend = recipe.backend,
+    params = recipe.params,
+  }
+  -- `check` refuses what `run` would refuse. With --plan-only it checks the
+  -- plan and the schedule alone, for a recipe meant for another machine or
+  -- build, and says whether this one can run it.
+  plan_only = plan_only and recipe.model ~= nil
+  local plan, topology, memory = recipe_module.check(recipe, { plan_only = plan_only })
+  local unserved = plan_only and recipe_module.unserved(recipe) or nil
+  if plan then
+    for key, value in pairs(require("wsync.plan").summary(plan)) do
+      summary[key] = value
+    end
+    summary.trainer_ranks, summary.tp = topology.world, topology.tp
+    summary.peak_device_bytes, summary.peak_step = memory.peak, memory.peak_step
+    summary.device_budget_bytes = memory.budget
+    summary.runs_here = unserved == nil
+    summary.not_runnable = unserved
+  end
+  if json then
+    io.stdout:write(require("cjson").encode(summary), "\n")
+    return 0
+  end
+  io.stdout:write(string.format("%s: %s: recipe %s, backend %s\n", path, plan_only and "plan ok" or "ok", recipe.name,
+    recipe.backend))
+  local keys = {}
+  for key in pairs(recipe.params) do
+    keys[#keys + 1] = key
+  end
+  table.sort(keys)
+  for _, key in ipairs(keys) do
+    io.stdout:write(string.format("  param %s = %s\n", key, tostring(recipe.params[key])))
+  end
+  if plan then
+    local format_bytes = require("wsync.plan").format_bytes
+    local lines = {
+      string.format("model        %s (%s), FSDP%d -> TP%d", plan.family, recipe.model.preset or "config",
+        topology.world, topology.tp),
+      string.format("tensors      %d canonical (%d trainer tensors)", summary.tensors, summary.trainer_tensors),
+      string.format("bytes        %d (%s)", summary.bytes, format_bytes(summary.bytes)),
+      string.format("largest      %s, %d bytes (%s)", summary.largest_tensor, summary.largest_tensor_bytes,
+        format_bytes(summary.largest_tensor_bytes)),
+      string.format("chunks       %d, buffers %d x %d bytes (%s)", summary.chunks, summary.buffers,
+        summary.buffer_bytes, format_bytes(summary.buffer_bytes)),
+      string.format("peak memory  %d bytes (%s) per device, at %s; budget %s", memory.peak,
+        format_bytes(memory.peak), memory.peak_step, memory.budget and format_bytes(memory.budget) or "not set"),
+      string.format("manifest     %s", summary.manifest),
+    }
+    if unserved then
+      lines[#lines + 1] = string.format("runs here    no: %s; `wsync run` refuses it", unserved)
+    end
+    for _, line in ipairs(lines) do
+      io.stdout:write("  ", line, "\n")
+    end
+    io.stdout:write("  schedule (bytes per device after each step):\n")
+    for _, step in ipairs(memory.steps) do
+      io.stdout:write(string.format("    %-14s %-20s %d (%s)\n", step.where, step.step, step.bytes,
+        format_bytes(step.bytes)))
+    end
+  end
+  return 0
+end
+
+function commands.repl(args)
+  local globals = {}
+  if args[1] == "--attach" then
+    if not args[2] or args[3] then
+      usage_error("wsync repl --attach takes one endpoint (the socket path the host printed)")
+    end
+    -- Connect first: an endpoint that cannot be reached starts no REPL.
+    globals.host = require("wsync.cli.attach").open(args[2])
+    return require("wsync.cli.repl").start({ globals = globals })
+  end
+  if #args > 1 then
+    usage_error("wsync repl takes at most one recipe")
+  end
+  local recipe = nil
+  if args[1] then
+    recipe = require("wsync.recipe").load(args[1])
+  end
+  return require("wsync.cli.repl").start({ recipe = recipe })
+end
+
+function commands.test(args)
+  return require("wsync.cli.test").main(args)
+end
+
+-- Parses `--name value` words into a table; raises USAGE on anything else.
+local function parse_options(args, known)
+  local options = {}
+  local i = 1
+  while i <= #args do
+    local name = args[i]:match("^%-%-([%w-]+)$")
+    if not name or not known[name] then
+      usage_error(string.format("unexpected argument '%s'", args[i]))
+    end
+    if args[i + 1] == nil then
+      usage_error(string.format("--%s needs a value", name))
+    end
+    local value = args[i + 1]
+    if known[name] == "number" then
+      value = tonumber(value)
+      if not value or value < 0 or value ~= math.floor(value) then
+        usage_error(string.format("--%s needs a non-negative integer, got '%s'", name, args[i + 1]))
+      end
+    end
+    options[name] = value
+    i = i + 2
+  end
+  return options
+end
+
+-- Runs a process role (runtime main or worker) until its loop has no work.
+local function serve_role(start)
+  local loop = require("wsync.loop")
+  loop.spawn(start)
+  loop.run()
+  return 0
+end
+
+function commands.runtime(args)
+  local options = parse_options(args, {
+    tp = "number", backend = "string", devices = "string", ["weights-bytes"] = "number",
+    ["kv-bytes"] = "number", timeouts = "string",
+  })
+  if not options.tp or options.tp < 1 then
+    usage_error("wsync runtime needs --tp N (N >= 1)")
+  end
+  local devices = {}
+  for index in (options.devices or ""):gmatch("[^,]+") do
+    devices[#devices + 1] = tonumber(index) or usage_error("--devices takes device indices, got '" .. index .. "'")
+  end
+  local timeouts = {}
+  if options.timeouts then
+    local decoded_ok, decoded = pcall(require("cjson").decode, options.timeouts)
+    if not decoded_ok or type(decoded) ~= "table" then
+      usage_error("--timeouts takes a JSON object of seconds by command, got '" .. options.timeouts .. "'")
+    end
+    for key, value in pairs(decoded) do
+      if type(key) ~= "string" or type(value) ~= "number" or value <= 0 then
+        usage_error(string.format("--timeouts: %s = %s is not a positive number of seconds", tostring(key),
+          tostring(value)))
+      end
+      timeouts[key] = value
+    end
+  end
+  for rank = #devices + 1, options.tp do
+    devices[rank] = rank - 1
+  end
+  if #devices ~= options.tp then
+    usage_error(string.format("--devices names %d devices for --tp %d", #devices, options.tp))
+  end
+  return serve_role(function()
+    require("wsync.runtime.reference").main({
+      tp = options.tp,
+      backend = options.backend or "host",
+      devices = devices,
+      weights_bytes = options["weights-bytes"] or 1048576,
+      kv_bytes = options["kv-bytes"] or 1048576,
+      timeouts = timeouts,
+      fault = os.getenv("WSYNC_RUNTIME_FAULT"),
+      program = require("luv").exepath(),
+    })
+  end)
+end
+
+commands["runtime-worker"] = function(args)
+  local options = parse_options(args, {
+    rank = "number", world = "number", backend = "string", device = "number", ["weights-bytes"] = "number",
+    ["kv-bytes"] = "number",
+  })
+  for _, name in ipairs({ "rank", "world", "device", "weights-bytes", "kv-bytes" }) do
+    if options[name] == nil then
+      usage_error("wsync runtime-worker needs --" .. name)
+    end
+  end
+  return serve_role(function()
+    require("wsync.runtime.worker").main({
+      rank = options.rank,
+      world = options.world,
+      backend = options.backend or "host",
+      device_index = options.device,
+      weights_bytes = options["weights-bytes"],
+      kv_bytes = options["kv-bytes"],
+      fault = os.getenv("WSYNC_RUNTIME_FAULT"),
+    })
+  end)
+end
+
+function commands.trainer(args)
+  local options = parse_options(args, {
+    endpoint = "string", rank = "number", world = "number", model = "string", versions = "number",
+    backend = "string", family = "string", device = "number",
+  })
+  for _, name in ipairs({ "endpoint", "rank", "world", "model" }) do
+    if options[name] == nil then
+      usage_error("wsync trainer needs --" .. name)
+    end
+  end
+  return serve_role(function()
+    require("wsync.trainer.synthetic").main({
+      endpoint = options.endpoint,
+      rank = options.rank,
+      world = options.world,
+      family = options.family or "qwen3_moe",
+      -- A preset name, or a config as a JSON object.
+      model = options.model:sub(1, 1) == "{" and require("cjson").decode(options.model) or options.model,
+      versions = options.versions or 1,
+      backend = options.backend or "host",
+      device_index = options.device,
+    })
+  end)
+end
+
+function commands.help()
+  io.stdout:write(M.usage)
+  return 0
+end
+
+--- The command line entry point: returns the exit code.
+---@param argv string[]
+---@return integer
+function M.main(argv)
+  local ok, result = xpcall(function()
+    local first = argv[1]
+    if first == nil then
+      io.stderr:write(M.usage)
+      return 2
+    elseif first == "--help" or first == "-h" or first == "help" then
+      return commands.help()
+    elseif first == "--version" or first == "-v" then
+      io.stdout:write("wsync ", require("wsync").version, "\n")
+      return 0
+    elseif first == "-e" then
+      if not argv[2] then
+        usage_error("-e needs a chunk of Lua")
+      end
+      M.exec_string(argv[2], "=(command line)", { unpack(argv, 3) })
+      return 0
+    elseif commands[first] then
+      return commands[first]({ unpack(argv, 2) })
+    elseif first:match("%.lua$") or first:find("/", 1, true) then
+      M.exec_file(first, { unpack(argv, 2) })
+      return 0
+    elseif first:sub(1, 1) == "-" then
+      usage_error("unknown option '" .. first .. "'")
+    else
+      usage_error("unknown command '" .. first .. "'")
+    end
+  end, require("wsync._host").message_handler)
+  if ok then
+    return result or 0
+  end
+  -- The exit sentinel (os.exit) is not ours to handle: pass it to the host.
+  if type(result) == "table" and getmetatable(result) and getmetatable(result).__name == "wsync exit" then
+    error(result, 0)
+  end
+  -- A Lua error is a bug or a script error: show where. A wsync error says
+  -- what to change; its traceback is noise unless asked for.
+  local verbose = os.getenv("WSYNC_TRACEBACK") == "1" or not errors.is(result) or result.code == "LUA_ERROR"
+  -- One write: processes sharing this stderr (trainer ranks) do not interleave.
+  io.stderr:write("wsync: " .. errors.format(result, verbose) .. "\n")
+  return errors.exit_code(result)
+end
+
+return M

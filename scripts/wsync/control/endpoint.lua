@@ -1,0 +1,159 @@
+--- The host's control endpoint for trainer agents: a unix socket inside a
+--- fresh directory that only this user can enter (mode 0700), accepting only
+--- peers of the same user id (SO_PEERCRED). Each connection becomes a
+--- wsync.control.peer whose requests `handlers_for(peer)` answers.
+local uv = require("luv")
+local peer_module = require("wsync.control.peer")
+local socket = require("wsync._socket")
+local errors = require("wsync.errors")
+
+local M = {}
+
+--- The longest unix socket path Linux takes (sun_path is 108 bytes with its NUL).
+M.MAX_SOCKET_PATH = 107
+
+---@class wsync.Endpoint
+---@field path string     the socket's path, handed to agents
+---@field directory string
+local Endpoint = {}
+Endpoint.__index = Endpoint
+
+--- Opens an endpoint. `options.handlers_for(peer)` returns the handlers of the
+--- requests an accepted agent may send; `schemas` the shapes of their
+--- payloads and of the results the host waits for (wsync.control.peer);
+--- `on_bad_request(peer, cmd, reason)` hears of a malformed request (it was
+--- answered with BAD_MESSAGE); `on_lost(peer, reason, violation)` hears when a
+--- connection ends; `on_refused(reason)` when one is refused.
+---@param options {handlers_for: fun(peer: wsync.Peer): table, schemas: table?, on_bad_request: fun(peer: wsync.Peer, cmd: string, reason: string)?, on_lost: fun(peer: wsync.Peer, reason: string, violation: boolean)?, on_refused: fun(reason: string)?, parent: string?}
+---@return wsync.Endpoint
+function M.listen(options)
+  local parent = options.parent or os.getenv("TMPDIR") or "/tmp"
+  -- The directory's name carries this process's pid, so that a later host
+  -- can tell the leftovers of a host that died without removing them.
+  local template = string.format("%s/wsync-%d-XXXXXX", parent, uv.os_getpid())
+  -- A unix socket's path has to fit sockaddr_un (107 bytes and a NUL); a
+  -- longer one would be cut short silently, outside the private directory.
+  local length = #(template .. "/control.sock")
+  if length > M.MAX_SOCKET_PATH then
+    errors.raise("ENDPOINT", string.format("the control socket's path under %s would be %d bytes; unix sockets take "
+      .. "at most %d: set TMPDIR to a shorter directory", parent, length, M.MAX_SOCKET_PATH))
+  end
+  M.remove_leftovers(parent, options.on_refused)
+  local directory, message = uv.fs_mkdtemp(template)
+  if not directory then
+    errors.raise("ENDPOINT", "cannot create a private directory for the control socket: " .. tostring(message))
+  end
+  uv.fs_chmod(directory, tonumber("700", 8))
+  local self = setmetatable({ directory = directory, path = directory .. "/control.sock", peers = {} }, Endpoint)
+  self.server = uv.new_pipe(false)
+  local ok, err = self.server:bind(self.path)
+  if ok then
+    ok, err = self.server:listen(64, function(listen_error)
+      if listen_error then
+        return
+      end
+      self:_accept(options)
+    end)
+  end
+  if not ok then
+    self:close()
+    errors.raise("ENDPOINT", string.format("cannot listen on %s: %s", self.path, tostring(err)))
+  end
+  return self
+end
+
+--- Removes the control directories under `parent` that hosts of this user
+--- left when they died without cleaning up (SIGKILL): `wsync-<pid>-XXXXXX`
+--- directories whose pid is gone, with at most their socket inside.
+--- `report(line)` hears what was removed and what could not be. Returns the
+--- paths removed.
+---@param parent string
+---@param report fun(line: string)?
+---@return string[]
+function M.remove_leftovers(parent, report)
+  local removed = {}
+  local scanner = uv.fs_scandir(parent)
+  local own_uid = socket.own_uid()
+  while scanner do
+    local entry, kind = uv.fs_scandir_next(scanner)
+    if not entry then
+      break
+    end
+    local pid = tonumber(entry:match("^wsync%-(%d+)%-%w%w%w%w%w%w$"))
+    local path = parent .. "/" .. entry
+    local stat = pid and kind == "directory" and uv.fs_lstat(path)
+    if stat and stat.uid == own_uid and pid ~= uv.os_getpid() then
+      local _, _, code = uv.kill(pid, 0)
+      if code == "ESRCH" then
+        uv.fs_unlink(path .. "/control.sock")
+        local ok, message = uv.fs_rmdir(path)
+        if ok then
+          removed[#removed + 1] = path
+        end
+        if report then
+          report(ok and string.format("removed %s, left by host pid %d, which is gone", path, pid)
+            or string.format("cannot remove %s, left by host pid %d: %s", path, pid, tostring(message)))
+        end
+      end
+    end
+  end
+  return removed
+end
+
+function Endpoint:_accept(options)
+  local client = uv.new_pipe(false)
+  if not self.server:accept(client) then
+    client:close()
+    return
+  end
+  local uid, pid = socket.peer(client:fileno())
+  if uid ~= socket.own_uid() then
+    client:close()
+    if options.on_refused then
+      options.on_refused(string.format("refused a connection from uid %s (pid %s): not this user",
+        tostring(uid), tostring(pid)))
+    end
+    return
+  end
+  local peer
+  peer = peer_module.new(client, {
+    name = "agent pid " .. tostring(pid),
+    schemas = options.schemas,
+    on_bad_request = function(cmd, reason)
+      if options.on_bad_request then
+        options.on_bad_request(peer, cmd, reason)
+      end
+    end,
+    on_close = function(reason, violation)
+      self.peers[peer] = nil
+      if options.on_lost then
+        options.on_lost(peer, reason, violation)
+      end
+    end,
+  })
+  peer.pid = pid
+  peer.handlers = options.handlers_for(peer)
+  self.peers[peer] = true
+end
+
+--- Stops accepting, closes every connection and removes the socket and its
+--- directory.
+function Endpoint:close()
+  if self.server and not self.server:is_closing() then
+    self.server:close()
+  end
+  for peer in pairs(self.peers) do
+    peer:close("the host closed the endpoint")
+  end
+  self.peers = {}
+  self:remove_files()
+end
+
+--- Removes the socket and its directory, touching no connection (for a
+--- process about to exit: its connections end with it).
+function Endpoint:remove_files()
+  uv.fs_unlink(self.path)
+  uv.fs_rmdir(self.directory)
+end
+
+return M

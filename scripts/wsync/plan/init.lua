@@ -1,0 +1,129 @@
+--- The publication plan, made from metadata before any tensor exists: the
+--- trainer tensors (slots) in layout order, the chunks they are packed into
+--- (whole slots, back to back, no padding, bounded by the buffer size), the
+--- canonical tensors each chunk carries with their offsets in the buffer, the
+--- expected manifest, and the memory a device needs.
+local errors = require("wsync.errors")
+local manifest = require("wsync.native.manifest")
+
+local M = {}
+
+--- Model families wsync has plans for.
+M.families = {
+  qwen3_moe = "wsync.plan.qwen3_moe",
+}
+
+--- Loads a model family's plan module.
+---@param family string
+function M.family(family)
+  local module = M.families[family]
+  if not module then
+    local names = {}
+    for name in pairs(M.families) do
+      names[#names + 1] = name
+    end
+    table.sort(names)
+    errors.raise("MODEL_UNSUPPORTED", string.format("unknown model family '%s' (known: %s)", tostring(family),
+      table.concat(names, ", ")))
+  end
+  return require(module)
+end
+
+local function format_bytes(bytes)
+  local units = { "B", "KiB", "MiB", "GiB", "TiB" }
+  local unit = 1
+  while bytes >= 1024 and unit < #units do
+    bytes, unit = bytes / 1024, unit + 1
+  end
+  return unit == 1 and string.format("%d B", bytes) or string.format("%.2f %s", bytes, units[unit])
+end
+M.format_bytes = format_bytes
+
+---@class wsync.Chunk
+---@field index integer        1-based chunk number
+---@field slots table[]        {index (in layout), name, offset, bytes}
+---@field tensors table[]      canonical {name, dtype, shape, bytes, offset (in the buffer)}
+---@field bytes integer
+
+---@class wsync.Plan
+---@field family string
+---@field config table
+---@field layout table[]       trainer tensors in layout order
+---@field canonical table[]    canonical tensors in stream order
+---@field chunks wsync.Chunk[]
+---@field buffer_bytes integer
+---@field buffer_count integer
+---@field bytes integer        canonical bytes (= trainer bytes)
+---@field largest table        the largest trainer tensor {name, bytes}
+---@field manifest string      expected manifest (from the config alone)
+
+--- Builds the plan for `model` ({family, config}) and buffers ({bytes,
+--- count}). Raises PLAN_INVALID naming the tensor that does not fit a buffer.
+---@param model {family: string, config: table}
+---@param buffers {bytes: integer, count: integer}
+---@return wsync.Plan
+function M.build(model, buffers)
+  local family = M.family(model.family)
+  local config = family.config(model.config)
+  local layout = family.trainer_layout(config)
+  local plan = {
+    family = model.family,
+    config = config,
+    layout = layout,
+    canonical = {},
+    chunks = {},
+    buffer_bytes = buffers.bytes,
+    buffer_count = buffers.count,
+    bytes = 0,
+    largest = { name = nil, bytes = 0 },
+  }
+  local current = nil
+  for index, tensor in ipairs(layout) do
+    if tensor.bytes > buffers.bytes then
+      errors.raise("PLAN_INVALID", string.format("tensor %s needs %d bytes (%s); the buffer holds %d (%s): "
+        .. "raise buffers.bytes", tensor.name, tensor.bytes, format_bytes(tensor.bytes), buffers.bytes,
+        format_bytes(buffers.bytes)), { field = "buffers.bytes", tensor = tensor.name })
+    end
+    if tensor.bytes > plan.largest.bytes then
+      plan.largest = { name = tensor.name, bytes = tensor.bytes }
+    end
+    if current == nil or current.bytes + tensor.bytes > buffers.bytes then
+      current = { index = #plan.chunks + 1, slots = {}, tensors = {}, bytes = 0 }
+      plan.chunks[#plan.chunks + 1] = current
+    end
+    local slot = { index = index, name = tensor.name, offset = current.bytes, bytes = tensor.bytes,
+      shape = tensor.shape, dtype = tensor.dtype }
+    current.slots[#current.slots + 1] = slot
+    for _, canonical in ipairs(family.export(tensor.name, tensor.shape)) do
+      local placed = {
+        name = canonical.name, dtype = canonical.dtype, shape = canonical.shape, bytes = canonical.bytes,
+        offset = slot.offset + canonical.offset, source = tensor.name, source_offset = canonical.offset,
+      }
+      current.tensors[#current.tensors + 1] = placed
+      plan.canonical[#plan.canonical + 1] = placed
+    end
+    current.bytes = current.bytes + tensor.bytes
+    plan.bytes = plan.bytes + tensor.bytes
+  end
+  plan.manifest = manifest.of(plan.canonical).digest
+  return plan
+end
+
+--- A summary for `wsync check` and reports.
+---@param plan wsync.Plan
+function M.summary(plan)
+  return {
+    family = plan.family,
+    tensors = #plan.canonical,
+    trainer_tensors = #plan.layout,
+    bytes = plan.bytes,
+    chunks = #plan.chunks,
+    buffer_bytes = plan.buffer_bytes,
+    buffers = plan.buffer_count,
+    largest_tensor = plan.largest.name,
+    largest_tensor_bytes = plan.largest.bytes,
+    manifest = plan.manifest,
+  }
+end
+
+return M

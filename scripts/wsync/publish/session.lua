@@ -1,0 +1,946 @@
+--- A publication session, the host's main job (`wsync run RECIPE` for a
+--- recipe with a model): plan and check the schedule, open the agents'
+--- control endpoint, start the synthetic trainer ranks, start the rollout
+--- runtime on the ranks' devices in rank order, run the bootstrap, then for
+--- every collective `publish` of the trainers run the memory schedule (the
+--- publication inside it) and answer every rank with the same outcome.
+local uv = require("luv")
+local endpoint_module = require("wsync.control.endpoint")
+local errors = require("wsync.errors")
+local loop = require("wsync.loop")
+local messages = require("wsync.control.messages")
+local plan_module = require("wsync.plan")
+local publish = require("wsync.publish.publication")
+local runtime_module = require("wsync.runtime")
+local schedule_module = require("wsync.plan.schedule")
+local shm = require("wsync.native.shm")
+local verify = require("wsync.publish.verify")
+local process = require("wsync._process")
+
+local M = {}
+
+local format_bytes = plan_module.format_bytes
+
+-- Seconds. Agent commands (init, start, fill, verify, callback), the wait
+-- for every rank to register (startup), for every rank to call publish once
+-- the first did (publish), for the first call of the next publication after
+-- an answer (train_step: the trainers' step between two publications), and
+-- for the ranks to leave once the session's work is done (shutdown).
+local DEFAULT_TIMEOUTS = {
+  startup = 60, init = 120, start = 60, fill = 120, verify = 60, callback = 120, publish = 300,
+  train_step = 3600, shutdown = 10,
+}
+
+local function say(format, ...)
+  io.stdout:write("wsync: ", string.format(format, ...), "\n")
+  io.stdout:flush()
+end
+
+-- Checks the recipe's bootstrap and schedule against the plan and the
+-- trainer callbacks (nil: not known yet); returns the memory report and the
+-- normalized bootstrap and schedule steps.
+local function check_schedule(recipe, plan, topology, callbacks)
+  return schedule_module.check({
+    plan = plan, topology = topology, memory = recipe.memory, bootstrap = recipe.bootstrap,
+    schedule = recipe.schedule, budget = recipe.memory.device_bytes, callbacks = callbacks,
+  })
+end
+
+--- Builds what `wsync check` shows and `run` needs: the plan and the schedule
+--- report (then the normalized bootstrap and schedule steps). Raises with the
+--- recipe's field named. Unless `options.plan_only`, refuses first what this
+--- build or this machine cannot serve (RECIPE_INVALID, wsync.recipe
+--- check_serve and check_machine), so that nothing starts for it.
+---@param recipe table  validated recipe with a model
+---@param options {plan_only: boolean?}?
+function M.prepare(recipe, options)
+  local serve = not (options and options.plan_only)
+  local recipe_module = require("wsync.recipe")
+  if serve then
+    recipe_module.check_serve(recipe)
+  end
+  local model = recipe.model
+  local plan = plan_module.build({ family = model.family, config = model.preset or model.config }, recipe.buffers)
+  local topology = { world = recipe.trainer.ranks, tp = recipe.runtime.tp }
+  plan_module.family(plan.family).check_tp(plan.config, topology.tp)
+  local memory_report, bootstrap, steps = check_schedule(recipe, plan, topology, M.known_callbacks(recipe))
+  if serve then
+    recipe_module.check_machine(recipe, plan, topology, memory_report)
+  end
+  return plan, topology, memory_report, bootstrap, steps
+end
+
+--- The trainer callbacks a recipe's ranks are known to have before they
+--- register: the synthetic trainer's four; nil (not known yet) for external
+--- ranks, whose registrations are checked when they arrive.
+---@param recipe table
+---@return table<string, boolean>?
+function M.known_callbacks(recipe)
+  if recipe.trainer.kind ~= "synthetic" then
+    return nil
+  end
+  local names = {}
+  for name in pairs(schedule_module.TRAINER_EFFECTS) do
+    names[name] = true
+  end
+  return names
+end
+
+local function changed(session)
+  local waiters = session.waiters
+  session.waiters = {}
+  for _, resume in ipairs(waiters) do
+    resume()
+  end
+end
+
+-- Waits until `predicate()` holds, re-checked whenever session:changed() runs.
+local function wait_until(session, predicate)
+  while not predicate() do
+    loop.await(function(resume)
+      session.waiters[#session.waiters + 1] = resume
+    end)
+  end
+end
+
+-- Waits until `predicate()` holds or `seconds` have passed; returns whether
+-- it holds.
+local function wait_for(session, seconds, predicate)
+  local expired = false
+  local timer = uv.new_timer()
+  timer:start(math.floor(seconds * 1000), 0, function()
+    expired = true
+    changed(session)
+  end)
+  wait_until(session, function()
+    return expired or predicate()
+  end)
+  timer:close()
+  return predicate()
+end
+
+
+local function count(table_value)
+  local n = 0
+  for _ in pairs(table_value) do
+    n = n + 1
+  end
+  return n
+end
+
+-- The trainer rank the connection `peer` registered as; nil for a connection
+-- that registered none (an attached viewer).
+local function rank_of(session, peer)
+  for rank, registered in pairs(session.registered) do
+    if registered.peer == peer then
+      return rank
+    end
+  end
+  return nil
+end
+
+-- True once the session has served every publication its recipe asks for
+-- (trainer.steps rounds, failed ones counted): from then on ranks may leave.
+local function steps_done(session)
+  return session.rounds >= session.recipe.trainer.steps
+end
+
+-- Stops the session with `err`: nothing more is published, its verdict
+-- fails (the first failure is the one reported); wakes every wait.
+local function fail_session(session, err)
+  session.failure = session.failure or err
+  session.stopped = session.stopped or err
+  changed(session)
+end
+
+-- A registered rank is gone: its connection ended (the rank exited or was
+-- killed, a command to it timed out, it broke the protocol). Before the
+-- session's last step that fails the session, naming the rank and the phase;
+-- during a publication round the round's own failure is the session's (the
+-- round cannot finish without the rank, and every rank hears that error).
+local function lose(session, rank, reason)
+  if session.lost[rank] then
+    return
+  end
+  -- (`before_stop`: lost while the session still ran, so not a rank that
+  -- heard the session's failure and went; it may be stopped, or hung.)
+  session.lost[rank] = { reason = reason, phase = session.phase, before_stop = session.stopped == nil }
+  if not steps_done(session) and not session.in_round then
+    fail_session(session, errors.new("TRAINER_LOST", string.format("trainer rank %d was lost during %s: %s", rank,
+      session.phase, reason), { phase = session.phase, rank = rank }))
+  end
+  changed(session)
+end
+
+-- The lowest rank lost before the session's last step, as an error; nil
+-- when none was.
+local function lost_error(session)
+  local rank = nil
+  for lost_rank in pairs(session.lost) do
+    rank = math.min(rank or lost_rank, lost_rank)
+  end
+  if rank == nil or steps_done(session) then
+    return nil
+  end
+  local lost = session.lost[rank]
+  return errors.new("TRAINER_LOST", string.format("trainer rank %d was lost during %s: %s", rank, lost.phase,
+    lost.reason), { phase = lost.phase, rank = rank })
+end
+
+-- The requests agents send to the host (their payloads are checked against
+-- wsync.control.messages before a handler runs).
+local function agent_handlers(session, peer)
+  return {
+    register = function(payload)
+      local rank = payload.rank
+      if rank >= session.topology.world then
+        errors.raise("REGISTER", string.format("rank %d outside the recipe's %d trainer ranks", rank,
+          session.topology.world))
+      end
+      if payload.world ~= session.topology.world then
+        errors.raise("REGISTER", string.format("rank %d says world %d; the recipe says %d", rank, payload.world,
+          session.topology.world), { rank = rank })
+      end
+      local earlier = session.registered[rank]
+      if earlier then
+        -- (A rank that was lost has failed the session already, unless its
+        -- steps were done: a session never takes a rank back.)
+        errors.raise("REGISTER", string.format("rank %d registered twice (pid %s, then pid %s)%s", rank,
+          tostring(earlier.info.pid), tostring(payload.pid), session.lost[rank]
+          and string.format("; its first connection was lost (%s) and a session does not take a rank back",
+            session.lost[rank].reason) or ""), { rank = rank })
+      end
+      if session.stopped then
+        error(session.stopped, 0)
+      end
+      session.registered[rank] = { info = payload, peer = peer }
+      if session.recipe.trainer.kind ~= "synthetic" then
+        say("trainer rank %d registered (pid %d, device %s): %d of %d", rank, payload.pid, payload.device.uuid,
+          count(session.registered), session.topology.world)
+      end
+      changed(session)
+      wait_until(session, function()
+        return session.ready or session.stopped ~= nil
+      end)
+      if session.stopped then
+        error(session.stopped, 0)
+      end
+      return { plan = plan_module.summary(session.plan), model_version = session.version }
+    end,
+    state = function()
+      return session:state()
+    end,
+    publish = function(payload)
+      -- The rank this connection registered as, not whatever the payload says.
+      local rank = rank_of(session, peer)
+      if rank == nil then
+        errors.raise("NOT_REGISTERED", "publish from a connection that did not register a trainer rank")
+      end
+      if session.stopped then
+        error(session.stopped, 0)
+      end
+      if steps_done(session) then
+        errors.raise("STEPS_DONE", string.format("rank %d called publish after the session's %d steps "
+          .. "(trainer.steps in the recipe)", rank, session.recipe.trainer.steps), { rank = rank, phase = "publish" })
+      end
+      if session.publishing[rank] then
+        errors.raise("PUBLISH_TWICE", string.format("rank %d called publish again before its answer", rank),
+          { rank = rank })
+      end
+      local waiter = { step = payload.step }
+      session.publishing[rank] = waiter
+      changed(session)
+      wait_until(session, function()
+        return waiter.done
+      end)
+      if waiter.error then
+        error(waiter.error, 0)
+      end
+      return waiter.result
+    end,
+  }
+end
+
+-- The endpoint's view of the session: handlers, message shapes, and what a
+-- malformed message or a lost connection does.
+local function endpoint_options(session)
+  return {
+    handlers_for = function(peer)
+      return agent_handlers(session, peer)
+    end,
+    schemas = { requests = messages.to_host, results = messages.from_agent },
+    on_bad_request = function(peer, _, reason)
+      local rank = rank_of(session, peer)
+      if rank == nil then
+        -- Not a trainer rank of this session: it goes, the session goes on.
+        say("dropped the connection of %s: malformed request: %s", peer.name, reason)
+      else
+        fail_session(session, errors.new("BAD_MESSAGE", string.format("trainer rank %d (%s) sent a malformed "
+          .. "request: %s", rank, peer.name, reason), { rank = rank, phase = session.phase }))
+      end
+      peer:close("malformed request: " .. reason)
+    end,
+    on_lost = function(peer, reason, violation)
+      -- A trainer rank leaving matters; an attached viewer may come and go.
+      local rank = rank_of(session, peer)
+      if rank then
+        lose(session, rank, reason)
+      elseif violation then
+        say("dropped the connection of %s: %s", peer.name, reason)
+      end
+    end,
+    on_refused = function(reason)
+      say("%s", reason)
+    end,
+  }
+end
+
+local function spawn_trainers(session)
+  local recipe = session.recipe
+  local program = uv.exepath()
+  local model = recipe.model.preset or require("cjson").encode(recipe.model.config)
+  for rank = 0, session.topology.world - 1 do
+    local process, pid
+    process, pid = uv.spawn(program, {
+      args = {
+        "trainer", "--endpoint", session.endpoint.path, "--rank", tostring(rank),
+        "--world", tostring(session.topology.world), "--model", model,
+        "--versions", tostring(recipe.trainer.steps), "--backend", recipe.backend,
+      },
+      stdio = { nil, 1, 2 },
+    }, function(code, signal)
+      session.trainers[rank] = { code = code, signal = signal }
+      process:close()
+      changed(session)
+    end)
+    if not process then
+      errors.raise("TRAINER_START", "cannot start synthetic trainer rank " .. rank)
+    end
+    session.trainer_handles[rank] = process
+    session.trainer_pids[pid] = true
+  end
+end
+
+local function run_step(session, step)
+  session.phase = schedule_module.describe(step)
+  if step.kind == "trainer" then
+    publish.all_agents(session, "callback", function()
+      return { name = step.name }
+    end, session.timeouts.callback)
+    local effect = schedule_module.TRAINER_EFFECTS[step.name]
+    if effect then
+      session.trainer_resident[effect.part] = effect.to
+    end
+  elseif step.kind == "sleep" then
+    session.runtime:sleep(step.level)
+  elseif step.kind == "wake" then
+    session.runtime:request("wake", { tags = step.tags })
+  elseif step.kind == "generate" then
+    session.runtime:request("generate", {})
+  end
+end
+
+local function describe_publication(report)
+  local t = report.timings
+  return string.format("model version %d (step %d): %s in %d chunks, %.1f ms (fill %.1f, load %.1f, finish %.1f), "
+    .. "%.2f GB/s; receipts %d/%d%s", report.model_version, report.step, format_bytes(report.bytes), report.chunks,
+    t.total * 1e3, t.fill * 1e3, t.load * 1e3, t.finish * 1e3, report.gbps, #report.receipts, #report.receipts,
+    report.verified and string.format("; resident weights verified (%d tensors on %d workers)",
+      report.verified.tensors, report.verified.workers) or "")
+end
+
+---@class wsync.Session
+local Session = {}
+Session.__index = Session
+
+local function spawn_runtime(session)
+  local recipe = session.recipe
+  session.runtime = runtime_module.spawn({
+    kind = recipe.runtime.kind, tp = session.topology.tp, backend = recipe.backend, devices = session.devices,
+    kv_bytes = math.max(recipe.memory.kv_bytes, 1), timeouts = recipe.timeouts, grace_ms = recipe.runtime.grace_ms,
+  })
+  session.runtime_info = session.runtime:info()
+  session.runtime_initialized = false
+  session.poisoned = nil
+end
+
+--- Opens a session: checks the plan and schedule, opens the endpoint,
+--- starts the synthetic trainers (or waits for external ones), starts the
+--- runtime on the ranks' devices in rank order, runs the bootstrap. Returns
+--- when every rank may publish. Must run in a spawned coroutine.
+---@param recipe table  a validated recipe with a model
+---@return wsync.Session
+---@param options {on_open: fun(session: table)?}?  on_open sees the session before anything starts
+function M.open(recipe, options)
+  local plan, topology, memory_report, bootstrap, steps = M.prepare(recipe)
+  local timeouts = {}
+  for key, value in pairs(DEFAULT_TIMEOUTS) do
+    timeouts[key] = value
+  end
+  for key, value in pairs(recipe.timeouts) do
+    timeouts[key] = value
+  end
+  local session = setmetatable({
+    recipe = recipe, plan = plan, topology = topology, timeouts = timeouts, version = 0, phase = "opening",
+    registered = {}, publishing = {}, reports = {}, published = 0, rounds = 0, waiters = {}, trainers = {},
+    trainer_handles = {}, trainer_pids = {}, lost = {}, headroom_bytes = recipe.memory.headroom_bytes,
+    memory_report = memory_report,
+    trainer_resident = { actor = true, optimizer = true },
+  }, Session)
+  M.open_sessions[session] = true
+  if options and options.on_open then
+    options.on_open(session)
+  end
+  session.bootstrap, session.steps = bootstrap, steps
+  say("recipe %s: %s, %d canonical tensors, %s in %d chunks (buffers %d x %s), manifest %s", recipe.name,
+    plan.family, #plan.canonical, format_bytes(plan.bytes), #plan.chunks, plan.buffer_count,
+    format_bytes(plan.buffer_bytes), plan.manifest)
+  say("schedule checked: predicted peak %s per device at %s", format_bytes(memory_report.peak),
+    memory_report.peak_step)
+
+  local ok, err = pcall(function()
+    session.endpoint = endpoint_module.listen(endpoint_options(session))
+    say("control endpoint %s", session.endpoint.path)
+    if recipe.trainer.kind == "synthetic" then
+      spawn_trainers(session)
+    else
+      say("waiting for %d external trainer ranks on %s", topology.world, session.endpoint.path)
+    end
+
+    -- Every rank registers (a dead trainer, a lost rank or a failure ends
+    -- the wait).
+    session.phase = "registration"
+    wait_for(session, timeouts.startup, function()
+      return count(session.registered) == topology.world or count(session.trainers) > 0
+        or session.stopped ~= nil
+    end)
+    if session.stopped then
+      error(session.stopped, 0)
+    end
+    if count(session.registered) ~= topology.world then
+      errors.raise("STARTUP", string.format("%d of %d trainer ranks registered within %g s%s",
+        count(session.registered), topology.world, timeouts.startup,
+        count(session.trainers) > 0 and " (a trainer process exited)" or ""))
+    end
+    session.agents, session.devices = {}, {}
+    for rank = 0, topology.world - 1 do
+      local registered = session.registered[rank]
+      session.agents[rank + 1] = { peer = registered.peer, info = registered.info }
+      session.devices[rank + 1] = registered.info.device.index
+    end
+    -- The schedule again, against the callbacks that every rank registered,
+    -- before anything starts: a step no rank can run is refused now, not
+    -- after a publication committed.
+    local common = nil
+    for rank = 0, topology.world - 1 do
+      local names = {}
+      for _, name in ipairs(session.registered[rank].info.callbacks or {}) do
+        if common == nil or common[name] then
+          names[name] = true
+        end
+      end
+      common = names
+    end
+    check_schedule(recipe, plan, topology, common or {})
+    say("%d trainer ranks registered; starting the %s runtime (TP%d) on their devices in rank order",
+      topology.world, recipe.runtime.kind, topology.tp)
+    session.phase = "runtime start"
+    spawn_runtime(session)
+    for _, step in ipairs(session.bootstrap) do
+      run_step(session, step)
+    end
+    if #session.bootstrap > 0 then
+      say("bootstrap done: rollout weights %s", session.runtime:info().state.weights)
+    end
+    if session.stopped then -- a rank lost, or a malformed message, meanwhile
+      error(session.stopped, 0)
+    end
+    session.ready = true
+    session.phase = "ready"
+    changed(session)
+  end)
+  if not ok then
+    fail_session(session, err)
+    M.close(session)
+    error(session.failure, 0)
+  end
+  return session
+end
+
+--- Waits until every rank called publish (true), or the session cannot go
+--- on (false): its steps are done, it failed (a rank was lost, a malformed
+--- message), or the ranks did not call publish in time: within
+--- `timeouts.train_step` of the last answer no rank called it, or within
+--- `timeouts.publish` of the first rank's call not every rank did. Ranks
+--- already waiting in publish get the failure: a publication needs every
+--- rank.
+function Session:wait_publish()
+  self.phase = "waiting for publish"
+  if steps_done(self) or self.stopped then
+    return false
+  end
+  local world, timeouts = self.topology.world, self.timeouts
+  local started, first_call = uv.now(), nil
+  local expired = nil
+  local timer = uv.new_timer()
+  local function arm(seconds)
+    timer:stop()
+    timer:start(math.floor(seconds * 1000), 0, function()
+      changed(self)
+    end)
+  end
+  arm(timeouts.train_step)
+  wait_until(self, function()
+    if count(self.publishing) == world or self.stopped or lost_error(self) then
+      return true
+    end
+    local now = uv.now()
+    if next(self.publishing) and not first_call then
+      first_call = now
+      arm(timeouts.publish)
+    end
+    if first_call and now - first_call >= timeouts.publish * 1000 then
+      expired = "publish"
+    elseif not first_call and now - started >= timeouts.train_step * 1000 then
+      expired = "train_step"
+    end
+    return expired ~= nil
+  end)
+  timer:close()
+  if count(self.publishing) == world and not self.stopped then
+    return true
+  end
+  local err = self.stopped or lost_error(self)
+  if not err and expired == "publish" then
+    local missing = {}
+    for rank = 0, world - 1 do
+      if not self.publishing[rank] then
+        missing[#missing + 1] = tostring(rank)
+      end
+    end
+    err = errors.new("PUBLISH_TIMEOUT", string.format("trainer rank%s %s did not call publish within %g s of the "
+      .. "first rank's call (timeouts.publish)", #missing > 1 and "s" or "", table.concat(missing, ", "),
+      timeouts.publish), { phase = "publish", rank = tonumber(missing[1]) })
+  elseif not err then
+    err = errors.new("PUBLISH_TIMEOUT", string.format("no trainer rank called publish within %g s of %s "
+      .. "(timeouts.train_step)", timeouts.train_step, self.published > 0 and "the last publication" or
+      "the session's start"), { phase = "training" })
+  end
+  fail_session(self, err)
+  self:answer(nil, self.stopped)
+  return false
+end
+
+--- The trainer step the ranks publish (they must agree).
+function Session:publishing_step()
+  local step = nil
+  for rank = 0, self.topology.world - 1 do
+    local waiter = self.publishing[rank]
+    step = step or waiter.step
+    if waiter.step ~= step then
+      errors.raise("PUBLISH_MISMATCH", string.format("trainer ranks publish different steps (%s and %s)",
+        tostring(step), tostring(waiter.step)), { rank = rank })
+    end
+  end
+  return step or (self.version + 1)
+end
+
+--- Runs the schedule steps before "publish" and returns the publication,
+--- not yet run: `p:run()`, or its phases one by one from the REPL. Respawns
+--- a poisoned runtime when the recipe says so.
+---@return wsync.Publication
+function Session:begin_round()
+  if self.poisoned then
+    if not self.recipe.runtime.respawn then
+      errors.raise("POISONED", "the runtime was destroyed by a failed publication and the recipe does not respawn "
+        .. "it: " .. tostring(self.poisoned.message or self.poisoned))
+    end
+    say("respawning the runtime after the failed publication")
+    spawn_runtime(self)
+  end
+  self.in_round = true
+  local step = self:publishing_step()
+  for index, schedule_step in ipairs(self.steps) do
+    if schedule_step.kind == "publish" then
+      self.after_publish = index + 1
+      break
+    end
+    run_step(self, schedule_step)
+  end
+  self.phase = "publish"
+  self.publication = publish.new(self, step)
+  return self.publication
+end
+
+--- After the publication: checks resident slices when the recipe asks, runs
+--- the schedule steps after "publish", answers every rank. Returns the report.
+---@param publication wsync.Publication
+function Session:end_round(publication)
+  local report = publication:report()
+  if self.recipe.verify then
+    local started = uv.hrtime()
+    local reported = self.runtime:request("resident_checksums", {})
+    report.verified = verify.check(self.plan, self.topology.tp, publication.step, reported.workers)
+    report.timings.resident_check = (uv.hrtime() - started) / 1e9
+  end
+  say("published %s", describe_publication(report))
+  -- Committed: it is in the report even if a later step of the round fails.
+  self:_record(report)
+  for index = self.after_publish, #self.steps do
+    run_step(self, self.steps[index])
+  end
+  self:answer({ model_version = report.model_version, publication_id = report.publication_id,
+    receipts = #report.receipts, manifest = report.manifest })
+  return report
+end
+
+--- How many publication reports a session keeps (the newest): a long run
+--- must not grow with its publication count. `published` counts them all.
+M.KEPT_REPORTS = 32
+
+-- Keeps `report` (dropping the oldest beyond M.KEPT_REPORTS) and counts it.
+function Session:_record(report)
+  self.published = self.published + 1
+  self.reports[#self.reports + 1] = report
+  if #self.reports > M.KEPT_REPORTS then
+    table.remove(self.reports, 1)
+  end
+end
+
+--- Answers every rank waiting in publish with `result` or `err`; the round
+--- in progress, if any, has ended (a step of the session's trainer.steps).
+function Session:answer(result, err)
+  for rank = 0, self.topology.world - 1 do
+    local waiter = self.publishing[rank]
+    if waiter then
+      waiter.result, waiter.error, waiter.done = result, err, true
+    end
+  end
+  if self.in_round then
+    self.in_round = false
+    self.rounds = self.rounds + 1
+  end
+  self.publishing = {}
+  self.publication = nil
+  self.phase = "ready"
+  changed(self)
+end
+
+--- One whole round: schedule, publication, answers. A failure poisons (when
+--- it is not already a poisoned publication), is answered to every rank, and
+--- is returned.
+---@return table|nil report, wsync.Error? failure
+function Session:round()
+  local ok, result = pcall(function()
+    local publication = self:begin_round()
+    publication:run()
+    return self:end_round(publication)
+  end)
+  if ok then
+    return result
+  end
+  if not errors.is(result) then
+    result = errors.new("PUBLISH_FAILED", tostring(result), { cause = "LUA_ERROR" })
+  end
+  say("publication failed: %s", tostring(result))
+  -- Whatever failed (a schedule step, a check after the commit, a bug), the
+  -- runtime's state is no longer known: fail-stop.
+  if not self.poisoned then
+    publish.poison(self, result)
+  end
+  self.failure = self.failure or result
+  -- A rank may go on to its next step only when a new runtime will take it,
+  -- every rank is still there, and with its memory back: the failed round
+  -- stopped mid-schedule.
+  if self.recipe.runtime.respawn and self.poisoned and count(self.lost) == 0 then
+    result.respawn = pcall(function()
+      for _, part in ipairs({ "actor", "optimizer" }) do
+        if not self.trainer_resident[part] then
+          run_step(self, schedule_module.normalize("onload_" .. part, "after the failed publication"))
+        end
+      end
+    end) or nil
+  end
+  if not result.respawn then
+    self.stopped = self.stopped or result
+  end
+  self:answer(nil, result)
+  return nil, result
+end
+
+--- A read-only snapshot for `wsync repl --attach` and the REPL.
+function Session:state()
+  local ranks = {}
+  for rank, registered in pairs(self.registered) do
+    ranks[#ranks + 1] = { rank = rank, device = registered.info.device.uuid, pid = registered.info.pid,
+      publishing = self.publishing[rank] ~= nil }
+  end
+  table.sort(ranks, function(a, b)
+    return a.rank < b.rank
+  end)
+  local publication = self.publication
+  return {
+    recipe = self.recipe.name, phase = self.phase, model_version = self.version,
+    plan = plan_module.summary(self.plan), ranks = ranks,
+    runtime = self.runtime and { state = self.runtime.state, pid = self.runtime.pid,
+      workers = self.runtime_info and #self.runtime_info.workers } or nil,
+    publication = publication and { phase = publication.phase, model_version = publication.header
+      and publication.header.model_version, next_chunk = publication.next_chunk } or nil,
+    publications = self.published, poisoned = self.poisoned and tostring(self.poisoned.message or self.poisoned),
+  }
+end
+
+-- Removes the names of the ranks' packed buffers (a mapping that still
+-- exists stays valid): those the ranks reported, and any segment a synthetic
+-- trainer created (its pid is in the name) before it could report it.
+local function unlink_buffers(session)
+  local names = {}
+  for _, reported in pairs(session.buffer_names or {}) do
+    for _, name in ipairs(reported) do
+      names[#names + 1] = name
+    end
+  end
+  local scanner = next(session.trainer_pids) and uv.fs_scandir("/dev/shm")
+  while scanner do
+    local entry = uv.fs_scandir_next(scanner)
+    if not entry then
+      break
+    end
+    local pid = tonumber(entry:match("^wsync%-(%d+)%-"))
+    if pid and session.trainer_pids[pid] then
+      names[#names + 1] = "/" .. entry
+    end
+  end
+  for _, name in ipairs(names) do
+    local buffer = shm.open(name)
+    if buffer then
+      buffer:unlink()
+      buffer:close()
+    end
+  end
+end
+
+--- Sessions opened and not closed yet (the REPL closes them when it ends).
+M.open_sessions = setmetatable({}, { __mode = "k" })
+
+--- Closes every open session (inside a coroutine of wsync.loop.spawn).
+function M.close_all()
+  for session in pairs(M.open_sessions) do
+    local ok, err = pcall(M.close, session)
+    if not ok then
+      io.stderr:write("wsync: closing a session failed: " .. tostring(err) .. "\n")
+    end
+  end
+end
+
+--- Stops at once for a signal (Ctrl-C or SIGTERM during `wsync run`), from a
+--- signal callback: kills the runtime's process group and the synthetic
+--- trainers, removes the packed buffers' names and the control endpoint.
+--- Nothing more is published; the caller exits right after.
+---@param session table
+---@param signal_name string
+function M.abort(session, signal_name)
+  say("%s: stopping now; the runtime and the synthetic trainers are killed, nothing more is published",
+    signal_name)
+  if session.runtime and session.runtime.group then
+    process.signal_group(session.runtime.group, "SIGKILL")
+  end
+  for _, handle in pairs(session.trainer_handles) do
+    if not handle:is_closing() then
+      handle:kill("sigkill")
+    end
+  end
+  unlink_buffers(session)
+  if session.endpoint then
+    -- Not close(): that would fail the requests in flight and wake the
+    -- coroutines waiting on them; the process exits instead.
+    session.endpoint:remove_files()
+  end
+end
+
+--- Ends the session's work: ranks waiting in publish get the failure, if
+--- any, and every rank still connected is told it (it raises it from its
+--- next publish); then the ranks get `timeouts.shutdown` to leave by
+--- themselves: a synthetic rank exits, an external one disconnects. A rank
+--- that was lost need not leave: M.close kills what is left.
+function Session:finish()
+  self.phase = "ending"
+  if self.stopped then
+    self:answer(nil, self.stopped)
+    local told = errors.fields(self.stopped)
+    for _, registered in pairs(self.registered) do
+      local peer = registered.peer
+      if not peer.closed and not peer.inflight.pending then
+        loop.spawn(function()
+          pcall(peer.request, peer, "abort", told, self.timeouts.shutdown)
+        end)
+      end
+    end
+  end
+  local left = wait_for(self, self.timeouts.shutdown, function()
+    for rank = 0, self.topology.world - 1 do
+      local registered, handle, lost = self.registered[rank], self.trainer_handles[rank], self.lost[rank]
+      if handle and not self.trainers[rank] and not (self.stopped and lost and lost.before_stop) then
+        return false
+      end
+      if registered and not handle and not registered.peer.closed then
+        return false
+      end
+    end
+    return true
+  end)
+  if not left then
+    -- M.close does not wait again: it closes the connections that are still
+    -- open and kills the synthetic ranks that are still running.
+    self.lingering = true
+    for rank = 0, self.topology.world - 1 do
+      local registered = self.registered[rank]
+      if registered and not self.trainer_handles[rank] and not registered.peer.closed then
+        say("trainer rank %d is still connected %g s after the session's end (timeouts.shutdown): closing its "
+          .. "connection", rank, self.timeouts.shutdown)
+      end
+    end
+  end
+end
+
+--- Closes everything the session started: runtime, endpoint, trainer
+--- processes (a synthetic rank still running is killed with SIGKILL and
+--- reaped), buffer names. Every wait in it is bounded.
+function M.close(session)
+  session.phase = "closing"
+  M.open_sessions[session] = nil
+  if session.runtime and session.runtime.state == "INFLIGHT" then
+    -- A request left waiting (a REPL chunk abandoned mid-publication): the
+    -- runtime's state is unknown, so it is destroyed, not shut down.
+    session.runtime:destroy("the session closed with " .. tostring(session.runtime.inflight.pending and
+      session.runtime.inflight.pending.cmd) .. " in flight")
+  end
+  if session.runtime and session.runtime.state ~= "CLOSED" then
+    session.runtime:close()
+  end
+  if session.endpoint then
+    session.endpoint:close()
+  end
+  -- The ranks heard the end (their connections closed): a moment to exit by
+  -- themselves unless the session already waited, then SIGKILL. A rank lost
+  -- before a failure gets no moment: it may be stopped, or hung.
+  local function all_exited(spare_lost)
+    for rank in pairs(session.trainer_handles) do
+      local lost = session.lost[rank]
+      if not session.trainers[rank] and not (spare_lost and session.stopped and lost and lost.before_stop) then
+        return false
+      end
+    end
+    return true
+  end
+  if not session.lingering then
+    wait_for(session, 2, function()
+      return all_exited(true)
+    end)
+  end
+  for rank, handle in pairs(session.trainer_handles) do
+    if not session.trainers[rank] and not handle:is_closing() then
+      say("trainer rank %d (pid %s) did not exit: killed", rank, tostring(handle:get_pid()))
+      session.killed = session.killed or {}
+      session.killed[rank] = true
+      handle:kill("sigkill")
+    end
+  end
+  if not wait_for(session, 10, all_exited) then
+    say("synthetic trainer processes did not end 10 s after SIGKILL")
+  end
+  -- A rank killed mid-publication never unlinks its packed buffers. Synthetic
+  -- ranks have exited by now and external ones are disconnected: a name still
+  -- there is a leftover.
+  unlink_buffers(session)
+  session.phase = "closed"
+end
+Session.close = M.close
+
+local function closing_report(session)
+  say("closing report: recipe %s, %s, %d trainer ranks -> TP%d %s runtime", session.recipe.name,
+    session.plan.family, session.topology.world, session.topology.tp, session.recipe.runtime.kind)
+  say("  plan: %d canonical tensors, %s, %d chunks of at most %s, manifest %s", #session.plan.canonical,
+    format_bytes(session.plan.bytes), #session.plan.chunks, format_bytes(session.plan.buffer_bytes),
+    session.plan.manifest)
+  say("  %-8s %-5s %-10s %-9s %-9s %-9s %-9s %-9s %-9s %s", "version", "step", "bytes", "total ms", "init ms",
+    "fill ms", "load ms", "finish ms", "GB/s", "receipts")
+  for _, report in ipairs(session.reports) do
+    local t = report.timings
+    say("  %-8d %-5d %-10d %-9.1f %-9.1f %-9.1f %-9.1f %-9.1f %-9.3f %d/%d ok%s", report.model_version,
+      report.step, report.bytes, t.total * 1e3, t.init * 1e3, t.fill * 1e3, t.load * 1e3, t.finish * 1e3,
+      report.gbps, #report.receipts, #report.receipts, report.verified and ", verified" or "")
+  end
+  if #session.reports > 0 then
+    local receipt = session.reports[#session.reports].receipts[1]
+    say("  last receipt (TP rank 0): publication %s, version %d, device %s, %d resident tensors, manifest %s",
+      receipt.publication_id, receipt.model_version, receipt.uuid, receipt.resident_tensors, receipt.manifest)
+  end
+end
+
+--- Runs a model recipe to the end. Returns the session's reports; raises the
+--- first failure after everything was closed.
+---@param recipe table
+function M.run(recipe)
+  -- Ctrl-C or SIGTERM: fail-stop, leaving nothing behind, exit 128 + signal.
+  local opened = nil
+  local signals = {}
+  for name, number in pairs({ sigint = 2, sigterm = 15 }) do
+    local handle = uv.new_signal()
+    handle:start(name, function()
+      if opened then
+        M.abort(opened, name:upper())
+      end
+      os.exit(128 + number)
+    end)
+    handle:unref() -- the run ends when its work does, not when signals stop
+    signals[#signals + 1] = handle
+  end
+  local function stop_signals()
+    for _, handle in ipairs(signals) do
+      if not handle:is_closing() then
+        handle:close()
+      end
+    end
+  end
+  local open_ok, session = pcall(M.open, recipe, { on_open = function(created)
+    opened = created
+  end })
+  if not open_ok then
+    -- (open closed everything it had started.)
+    stop_signals()
+    say("verdict: FAILED: %s", tostring(session))
+    error(session, 0)
+  end
+  local ok, err = pcall(function()
+    while session:wait_publish() do
+      session:round()
+    end
+    -- Every publication the recipe asks for is done, or the session failed.
+    session:finish()
+  end)
+  if not ok then
+    fail_session(session, errors.is(err) and err or errors.new("LUA_ERROR", tostring(err)))
+  end
+  M.close(session)
+  stop_signals()
+  for rank = 0, session.topology.world - 1 do
+    local status = session.trainers[rank]
+    if status and status.code ~= 0 and not session.failure then
+      session.failure = errors.new("TRAINER_FAILED", string.format("synthetic trainer rank %d %s", rank,
+        session.killed and session.killed[rank] and string.format("did not exit within %g s of the session's end "
+          .. "(timeouts.shutdown) and was killed", session.timeouts.shutdown) or ("exited with " ..
+          (status.signal ~= 0 and ("signal " .. status.signal) or ("code " .. status.code)))), { rank = rank })
+    end
+  end
+  closing_report(session)
+  if session.failure then
+    say("verdict: FAILED: %s", tostring(session.failure))
+    error(session.failure, 0)
+  end
+  say("verdict: OK: %d model versions published%s", session.published,
+    session.recipe.verify and ", every resident TP slice verified" or "")
+  return session.reports
+end
+
+return M

@@ -1,0 +1,93 @@
+--- Independent check of what a runtime holds after a publication of synthetic
+--- weights: for every TP worker, the SHA-256 of each resident tensor that the
+--- generator and the loader plan say it must hold, computed here from the
+--- synthetic values of the full canonical tensors (no shards, no buffers, no
+--- transfer), compared with the checksums the workers report.
+local ffi = require("ffi")
+local C = require("wsync.native.ffi")
+local errors = require("wsync.errors")
+local plan_module = require("wsync.plan")
+local shm = require("wsync.native.shm")
+
+local M = {}
+
+--- The expected resident checksums of TP rank `rank` at synthetic `step`.
+---@param plan wsync.Plan
+---@param tp integer
+---@param rank integer
+---@param step integer
+---@return table<string, string>
+function M.expected(plan, tp, rank, step)
+  local family = plan_module.family(plan.family)
+  local loader = family.loader_plan(plan.config, tp, rank)
+  local resident = assert(shm.anonymous(math.max(loader.bytes, 1)))
+  local largest = 0
+  for _, tensor in ipairs(plan.canonical) do
+    largest = math.max(largest, tensor.bytes)
+  end
+  local scratch = assert(shm.anonymous(math.max(largest, 1)))
+  local resident_pointer = ffi.cast("void *", resident:pointer())
+  local scratch_pointer = ffi.cast("void *", scratch:pointer())
+  local ops = ffi.new("ws_copy_op[8]")
+  local ok, err = pcall(function()
+    for _, tensor in ipairs(plan.canonical) do
+      local copies = loader.copies[tensor.name]
+      if copies then
+        local status = C.ws_synth_fill(scratch_pointer, C.WS_DTYPE_BFLOAT16, C.ws_synth_seed(tensor.source,
+          #tensor.source), tensor.source_offset / 2, tensor.bytes / 2, step)
+        assert(status == 0, ffi.string(C.ws_error_detail()))
+        assert(#copies <= 8)
+        for i, copy in ipairs(copies) do
+          local op = ops[i - 1]
+          op.target_offset, op.source_offset = copy.dst, copy.src
+          op.rows, op.width = copy.rows, copy.width
+          op.target_pitch, op.source_pitch = copy.dst_pitch, copy.src_pitch
+        end
+        status = C.ws_copy_run(resident_pointer, resident:size(), scratch_pointer, tensor.bytes, ops, #copies)
+        assert(status == 0, ffi.string(C.ws_error_detail()))
+      end
+    end
+  end)
+  scratch:close()
+  if not ok then
+    resident:close()
+    error(err, 0)
+  end
+  local sums = {}
+  for _, tensor in ipairs(loader.tensors) do
+    sums[tensor.name] = assert(resident:sha256(tensor.offset, tensor.bytes))
+  end
+  resident:close()
+  return sums
+end
+
+--- Compares every worker's reported resident checksums with the expected
+--- ones. Returns {workers, tensors} checked; raises VERIFY_RESIDENT naming the
+--- TP rank and tensor of the first mismatch.
+---@param plan wsync.Plan
+---@param tp integer
+---@param step integer
+---@param reported table[]  the runtime's resident_checksums().workers
+function M.check(plan, tp, step, reported)
+  local tensors = 0
+  for rank = 0, tp - 1 do
+    local expected = M.expected(plan, tp, rank, step)
+    local got = reported[rank + 1] and reported[rank + 1].tensors or {}
+    local names = {}
+    for name in pairs(expected) do
+      names[#names + 1] = name
+    end
+    table.sort(names)
+    for _, name in ipairs(names) do
+      if got[name] ~= expected[name] then
+        errors.raise("VERIFY_RESIDENT", string.format("TP worker %d holds %s with SHA-256 %s; step %d's values "
+          .. "give %s", rank, name, tostring(got[name]), step, expected[name]),
+          { phase = "resident check", rank = rank, tensor = name })
+      end
+      tensors = tensors + 1
+    end
+  end
+  return { workers = tp, tensors = tensors }
+end
+
+return M

@@ -1,0 +1,208 @@
+--- The synthetic trainer (`wsync trainer`): an agent with generated weights,
+--- for the demo, tests and benchmarks. It holds one FSDP rank of a model in
+--- the transformers-v5 trainer layout (packed experts, every tensor sharded on
+--- dim 0 as torch.chunk splits it, uneven splits included). Its values are
+--- wsync's synthetic values of (tensor name, element index, version); an
+--- "optimizer step" moves every shard to the next version's values.
+---
+--- Memory callbacks (offload/onload of optimizer and actor) track state and
+--- refuse steps that make no sense (publishing an offloaded actor).
+---
+--- Test-only faults ($WSYNC_TRAINER_FAULT, comma-separated, each optionally
+--- prefixed `rank<R>:` to apply to one rank only): `die@CMD#N` (SIGKILL
+--- itself at the N-th host command CMD: fill, begin, verify, callback, ...),
+--- `stop@CMD#N` (SIGSTOP itself there: a rank that stops answering;
+--- `stop@publish#N` and `die@publish#N` act before the N-th publish),
+--- `fail@CMD#N` (answer it with an error), `drop_expert`
+--- (register the packed experts without the last expert), `wrong_device`
+--- (report the next rank's device), `stale@publish#N` (skip the optimizer
+--- step before the N-th publish: that publish carries the previous version's
+--- values; structurally nothing differs, so only the host's resident check,
+--- a recipe's `verify`, can catch it).
+---
+--- A failed publication ends the trainer with its error, unless the host says
+--- it respawns the runtime (`respawn` on the error): then the rank reports the
+--- failure on stderr and goes on to its next step.
+local ffi = require("ffi")
+local uv = require("luv")
+local C = require("wsync.native.ffi")
+local agent_module = require("wsync.trainer.agent")
+local errors = require("wsync.errors")
+local plan_module = require("wsync.plan")
+local shm = require("wsync.native.shm")
+
+local M = {}
+
+local function parse_faults(spec, rank)
+  local faults = {}
+  for item in (spec or ""):gmatch("[^,]+") do
+    local only, rest = item:match("^rank(%d+):(.+)$")
+    if only and tonumber(only) ~= rank then
+      goto continue
+    end
+    item = rest or item
+    local kind, cmd, nth = item:match("^([%w_]+)@([%w_]+)#?(%d*)$")
+    if kind then
+      faults[#faults + 1] = { kind = kind, cmd = cmd, nth = tonumber(nth) or 1, seen = 0 }
+    elseif item == "drop_expert" or item == "wrong_device" then
+      faults[item] = true
+    else
+      error("bad trainer fault '" .. item .. "'")
+    end
+    ::continue::
+  end
+  return faults
+end
+
+--- The shards of one rank: `{tensors = {{name, dtype, shape, rows, offset,
+--- bytes, row_elements}}, bytes}` laid out back to back in one memory.
+---@param layout table[]  trainer tensors
+---@param world integer
+---@param rank integer
+---@param shard_rows fun(rows: integer, world: integer, rank: integer): integer, integer
+function M.shards(layout, world, rank, shard_rows)
+  local shards = { tensors = {}, bytes = 0 }
+  for _, tensor in ipairs(layout) do
+    local first, count = shard_rows(tensor.shape[1], world, rank)
+    local row_elements = 1
+    for i = 2, #tensor.shape do
+      row_elements = row_elements * tensor.shape[i]
+    end
+    local bytes = count * row_elements * 2
+    shards.tensors[#shards.tensors + 1] = {
+      name = tensor.name, dtype = tensor.dtype, shape = tensor.shape, rows = { first, count },
+      offset = shards.bytes, bytes = bytes, row_elements = row_elements,
+    }
+    shards.bytes = shards.bytes + bytes
+  end
+  return shards
+end
+
+--- Writes version `version`'s values into every shard.
+function M.generate(memory, shards, version)
+  local base = ffi.cast("char *", memory:pointer())
+  for _, shard in ipairs(shards.tensors) do
+    if shard.bytes > 0 then
+      local status = C.ws_synth_fill(base + shard.offset, C.WS_DTYPE_BFLOAT16,
+        C.ws_synth_seed(shard.name, #shard.name), shard.rows[1] * shard.row_elements,
+        shard.rows[2] * shard.row_elements, version)
+      assert(status == 0, ffi.string(C.ws_error_detail()))
+    end
+  end
+end
+
+--- Runs one synthetic trainer rank: connect, register, then for each version
+--- an optimizer step and a collective publish.
+---@param options {endpoint: string, rank: integer, world: integer, family: string, model: string|table, versions: integer, backend: string?, device_index: integer?}
+function M.main(options)
+  local faults = parse_faults(os.getenv("WSYNC_TRAINER_FAULT"), options.rank)
+  local family = plan_module.family(options.family or "qwen3_moe")
+  local config = family.config(options.model)
+  local layout = family.trainer_layout(config)
+  if faults.drop_expert then
+    for _, tensor in ipairs(layout) do
+      if tensor.name:match("experts%.gate_up_proj$") then
+        tensor.shape = { tensor.shape[1] - 1, tensor.shape[2], tensor.shape[3] }
+      end
+    end
+  end
+  local shards = M.shards(layout, options.world, options.rank, family.shard_rows)
+  local memory = assert(shm.anonymous(math.max(shards.bytes, 1)))
+  local device_index = options.device_index or options.rank
+  if faults.wrong_device then
+    device_index = (options.rank + 1) % options.world
+  end
+  local agent = agent_module.connect({
+    endpoint = options.endpoint, rank = options.rank, world = options.world,
+    backend = options.backend or "host", device_index = device_index,
+  })
+  for _, shard in ipairs(shards.tensors) do
+    agent:register_tensor({ name = shard.name, dtype = shard.dtype, shape = shard.shape, memory = memory,
+      offset = shard.offset, rows = shard.rows })
+  end
+
+  local state = { actor = "resident", optimizer = "resident" }
+  local function transition(part, from, to)
+    return function()
+      if state[part] ~= from then
+        errors.raise("TRAINER_STATE", string.format("rank %d: %s is %s, not %s", options.rank, part, state[part], from),
+          { rank = options.rank, phase = "schedule" })
+      end
+      state[part] = to
+    end
+  end
+  agent:register_callback("offload_optimizer", transition("optimizer", "resident", "offloaded"))
+  agent:register_callback("onload_optimizer", transition("optimizer", "offloaded", "resident"))
+  agent:register_callback("offload_actor", transition("actor", "resident", "offloaded"))
+  agent:register_callback("onload_actor", transition("actor", "offloaded", "resident"))
+
+  -- Command faults: wrap the handler of every host command a fault names
+  -- (die: SIGKILL itself; stop: SIGSTOP itself, a rank that stops answering;
+  -- fail: answer with an error).
+  local handled = {}
+  for _, fault in ipairs(faults) do
+    local cmd = fault.cmd
+    local handler = agent.peer.handlers[cmd]
+    if handler and not handled[cmd] then
+      handled[cmd] = true
+      local calls = 0
+      agent.peer.handlers[cmd] = function(payload)
+        calls = calls + 1
+        for _, armed in ipairs(faults) do
+          if armed.cmd == cmd and armed.nth == calls then
+            if armed.kind == "die" then
+              uv.kill(uv.os_getpid(), "sigkill")
+            elseif armed.kind == "stop" then
+              uv.kill(uv.os_getpid(), "sigstop")
+            elseif armed.kind == "fail" then
+              errors.raise("INJECTED", string.format("rank %d: injected %s failure", options.rank, cmd),
+                { rank = options.rank, phase = cmd })
+            end
+          end
+        end
+        return handler(payload)
+      end
+    end
+  end
+
+  local function fires(kind, cmd, count)
+    for _, fault in ipairs(faults) do
+      if fault.kind == kind and fault.cmd == cmd and fault.nth == count then
+        return true
+      end
+    end
+    return false
+  end
+
+  local ok, err = pcall(function()
+    agent:ready()
+    for version = 1, options.versions do
+      -- The optimizer step: every shard takes the next version's values.
+      if not fires("stale", "publish", version) then
+        M.generate(memory, shards, version)
+      end
+      if fires("stop", "publish", version) then
+        uv.kill(uv.os_getpid(), "sigstop") -- a rank that stops before it publishes
+      elseif fires("die", "publish", version) then
+        uv.kill(uv.os_getpid(), "sigkill") -- a rank that dies before it publishes
+      end
+      local published, result = pcall(agent.publish, agent, version)
+      if published then
+        io.stdout:write(string.format("trainer rank %d: published model version %d (publication %s)\n",
+          options.rank, result.model_version, result.publication_id))
+      elseif type(result) == "table" and result.respawn then
+        io.stderr:write(string.format("wsync: trainer rank %d: step %d not published (the host respawns the "
+          .. "runtime): %s\n", options.rank, version, tostring(result)))
+      else
+        error(result, 0)
+      end
+    end
+  end)
+  agent:close()
+  memory:close()
+  if not ok then
+    error(err, 0)
+  end
+end
+
+return M

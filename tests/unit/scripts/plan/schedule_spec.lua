@@ -1,0 +1,258 @@
+-- wsync.plan.schedule: step normalization, the checks that refuse a schedule that
+-- makes no sense (naming the step), and the per-device memory model, checked
+-- against numbers computed by hand for the tiny model.
+local plan_module = require("wsync.plan")
+local recipe_module = require("wsync.recipe")
+local schedule = require("wsync.plan.schedule")
+
+local KiB = 1024
+
+local error_of = require("tests.helpers.errors").error_of
+
+-- The tiny model, FSDP2 -> TP2, two buffers of 160 KiB.
+local PLAN = plan_module.build({ family = "qwen3_moe", config = "tiny" }, { bytes = 160 * KiB, count = 2 })
+local TOPOLOGY = { world = 2, tp = 2 }
+
+-- By hand: the tiny model is 405248 bytes, so each of 2 FSDP ranks holds
+-- P = 202624 bytes of parameters and as much gradient; optimizer factor 2 gives
+-- 2P. A TP2 rank's resident weights: embed_tokens and lm_head 512 x 64 rows
+-- (65536 bytes each), per layer qkv 64 x 64 (8192), o_proj 64 x 32 (4096),
+-- q/k norms 2 x 32, router 4 x 64 (512), w13 4 x 32 x 64 (16384), w2 4 x 64 x
+-- 16 (8192), layer norms 2 x 128: 37696 per layer, and the final norm 128:
+-- R = 2 * 65536 + 2 * 37696 + 128 = 206592. Buffers B = 2 * 163840 = 327680;
+-- the largest tensor in flight 128000; the KV arena K = 1000000.
+local P, R, B, LARGEST, K = 202624, 206592, 327680, 128000, 1000000
+local MEMORY = { optimizer_factor = 2, kv_bytes = K }
+
+local USUAL = {
+  "offload_optimizer",
+  { wake = { "weights" } },
+  "publish",
+  "offload_actor",
+  { wake = { "kv_cache" } },
+  { sleep = 2 },
+  "onload_actor",
+  "onload_optimizer",
+}
+
+local function check(schedule_steps, options)
+  options = options or {}
+  return schedule.check({
+    plan = PLAN, topology = TOPOLOGY, memory = options.memory or MEMORY,
+    bootstrap = options.bootstrap or { { sleep = 1 } }, schedule = schedule_steps, budget = options.budget,
+    callbacks = options.callbacks,
+  })
+end
+
+local function refusal(schedule_steps, options)
+  local err = error_of(check, schedule_steps, options)
+  assert.are.equal("SCHEDULE_INVALID", err.code)
+  return err
+end
+
+describe("schedule.normalize", function()
+  it("reads every kind of step", function()
+    assert.are.same({ kind = "publish", where = "s[1]" }, schedule.normalize("publish", "s[1]"))
+    assert.are.same({ kind = "generate", where = "s[2]" }, schedule.normalize("generate", "s[2]"))
+    assert.are.same({ kind = "trainer", name = "offload_actor", where = "s[3]" },
+      schedule.normalize("offload_actor", "s[3]"))
+    assert.are.same({ kind = "sleep", level = 2, where = "s[4]" }, schedule.normalize({ sleep = 2 }, "s[4]"))
+    local wake = schedule.normalize({ wake = { "weights", "kv_cache" } }, "s[5]")
+    assert.are.equal("wake", wake.kind)
+    assert.is_true(wake.weights and wake.kv_cache)
+    assert.are.equal("wake weights+kv_cache", schedule.describe(wake))
+    local single = schedule.normalize({ wake = "kv_cache" }, "s[6]")
+    assert.are.same({ "kv_cache" }, single.tags)
+    assert.is_nil(single.weights)
+  end)
+
+  local bad = {
+    { step = { sleep = 3 }, says = "schedule[2]: sleep level must be 1 or 2, got 3" },
+    { step = { sleep = "deep" }, says = "schedule[2]: sleep level must be 1 or 2, got deep" },
+    { step = { wake = { "weights", "optimizer" } }, says = "schedule[2]: unknown wake tag optimizer" },
+    { step = { wake = {} }, says = "schedule[2]: wake needs at least one tag" },
+    { step = 42, says = "schedule[2]: a step is a trainer callback name" },
+    { step = { generate = true }, says = "schedule[2]: a step is a trainer callback name" },
+  }
+  for _, case in ipairs(bad) do
+    it("refuses " .. case.says:match(": (.*)$"), function()
+      local err = error_of(schedule.normalize, case.step, "schedule[2]")
+      assert.are.equal("SCHEDULE_INVALID", err.code)
+      assert.are.equal("schedule[2]", err.field)
+      assert.matches(case.says, err.message, 1, true)
+    end)
+  end
+end)
+
+describe("schedule.check", function()
+  it("passes the demo recipe's schedule", function()
+    local demo = recipe_module.load("recipes/demo.lua")
+    local plan = plan_module.build({ family = "qwen3_moe", config = demo.model.preset }, demo.buffers)
+    local report, bootstrap, steps = schedule.check({
+      plan = plan, topology = { world = demo.trainer.ranks, tp = demo.runtime.tp }, memory = demo.memory,
+      bootstrap = demo.bootstrap, schedule = demo.schedule, budget = demo.memory.device_bytes,
+    })
+    assert.are.equal(#demo.schedule, #steps)
+    assert.are.equal(#demo.bootstrap, #bootstrap)
+    assert.are.equal(#demo.bootstrap + #demo.schedule, #report.steps)
+    assert.is_true(report.peak <= demo.memory.device_bytes)
+  end)
+
+  it("passes the usual schedule with the callbacks the trainer registered", function()
+    check(USUAL, { callbacks = { offload_optimizer = true, onload_optimizer = true, offload_actor = true,
+      onload_actor = true } })
+  end)
+
+  it("refuses a step no trainer rank registered", function()
+    local err = refusal(USUAL, { callbacks = { offload_optimizer = true } })
+    assert.are.equal("schedule[4]", err.field)
+    assert.matches("schedule[4] (offload_actor): not a callback that every trainer rank has (they have: "
+      .. "offload_optimizer)", err.message, 1, true)
+  end)
+
+  it("refuses publish or generate in the bootstrap", function()
+    for _, kind in ipairs({ "publish", "generate" }) do
+      local err = refusal(USUAL, { bootstrap = { { sleep = 1 }, kind } })
+      assert.are.equal("bootstrap[2]", err.field)
+      assert.matches("bootstrap[2]: " .. kind .. " belongs in the schedule", err.message, 1, true)
+    end
+  end)
+
+  it("refuses a step table with two kinds of step, or extra keys", function()
+    for _, step in ipairs({ { sleep = 1, wake = { "weights" } }, { sleep = 2, level = 2 }, {} }) do
+      local steps = { step }
+      for _, usual in ipairs(USUAL) do
+        steps[#steps + 1] = usual
+      end
+      local err = refusal(steps)
+      assert.are.equal("schedule[1]", err.field)
+      assert.matches("schedule[1]: a step is a trainer callback name", err.message, 1, true)
+    end
+  end)
+
+  it("refuses publish with the actor offloaded", function()
+    local err = refusal({ "offload_actor", { wake = { "weights" } }, "publish", "onload_actor" })
+    assert.are.equal("schedule[3]", err.field)
+    assert.matches("schedule[3] (publish): publish needs the actor resident", err.message, 1, true)
+  end)
+
+  it("refuses publish with the rollout weights asleep", function()
+    local err = refusal({ "offload_optimizer", "publish", "onload_optimizer" })
+    assert.are.equal("schedule[2]", err.field)
+    assert.matches("schedule[2] (publish): publish needs the rollout weights awake", err.message, 1, true)
+  end)
+
+  it("refuses to wake the KV cache before the weights", function()
+    local err = refusal({ "offload_optimizer", { wake = { "kv_cache" } }, { wake = { "weights" } }, "publish",
+      "onload_optimizer" })
+    assert.are.equal("schedule[2]", err.field)
+    assert.matches("schedule[2] (wake kv_cache): wake kv_cache needs the rollout weights awake", err.message, 1,
+      true)
+  end)
+
+  it("refuses offloading twice", function()
+    local err = refusal({ "offload_optimizer", { wake = { "weights" } }, "offload_optimizer", "publish",
+      "onload_optimizer" })
+    assert.are.equal("schedule[3]", err.field)
+    assert.matches("schedule[3] (offload_optimizer): the optimizer is already offloaded", err.message, 1, true)
+  end)
+
+  it("refuses onloading what is resident", function()
+    local err = refusal({ { wake = { "weights" } }, "publish", "onload_actor" })
+    assert.matches("schedule[3] (onload_actor): the actor is already resident", err.message, 1, true)
+  end)
+
+  it("refuses a schedule that never publishes", function()
+    local err = refusal({ "offload_optimizer", { wake = { "weights" } }, "onload_optimizer" })
+    assert.are.equal("schedule", err.field)
+    assert.matches("never publishes", err.message, 1, true)
+  end)
+
+  it("refuses a schedule that publishes twice, naming the second publish", function()
+    local err = refusal({ { wake = { "weights" } }, "publish", "offload_optimizer", "publish", "onload_optimizer" })
+    assert.are.equal("schedule[4]", err.field)
+    assert.matches("schedule[4]: a second publish", err.message, 1, true)
+  end)
+
+  it("refuses a schedule that leaves the optimizer offloaded, naming the step that offloaded it", function()
+    local err = refusal({ "offload_optimizer", { wake = { "weights" } }, "publish", "offload_actor", "onload_actor" })
+    assert.are.equal("schedule[1]", err.field)
+    assert.matches("schedule[1] (offload_optimizer) offloads the trainer's optimizer and no later step onloads it",
+      err.message, 1, true)
+  end)
+
+  it("refuses a schedule that leaves the actor offloaded", function()
+    local err = refusal({ { wake = { "weights" } }, "publish", "offload_actor", "offload_optimizer",
+      "onload_optimizer" })
+    assert.are.equal("schedule[3]", err.field)
+    assert.matches("trainer's actor", err.message, 1, true)
+  end)
+
+  it("refuses a schedule that holds only for the first publication (the steady state fails)", function()
+    -- Without a bootstrap the weights start awake, so the first publish may
+    -- run; the schedule then discards them and the next publish may not.
+    local err = refusal({ "publish", { sleep = 2 } }, { bootstrap = {} })
+    assert.are.equal("schedule[1]", err.field)
+    assert.matches("schedule[1] (publish): publish needs the rollout weights awake", err.message, 1, true)
+  end)
+
+  describe("memory model", function()
+    it("sizes one device as computed by hand", function()
+      local report = check(USUAL)
+      assert.are.same({ params = P, gradients = P, optimizer = 2 * P, rollout = R, kv_cache = K, buffers = B,
+        largest = LARGEST }, report.sizes)
+    end)
+
+    it("follows every step, and finds the peak and its step", function()
+      local report = check(USUAL)
+      local expected = {
+        { where = "bootstrap[1]", step = "sleep 1", bytes = 4 * P }, -- weights to host memory
+        { where = "schedule[1]", step = "offload_optimizer", bytes = 2 * P },
+        { where = "schedule[2]", step = "wake weights", bytes = 2 * P + R },
+        { where = "schedule[3]", step = "publish", bytes = 2 * P + R + B + LARGEST },
+        { where = "schedule[4]", step = "offload_actor", bytes = R + B },
+        { where = "schedule[5]", step = "wake kv_cache", bytes = R + B + K },
+        { where = "schedule[6]", step = "sleep 2", bytes = B },
+        { where = "schedule[7]", step = "onload_actor", bytes = 2 * P + B },
+        { where = "schedule[8]", step = "onload_optimizer", bytes = 4 * P + B },
+      }
+      assert.are.same(expected, report.steps)
+      -- start: 4P + R = 1017088; the KV cache step: R + B + K = 1534272
+      assert.are.equal(R + B + K, report.peak)
+      assert.are.equal(1534272, report.peak)
+      assert.are.equal("schedule[5] (wake kv_cache)", report.peak_step)
+    end)
+
+    it("puts the peak at publish when the buffers and the largest tensor in flight dominate", function()
+      -- no optimizer state, no KV arena: start 2P + R = 611840, publish
+      -- 2P + R + B + 128000 = 1067520, onload_optimizer 2P + B = 732928
+      local report = check(USUAL, { memory = { optimizer_factor = 0, kv_bytes = 0 } })
+      assert.are.equal(1067520, report.peak)
+      assert.are.equal("schedule[3] (publish)", report.peak_step)
+    end)
+
+    it("refuses a budget overflow, naming the step and both byte counts", function()
+      local err = refusal(USUAL, { budget = 1500000 })
+      assert.are.equal("schedule[5]", err.field)
+      assert.matches("schedule[5] (wake kv_cache) needs 1534272 bytes (1.46 MiB) on each device; the budget is "
+        .. "1500000 bytes (1.43 MiB)", err.message, 1, true)
+    end)
+
+    it("accepts a budget of exactly the peak", function()
+      assert.are.equal(1534272, check(USUAL, { budget = 1534272 }).peak)
+    end)
+
+    it("refuses a budget below the starting state, where nothing has moved yet", function()
+      local err = refusal(USUAL, { budget = 4 * P + R - 1 })
+      assert.are.equal("memory.device_bytes", err.field)
+      assert.matches("start (trainer and rollout weights resident) needs 1017088 bytes", err.message, 1, true)
+    end)
+
+    it("keeps counting the buffers after the first publish", function()
+      local report = check(USUAL, { bootstrap = {} })
+      assert.are.equal(4 * P + B, report.steps[#report.steps].bytes)
+      local err = refusal(USUAL, { bootstrap = {}, budget = 4 * P + B - 1, memory = { optimizer_factor = 2 } })
+      assert.are.equal("schedule[8]", err.field)
+    end)
+  end)
+end)

@@ -1,0 +1,452 @@
+-- wsync.recipe: loading in a restricted environment, validation errors that
+-- name file, line and field, and command-line overrides.
+local uv = require("luv")
+local recipe = require("wsync.recipe")
+local fixtures = require("tests.helpers.fixtures")
+
+local error_of = require("tests.helpers.errors").error_of
+
+local function fixture(name)
+  for _, entry in ipairs(fixtures.broken) do
+    if entry.file == name then
+      return entry
+    end
+  end
+  error("no fixture " .. name)
+end
+
+describe("recipe.load", function()
+  it("loads a good recipe with its defaults filled", function()
+    local path = fixtures.recipes .. "/good.lua"
+    local loaded = recipe.load(path)
+    assert.are.equal("fixture-good", loaded.name)
+    assert.are.equal("host", loaded.backend)
+    assert.are.equal(path, loaded.path)
+    assert.are.same({ steps = 3, verbose = false, label = "fixture" }, loaded.params)
+    assert.is_function(loaded.run)
+  end)
+
+  it("loads recipes/smoke.lua", function()
+    local loaded = recipe.load("recipes/smoke.lua")
+    assert.are.equal("smoke", loaded.name)
+    assert.are.equal(2, loaded.params.ranks)
+  end)
+
+  for _, name in ipairs({ "sets_global.lua", "reads_undefined.lua", "requires_other.lua" }) do
+    it("refuses what the restricted environment forbids: " .. name, function()
+      local entry = fixture(name)
+      local err = error_of(recipe.load, entry.path)
+      assert.are.equal("RECIPE_INVALID", err.code)
+      assert.are.equal(entry.path, err.file)
+      assert.are.equal(entry.line, err.line)
+      assert.matches("'" .. entry.subject .. "'", err.message, 1, true)
+      assert.are.equal(entry.path .. ":" .. entry.line .. ": " .. err.message, tostring(err))
+    end)
+  end
+
+  it("explains each restriction", function()
+    assert.matches("sets the global 'counter': use a local", error_of(recipe.load, fixture("sets_global.lua").path).message, 1, true)
+    assert.matches("reads the undefined global", error_of(recipe.load, fixture("reads_undefined.lua").path).message, 1, true)
+    assert.matches("may only require wsync modules", error_of(recipe.load, fixture("requires_other.lua").path).message, 1, true)
+  end)
+
+  it("reports a syntax error with its line", function()
+    local entry = fixture("syntax_error.lua")
+    local err = error_of(recipe.load, entry.path)
+    assert.are.equal("RECIPE_INVALID", err.code)
+    assert.are.equal(entry.line, err.line)
+    assert.matches("^syntax error: ", err.message)
+  end)
+
+  it("reports an error raised while the recipe runs, with its line", function()
+    local entry = fixture("runtime_error.lua")
+    local err = error_of(recipe.load, entry.path)
+    assert.are.equal(entry.line, err.line)
+    assert.are.equal("steps are not computable", err.message)
+  end)
+
+  it("refuses a recipe that does not return a table, at its return line", function()
+    local entry = fixture("returns_string.lua")
+    local err = error_of(recipe.load, entry.path)
+    assert.are.equal(entry.line, err.line)
+    assert.are.equal("a recipe must return a table, got string", err.message)
+  end)
+
+  for _, name in ipairs({ "bad_backend.lua", "unknown_field.lua", "bad_param.lua", "bad_name.lua" }) do
+    it("names file, line and field of a schema failure: " .. name, function()
+      local entry = fixture(name)
+      local err = error_of(recipe.load, entry.path)
+      assert.are.equal("RECIPE_INVALID", err.code)
+      assert.are.equal(entry.path, err.file)
+      assert.are.equal(entry.subject, err.field)
+      assert.are.equal(entry.line, err.line)
+      assert.matches("field '" .. entry.subject .. "'", err.message, 1, true)
+    end)
+  end
+
+  it("refuses a missing file", function()
+    local err = error_of(recipe.load, "tests/fixtures/recipes/does_not_exist.lua")
+    assert.are.equal("RECIPE_INVALID", err.code)
+    assert.matches("cannot open the recipe: ", err.message, 1, true)
+    assert.matches("No such file", err.message, 1, true)
+    assert.is_nil(err.line)
+    assert.are.equal("tests/fixtures/recipes/does_not_exist.lua: cannot open the recipe: No such file or directory",
+      tostring(err))
+  end)
+
+  describe("under a long path", function()
+    local directory, path
+    before_each(function()
+      directory = assert(uv.fs_mkdtemp("/tmp/wsync-recipe-XXXXXX"))
+      path = directory .. "/" .. string.rep("deeply_nested_recipe_directory_", 3) .. "syntax_error.lua"
+      local source = assert(io.open(fixture("syntax_error.lua").path)):read("*a")
+      local file = assert(io.open(path, "w"))
+      file:write(source)
+      file:close()
+    end)
+    after_each(function()
+      os.remove(path)
+      assert(uv.fs_rmdir(directory))
+    end)
+
+    -- Lua shortens chunk names longer than 60 bytes in its messages
+    -- ("...tail.lua:5:"); the line must still be found.
+    it("still finds the line of a syntax error", function()
+      assert.is_true(#path > 60)
+      local err = error_of(recipe.load, path)
+      assert.are.equal(path, err.file)
+      assert.are.equal(fixture("syntax_error.lua").line, err.line)
+      assert.matches("^syntax error: ", err.message)
+    end)
+  end)
+end)
+
+describe("recipe.field_line", function()
+  it("finds a nested field after its parent", function()
+    local path = fixtures.recipes .. "/good.lua"
+    assert.are.equal(8, recipe.field_line(path, "params.steps"))
+    assert.are.equal(7, recipe.field_line(path, "params"))
+    assert.are.equal(12, recipe.field_line(path, "run"))
+  end)
+
+  it("falls back to the last return line", function()
+    assert.are.equal(4, recipe.field_line(fixtures.recipes .. "/good.lua", "not_written"))
+  end)
+end)
+
+describe("recipe extends", function()
+  local directory, written
+  local function write(name, text)
+    local path = directory .. "/" .. name
+    local file = assert(io.open(path, "w"))
+    file:write(text)
+    file:close()
+    written[#written + 1] = path
+    return path
+  end
+
+  before_each(function()
+    directory, written = assert(uv.fs_mkdtemp("/tmp/wsync-extends-XXXXXX")), {}
+    assert(uv.fs_mkdir(directory .. "/sub", 448))
+  end)
+  after_each(function()
+    for _, path in ipairs(written) do
+      assert(os.remove(path))
+    end
+    assert(uv.fs_rmdir(directory .. "/sub"))
+    assert(uv.fs_rmdir(directory))
+  end)
+
+  it("merges records field by field and replaces lists and scalars", function()
+    assert.are.same({ a = { x = 1, y = 20, z = { p = 1, q = 2 } }, list = { "c" }, n = 2, keep = true },
+      recipe.merge({ a = { x = 1, y = 2, z = { p = 1 } }, list = { "a", "b" }, n = 1, keep = true },
+        { a = { y = 20, z = { q = 2 } }, list = { "c" }, n = 2 }))
+    local base = { t = { x = 1 } }
+    recipe.merge(base, { t = { x = 2 } })
+    assert.are.same({ t = { x = 1 } }, base, "the base is not changed")
+    assert.are.same({ list = {} }, recipe.merge({ list = { 1 } }, { list = {} }), "an empty table replaces")
+  end)
+
+  it("loads the base relative to the extending file and validates the merged recipe", function()
+    write("base.lua", 'return { name = "base", params = { steps = 3, label = "x" }, run = function() end }\n')
+    local path = write("sub/child.lua", 'return extends("../base.lua", { name = "child", params = { steps = 9 } })\n')
+    local loaded = recipe.load(path)
+    assert.are.equal("child", loaded.name)
+    assert.are.same({ steps = 9, label = "x" }, loaded.params)
+    assert.is_function(loaded.run)
+    assert.are.same({ path, directory .. "/base.lua" }, loaded.files)
+  end)
+
+  it("extends a recipe that extends another", function()
+    write("a.lua", 'return { name = "a", params = { one = 1, two = 2, three = 3 }, run = function() end }\n')
+    write("b.lua", 'return extends("a.lua", { name = "b", params = { two = 20 } })\n')
+    local loaded = recipe.load(write("c.lua", 'return extends("b.lua", { name = "c", params = { three = 30 } })\n'))
+    assert.are.same({ one = 1, two = 20, three = 30 }, loaded.params)
+    assert.are.equal(3, #loaded.files)
+  end)
+
+  it("reports a field inherited from the base at the extends line, naming the base's line", function()
+    write("base.lua", 'return {\n  name = "base",\n  backend = "tpu",\n  run = function() end,\n}\n')
+    local path = write("child.lua", '-- a child\nreturn extends("base.lua", {\n  name = "child",\n})\n')
+    local err = error_of(recipe.load, path)
+    assert.are.equal("RECIPE_INVALID", err.code)
+    assert.are.equal(path, err.file)
+    assert.are.equal(2, err.line)
+    assert.are.equal("backend", err.field)
+    assert.matches("(inherited from " .. directory .. "/base.lua:3)", err.message, 1, true)
+  end)
+
+  it("reports a field written in the extending file at its own line", function()
+    write("base.lua", 'return { name = "base", run = function() end }\n')
+    local path = write("child.lua", 'return extends("base.lua", {\n  name = "child",\n  backend = "tpu",\n})\n')
+    local err = error_of(recipe.load, path)
+    assert.are.equal(3, err.line)
+    assert.is_nil(err.message:find("inherited", 1, true))
+  end)
+
+  it("names the base file and line of an error inside the base", function()
+    local base = write("base.lua", 'return {\n  name = "base" +,\n}\n')
+    local err = error_of(recipe.load, write("child.lua", 'return extends("base.lua", { name = "child" })\n'))
+    assert.are.equal(base, err.file)
+    assert.are.equal(2, err.line)
+    assert.matches("^syntax error: ", err.message)
+  end)
+
+  it("refuses a missing base at the extends line", function()
+    local path = write("child.lua", '-- extends(\nreturn extends("nothing.lua", { name = "child" })\n')
+    local err = error_of(recipe.load, path)
+    assert.are.equal(path, err.file)
+    assert.are.equal(2, err.line)
+    assert.matches("extends nothing.lua: cannot open " .. directory .. "/nothing.lua: No such file", err.message, 1, true)
+  end)
+
+  it("refuses a cycle, naming the file and line that closes it", function()
+    write("a.lua", 'return extends("b.lua", {})\n')
+    local b = write("b.lua", '\nreturn extends("a.lua", {})\n')
+    local err = error_of(recipe.load, directory .. "/a.lua")
+    assert.are.equal(b, err.file)
+    assert.are.equal(2, err.line)
+    assert.matches("extends a.lua, which is already being loaded (a cycle)", err.message, 1, true)
+  end)
+
+  it("refuses arguments of the wrong type", function()
+    local err = error_of(recipe.load, write("child.lua", 'return extends({}, {})\n'))
+    assert.matches("extends needs the path of a recipe file, got table", err.message, 1, true)
+    err = error_of(recipe.load, write("child2.lua", 'return extends("x.lua", "name")\n'))
+    assert.matches("extends takes a table of overrides, got string", err.message, 1, true)
+  end)
+
+  it("lets the fixtures share the demo: the fault fixture is the demo with short timeouts", function()
+    local demo = recipe.load("recipes/demo.lua")
+    local faults = recipe.load(fixtures.recipes .. "/publish_faults.lua")
+    assert.are.same(demo.schedule, faults.schedule)
+    assert.are.same(demo.buffers, faults.buffers)
+    assert.are.equal(2, faults.timeouts.load_chunk)
+    assert.are.equal(300, faults.runtime.grace_ms)
+    assert.are.equal(demo.runtime.tp, faults.runtime.tp)
+  end)
+end)
+
+describe("recipe overrides", function()
+  local function loaded()
+    return recipe.load(fixtures.recipes .. "/good.lua")
+  end
+
+  it("parses key=value words, keeping '=' in values", function()
+    assert.are.same({ steps = "5", label = "a=b", empty = "" },
+      recipe.parse_overrides({ "steps=5", "label=a=b", "empty=" }))
+  end)
+
+  it("refuses words that are not key=value", function()
+    for _, word in ipairs({ "steps", "=5", "5steps=1", "-x=1" }) do
+      local err = error_of(recipe.parse_overrides, { word })
+      assert.are.equal("USAGE", err.code)
+      assert.matches("'" .. word .. "' is not a key=value parameter", err.message, 1, true)
+    end
+  end)
+
+  it("converts values to the type of the default", function()
+    local applied = recipe.apply_overrides(loaded(), { steps = "12", verbose = "true", label = "42" })
+    assert.are.equal(12, applied.params.steps)
+    assert.is_true(applied.params.verbose)
+    assert.are.equal("42", applied.params.label)
+    applied = recipe.apply_overrides(loaded(), { steps = "0x10", verbose = "false" })
+    assert.are.equal(16, applied.params.steps)
+    assert.is_false(applied.params.verbose)
+  end)
+
+  it("refuses an unknown key, listing the parameters", function()
+    local err = error_of(recipe.apply_overrides, loaded(), { stpes = "1" })
+    assert.are.equal("USAGE", err.code)
+    assert.matches("has no parameter 'stpes' (parameters: label, steps, verbose)", err.message, 1, true)
+  end)
+
+  it("refuses values that do not convert", function()
+    local err = error_of(recipe.apply_overrides, loaded(), { steps = "many" })
+    assert.are.equal("USAGE", err.code)
+    assert.are.equal("parameter 'steps' needs a number, got 'many'", err.message)
+    err = error_of(recipe.apply_overrides, loaded(), { verbose = "yes" })
+    assert.are.equal("parameter 'verbose' needs a boolean, got 'yes'", err.message)
+  end)
+end)
+
+-- A model recipe as a table (recipes/demo.lua's shape), with `changes` laid
+-- over it (recipe.merge).
+local function model_recipe(changes)
+  return recipe.merge({
+    name = "model",
+    backend = "host",
+    model = { family = "qwen3_moe", preset = "tiny" },
+    trainer = { kind = "synthetic", ranks = 2, steps = 3 },
+    runtime = { kind = "reference", tp = 2 },
+    buffers = { bytes = 160 * 1024, count = 2 },
+    memory = { device_bytes = 64 * 1024 * 1024, kv_bytes = 1024 * 1024 },
+    schedule = { { wake = { "weights" } }, "publish" },
+    timeouts = { load_chunk = 30 },
+  }, changes or {})
+end
+
+local schema = require("wsync.recipe.schema")
+
+-- The schema failure of a model recipe with `changes`, asserting there is one.
+local function refused(changes)
+  local result, failure = schema.check(recipe.schema, model_recipe(changes))
+  assert.is_nil(result)
+  return failure
+end
+
+describe("recipe schema numbers", function()
+  -- Every number that reaches a byte count, a process count, a version or a
+  -- timer: huge values are refused at validation, naming the value as the
+  -- recipe wrote it (not as an int64 conversion prints it).
+  local FIELDS = {
+    { path = "buffers.bytes", set = function(v) return { buffers = { bytes = v } } end },
+    { path = "buffers.count", set = function(v) return { buffers = { count = v } } end },
+    { path = "trainer.ranks", set = function(v) return { trainer = { ranks = v } } end },
+    { path = "trainer.steps", set = function(v) return { trainer = { steps = v } } end },
+    { path = "runtime.tp", set = function(v) return { runtime = { tp = v } } end },
+    { path = "runtime.grace_ms", set = function(v) return { runtime = { grace_ms = v } } end },
+    { path = "memory.device_bytes", set = function(v) return { memory = { device_bytes = v } } end },
+    { path = "memory.kv_bytes", set = function(v) return { memory = { kv_bytes = v } } end },
+    { path = "memory.headroom_bytes", set = function(v) return { memory = { headroom_bytes = v } } end },
+    { path = "memory.optimizer_factor", set = function(v) return { memory = { optimizer_factor = v } } end },
+    { path = "timeouts.load_chunk", set = function(v) return { timeouts = { load_chunk = v } } end },
+    { path = "timeouts.startup", set = function(v) return { timeouts = { startup = v } } end },
+  }
+  for _, field in ipairs(FIELDS) do
+    for _, value in ipairs({ 1e308, 2 ^ 63, 2 ^ 53 + 2 }) do
+      it("refuses " .. field.path .. " = " .. tostring(value) .. ", naming it as written", function()
+        local failure = refused(field.set(value))
+        assert.are.equal(field.path, failure.path)
+        assert.matches(", got " .. tostring(value):gsub("%p", "%%%0") .. "$", failure.message)
+        assert.is_nil(failure.message:find("9223372036854775808", 1, true))
+      end)
+    end
+  end
+
+  it("says what bounds each number and why", function()
+    assert.are.equal("must be at most 9007199254740992 (2^53, the largest integer a Lua number holds exactly), "
+      .. "got 1e+308", refused({ buffers = { bytes = 1e308 } }).message)
+    assert.are.equal("must be at most 604800 (a week), got 1e+300", refused({ timeouts = { startup = 1e300 } }).message)
+    assert.are.equal("must be at most 64 (64 times the parameters' bytes), got 1000",
+      refused({ memory = { optimizer_factor = 1000 } }).message)
+  end)
+
+  it("accepts the bounds themselves", function()
+    assert.is_table(schema.check(recipe.schema, model_recipe({ memory = { device_bytes = 2 ^ 53,
+      headroom_bytes = 2 ^ 50 }, timeouts = { startup = recipe.MAX_SECONDS }, trainer = { steps = 2 ^ 53 } })))
+  end)
+
+  it("refuses more trainer ranks than the host backend has devices, and than one node holds", function()
+    local devices = require("wsync.native.device").count("host")
+    assert.is_table(schema.check(recipe.schema, model_recipe({ trainer = { ranks = devices },
+      runtime = { tp = devices } })))
+    local failure = refused({ trainer = { ranks = 100000 }, runtime = { tp = 100000 } })
+    assert.are.equal("trainer.ranks", failure.path)
+    assert.are.equal(string.format("100000 trainer ranks: the host backend has %d devices, one per trainer rank and "
+      .. "its TP worker", devices), failure.message)
+    -- cuda: a static bound (check does not query the GPU)
+    assert.is_table(schema.check(recipe.schema, model_recipe({ backend = "cuda", trainer = { ranks = 128 },
+      runtime = { tp = 128 } })))
+    failure = refused({ backend = "cuda", trainer = { ranks = 100000 }, runtime = { tp = 100000 } })
+    assert.are.equal("trainer.ranks", failure.path)
+    assert.matches("^100000 trainer ranks: at most 1024 on one node", failure.message)
+  end)
+
+  it("refuses a TP size other than the trainer world, which the preflight would refuse after the start", function()
+    local failure = refused({ runtime = { tp = 1 } })
+    assert.are.equal("runtime.tp", failure.path)
+    assert.are.equal("TP 1 differs from the 2 trainer ranks: TP worker r runs on trainer rank r's device, so "
+      .. "runtime.tp must equal trainer.ranks", failure.message)
+  end)
+end)
+
+describe("recipe.unserved", function()
+  local function validated(changes)
+    return assert(schema.check(recipe.schema, model_recipe(changes)))
+  end
+
+  it("serves the reference runtime on the host backend", function()
+    assert.is_nil(recipe.unserved(validated()))
+  end)
+
+  it("names runtime.kind and what this build has for the runtimes it lacks", function()
+    for _, kind in ipairs({ "vllm", "transformers" }) do
+      local message, field = recipe.unserved(validated({ runtime = { kind = kind } }))
+      assert.are.equal("runtime.kind", field)
+      assert.are.equal("runtime.kind '" .. kind .. "' is not in this build (this build has: reference, on the host "
+        .. "backend)", message)
+    end
+  end)
+
+  it("names the backend that the reference runtime's workers cannot hold weights on", function()
+    local message, field = recipe.unserved(validated({ backend = "cuda" }))
+    assert.are.equal("backend", field)
+    assert.are.equal("backend 'cuda': this build's reference runtime holds weights on the host backend only", message)
+  end)
+
+  it("names a generate step, which the reference runtime cannot run", function()
+    local message, field = recipe.unserved(validated({ schedule = { { wake = { "weights" } }, "publish",
+      { wake = { "kv_cache" } }, "generate" } }))
+    assert.are.equal("schedule[4]", field)
+    assert.are.equal("schedule[4] (generate): the reference runtime does not generate text", message)
+  end)
+end)
+
+describe("recipe.check", function()
+  local function loaded(path)
+    return recipe.load(path)
+  end
+
+  it("refuses a recipe with nothing to run at its return line", function()
+    local path = fixtures.recipes .. "/no_model.lua"
+    local err = error_of(recipe.check, loaded(path))
+    assert.are.equal("RECIPE_INVALID", err.code)
+    assert.are.equal(path, err.file)
+    assert.are.equal(fixtures.bad_line(path), err.line)
+    assert.are.equal("the recipe has nothing to run: it defines neither `run` nor `model`", err.message)
+  end)
+
+  it("passes a run recipe without a plan and returns a model recipe's plan", function()
+    assert.is_nil(recipe.check(loaded(fixtures.recipes .. "/good.lua")))
+    local plan, topology, memory = recipe.check(loaded("recipes/demo.lua"))
+    assert.are.equal(3, #plan.chunks)
+    assert.are.same({ world = 2, tp = 2 }, topology)
+    assert.is_number(memory.peak)
+  end)
+
+  it("refuses a runtime this build lacks, naming runtime.kind at its line", function()
+    local path = fixtures.recipes .. "/runtime_vllm.lua"
+    local err = error_of(recipe.check, loaded(path))
+    assert.are.equal("RECIPE_INVALID", err.code)
+    assert.are.equal("runtime.kind", err.field)
+    assert.are.equal(fixtures.bad_line(path), err.line)
+  end)
+
+  it("with plan_only checks the plan of a recipe this build cannot serve", function()
+    local plan = recipe.check(loaded(fixtures.recipes .. "/backend_cuda.lua"), { plan_only = true })
+    assert.are.equal(3, #plan.chunks)
+    local err = error_of(recipe.check, loaded(fixtures.recipes .. "/backend_cuda.lua"))
+    assert.are.equal("backend", err.field)
+  end)
+end)
