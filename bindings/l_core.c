@@ -1,6 +1,9 @@
-// `wsync._core`: version, status table, build features and the ffi cdef.
-#include "bindings.h"
+// `wsync._core`: version, status table, build features, the ffi cdef and the
+// core's function table.
+#include "core_api.h"
 #include "device.h"
+#include "lua_util.h"
+#include "modules.h"
 #include "scripts.h"
 #include "status.h"
 
@@ -42,5 +45,7 @@ int luaopen_wsync_core(lua_State *L) {
   lua_setfield(L, -2, "cuda_built");
   lua_pushstring(L, ws_ffi_cdef);
   lua_setfield(L, -2, "cdef");
+  lua_pushlightuserdata(L, (void *)&ws_core_functions);
+  lua_setfield(L, -2, "api");
   return 1;
 }

@@ -1,5 +1,6 @@
 // `wsync._device`: device identity and memory for the host and cuda backends.
-#include "bindings.h"
+#include "lua_util.h"
+#include "modules.h"
 #include "device.h"
 
 static ws_backend check_backend(lua_State *L, int index) {

@@ -1,8 +1,10 @@
 // `wsync._manifest`: streaming manifests over structural tensor records.
-#include "bindings.h"
+#include "lua_util.h"
+#include "modules.h"
 #include "manifest.h"
 
 static const char manifest_class[] = "wsync.manifest";
+static const char segment_class[] = "wsync.manifest_segment";
 
 static ws_dtype check_dtype(lua_State *L, int index) {
   size_t length = 0;
@@ -101,11 +103,83 @@ static int manifest_tostring(lua_State *L) {
   return 1;
 }
 
+// _manifest.segment() -> segment | nil, message, CODE
+static int segment_new(lua_State *L) {
+  ws_lua_push_box(L, segment_class, NULL); // first: its allocation may raise
+  ws_manifest_segment *segment = NULL;
+  int status = ws_manifest_segment_new(&segment);
+  return ws_lua_fill_box(L, status, segment);
+}
+
+// segment:add(name, dtype, shape) -> segment | nil, message, CODE
+static int segment_add(lua_State *L) {
+  ws_manifest_segment *segment = ws_lua_check_box(L, 1, segment_class);
+  size_t name_length = 0;
+  const char *name = luaL_checklstring(L, 2, &name_length);
+  ws_dtype dtype = check_dtype(L, 3);
+  int64_t shape[WS_MANIFEST_MAX_DIMS];
+  int dims = check_shape(L, 4, shape);
+  int status =
+      ws_manifest_segment_add(segment, name, name_length, dtype, shape, dims);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_settop(L, 1);
+  return 1;
+}
+
+// segment:count() -> records in the segment
+static int segment_count(lua_State *L) {
+  ws_manifest_segment *segment = ws_lua_check_box(L, 1, segment_class);
+  lua_pushnumber(L, (lua_Number)ws_manifest_segment_count(segment));
+  return 1;
+}
+
+// segment:close(); also the __gc safety net
+static int segment_close(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, segment_class);
+  ws_manifest_segment_free(*slot);
+  *slot = NULL;
+  return 0;
+}
+
+static int segment_tostring(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, segment_class);
+  if (*slot == NULL)
+    lua_pushstring(L, "wsync.manifest_segment (closed)");
+  else
+    lua_pushfstring(L, "wsync.manifest_segment (%d records)",
+                    (int)ws_manifest_segment_count(*slot));
+  return 1;
+}
+
+// manifest:add_segment(segment) -> manifest | nil, message, CODE
+static int manifest_add_segment(lua_State *L) {
+  ws_manifest *manifest = ws_lua_check_box(L, 1, manifest_class);
+  ws_manifest_segment *segment = ws_lua_check_box(L, 2, segment_class);
+  int status = ws_manifest_add_segment(manifest, segment);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_settop(L, 1);
+  return 1;
+}
+
 int luaopen_wsync_manifest(lua_State *L) {
   static const luaL_Reg methods[] = {
       {"add", manifest_add},       {"finish", manifest_finish},
       {"count", manifest_count},   {"bytes", manifest_bytes},
-      {"close", manifest_close},   {NULL, NULL},
+      {"close", manifest_close},   {"add_segment", manifest_add_segment},
+      {NULL, NULL},
+  };
+  static const luaL_Reg segment_methods[] = {
+      {"add", segment_add},
+      {"count", segment_count},
+      {"close", segment_close},
+      {NULL, NULL},
+  };
+  static const luaL_Reg segment_metamethods[] = {
+      {"__gc", segment_close},
+      {"__tostring", segment_tostring},
+      {NULL, NULL},
   };
   static const luaL_Reg metamethods[] = {
       {"__gc", manifest_close},
@@ -114,9 +188,11 @@ int luaopen_wsync_manifest(lua_State *L) {
   };
   static const luaL_Reg functions[] = {
       {"new", manifest_new},
+      {"segment", segment_new},
       {NULL, NULL},
   };
   ws_lua_new_class(L, manifest_class, methods, metamethods);
+  ws_lua_new_class(L, segment_class, segment_methods, segment_metamethods);
   lua_newtable(L);
   luaL_register(L, NULL, functions);
   return 1;

@@ -1,5 +1,6 @@
 // `wsync._process`: process-group signals, reaping and /proc checks.
-#include "bindings.h"
+#include "lua_util.h"
+#include "modules.h"
 #include "process.h"
 
 #include <signal.h>

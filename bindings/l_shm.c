@@ -1,5 +1,6 @@
 // `wsync._shm`: shared-memory buffers of the host backend.
-#include "bindings.h"
+#include "lua_util.h"
+#include "modules.h"
 #include "digest.h"
 #include "shm.h"
 

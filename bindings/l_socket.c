@@ -1,5 +1,6 @@
 // `wsync._socket`: peer credentials of unix-socket connections.
-#include "bindings.h"
+#include "lua_util.h"
+#include "modules.h"
 #include "socket.h"
 
 // _socket.peer(fd) -> uid, pid | nil, message, CODE

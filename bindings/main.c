@@ -28,7 +28,7 @@ int main(int argc, char **argv) {
   ws_host *host = NULL;
   int status = ws_host_open(&host);
   if (status != WS_OK) {
-    fprintf(stderr, "wsync: cannot start: %s\n", ws_error_detail());
+    fprintf(stderr, "wsync: cannot start: %s\n", ws_last_error());
     return 1;
   }
   int exit_code = ws_host_main(host, argc - 1, (const char *const *)argv + 1);

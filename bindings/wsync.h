@@ -19,9 +19,9 @@ extern "C" {
 typedef struct ws_host ws_host;
 
 /// Opens a host: a Lua state with the wsync modules and a libuv loop. Stores it
-/// in `*out` and returns 0, or returns a negative status. Sets SIGPIPE to be
-/// ignored in the process, so that a write to a dead peer fails instead of
-/// killing the process.
+/// in `*out` and returns 0, or stores NULL and returns a negative status;
+/// ws_last_error() then says why. Sets SIGPIPE to be ignored in the process,
+/// so that a write to a dead peer fails instead of killing the process.
 int ws_host_open(ws_host **out);
 
 /// Runs a Lua chunk, then the loop until no work is left. Returns 0, or a
@@ -42,13 +42,20 @@ int ws_host_main(ws_host *host, int argc, const char *const *argv);
 /// Returns the last error message of this host, or an empty string.
 const char *ws_host_error(const ws_host *host);
 
+/// Returns why the last ws_host_open or ws_agent_open called on this thread
+/// failed, or an empty string when it succeeded. The text is per thread and
+/// stays until the next of those calls on the thread; it is the only way to
+/// learn why ws_host_open failed, as there is no host to ask.
+const char *ws_last_error(void);
+
 /// Returns the wsync version string.
 const char *ws_version(void);
 
 /// Stops new work, closes every handle and the loop, closes the Lua state and
 /// frees the host. NULL is accepted. Agents still open lose their host: every
-/// later ws_agent_* call on them fails with WS_ESTATE and ws_agent_close only
-/// frees them (close them first to leave the publication cleanly). Refused
+/// later ws_agent_* call on them fails with WS_ESTATE ("the agent's host was
+/// closed") and ws_agent_close only frees them (close them first to leave the
+/// publication cleanly). Refused
 /// (the host stays open, ws_host_error says why) from inside a step callback,
 /// as are ws_host_run_* (WS_ESTATE).
 void ws_host_close(ws_host *host);
@@ -60,9 +67,10 @@ void ws_host_close(ws_host *host);
 // Calls block: each runs the host's loop until it is done, serving the host's
 // commands (buffers, fills, step callbacks) meanwhile. Status: 0, or negative
 // (ws_status of status_defs.h, installed with this header):
-// WS_EINVAL (bad argument), WS_ESTATE (out of order, or called from inside a
-// step callback), WS_EFAILED (the operation failed), WS_ELUA (a bug); the text
-// is in ws_agent_error(), or in ws_host_error() when ws_agent_open fails.
+// WS_EINVAL (bad argument), WS_ESTATE (out of order, called from inside a
+// step callback, or the host was closed), WS_EFAILED (the operation failed),
+// WS_ELUA (a bug); the text is in ws_agent_error(), or, when ws_agent_open
+// fails, in ws_last_error() (and in ws_host_error() of a non-NULL host).
 // A host that died fails the next call (WS_EFAILED) instead of killing the
 // trainer: ws_host_open ignores SIGPIPE.
 

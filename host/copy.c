@@ -161,13 +161,17 @@ static int stream_rows(char *target, const char *source,
 static void stream_fence(void) {}
 #endif
 
-// Checks every op against the source and every target; the detail names the
-// op, and the target when there are several.
+// Checks every op against its source and every target; the detail names the
+// op, and the target or the source when there are several.
 static int check_ops(const size_t *target_sizes, size_t target_count,
-                     size_t source_size, const ws_copy_op *ops,
-                     size_t count) {
+                     const size_t *source_sizes, size_t source_count,
+                     const ws_copy_op *ops, size_t count) {
   for (size_t i = 0; i < count; i++) {
     const ws_copy_op *op = &ops[i];
+    if (op->source >= source_count)
+      return ws_fail(WS_EINVAL, "copy op %zu: source %llu of %zu", i,
+                     (unsigned long long)op->source, source_count);
+    size_t source_size = source_sizes[op->source];
     for (size_t t = 0; t < target_count; t++) {
       if (fits(op->target_offset, op->rows, op->width, op->target_pitch,
                target_sizes[t]))
@@ -186,9 +190,10 @@ static int check_ops(const size_t *target_sizes, size_t target_count,
     if (!fits(op->source_offset, op->rows, op->width, op->source_pitch,
               source_size))
       return ws_fail(WS_EINVAL,
-                     "copy op %zu: source [%llu, +%llu rows x %llu, pitch "
+                     "copy op %zu: source%s [%llu, +%llu rows x %llu, pitch "
                      "%llu) exceeds %zu bytes",
-                     i, (unsigned long long)op->source_offset,
+                     i, source_count > 1 ? " (of several)" : "",
+                     (unsigned long long)op->source_offset,
                      (unsigned long long)op->rows,
                      (unsigned long long)op->width,
                      (unsigned long long)op->source_pitch, source_size);
@@ -218,13 +223,14 @@ static void copy_span(char *const *targets, size_t target_count,
 }
 
 static void run_ops(char *const *targets, size_t target_count,
-                    const char *source, const ws_copy_op *ops, size_t count) {
+                    const char *const *sources, const ws_copy_op *ops,
+                    size_t count) {
   int streamed = 0;
   for (size_t i = 0; i < count; i++) {
     const ws_copy_op *op = &ops[i];
     if (op->rows == 0 || op->width == 0)
       continue; // nothing to copy (and no row loop over an empty op)
-    const char *from = source + op->source_offset;
+    const char *from = sources[op->source] + op->source_offset;
     copy_fn copy = plain_copy;
     if (op->rows * op->width >= STREAM_MIN_OP_BYTES &&
         op->width >= STREAM_MIN_WIDTH) {
@@ -252,11 +258,12 @@ static void run_ops(char *const *targets, size_t target_count,
 int ws_copy_run(void *target, size_t target_size, const void *source,
                 size_t source_size, const ws_copy_op *ops, size_t count) {
   ws_clear_error();
-  int status = check_ops(&target_size, 1, source_size, ops, count);
+  int status = check_ops(&target_size, 1, &source_size, 1, ops, count);
   if (status != WS_OK)
     return status;
   char *targets[1] = {target};
-  run_ops(targets, 1, source, ops, count);
+  const char *sources[1] = {source};
+  run_ops(targets, 1, sources, ops, count);
   return WS_OK;
 }
 
@@ -268,13 +275,37 @@ int ws_copy_run_targets(void *const *targets, const size_t *target_sizes,
   if (target_count == 0 || target_count > WS_COPY_TARGETS_MAX)
     return ws_fail(WS_EINVAL, "copy: %zu targets (1 to %d)", target_count,
                    WS_COPY_TARGETS_MAX);
-  int status = check_ops(target_sizes, target_count, source_size, ops, count);
+  int status =
+      check_ops(target_sizes, target_count, &source_size, 1, ops, count);
   if (status != WS_OK)
     return status;
   char *bases[WS_COPY_TARGETS_MAX];
   for (size_t t = 0; t < target_count; t++)
     bases[t] = targets[t];
-  run_ops(bases, target_count, source, ops, count);
+  const char *sources[1] = {source};
+  run_ops(bases, target_count, sources, ops, count);
+  return WS_OK;
+}
+
+int ws_copy_run_sources(void *const *targets, const size_t *target_sizes,
+                        size_t target_count, void *const *sources,
+                        const size_t *source_sizes, size_t source_count,
+                        const ws_copy_op *ops, size_t count) {
+  ws_clear_error();
+  if (target_count == 0 || target_count > WS_COPY_TARGETS_MAX)
+    return ws_fail(WS_EINVAL, "copy: %zu targets (1 to %d)", target_count,
+                   WS_COPY_TARGETS_MAX);
+  if (source_count > WS_COPY_SOURCES_MAX)
+    return ws_fail(WS_EINVAL, "copy: %zu sources (at most %d)", source_count,
+                   WS_COPY_SOURCES_MAX);
+  int status = check_ops(target_sizes, target_count, source_sizes,
+                         source_count, ops, count);
+  if (status != WS_OK)
+    return status;
+  char *bases[WS_COPY_TARGETS_MAX];
+  for (size_t t = 0; t < target_count; t++)
+    bases[t] = targets[t];
+  run_ops(bases, target_count, (const char *const *)sources, ops, count);
   return WS_OK;
 }
 

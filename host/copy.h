@@ -13,6 +13,7 @@
 /// One strided copy: `rows` rows of `width` bytes, from `source_offset` in
 /// the source (advancing `source_pitch` bytes per row) to `target_offset` in
 /// the target (advancing `target_pitch`). A contiguous copy is one row.
+/// `source` picks the source of ws_copy_run_sources (0 everywhere else).
 typedef struct ws_copy_op {
   uint64_t target_offset;
   uint64_t source_offset;
@@ -20,6 +21,7 @@ typedef struct ws_copy_op {
   uint64_t width;
   uint64_t target_pitch;
   uint64_t source_pitch;
+  uint64_t source;
 } ws_copy_op;
 
 /// Checks every op against both buffers' sizes, then runs them in order.
@@ -37,6 +39,18 @@ int ws_copy_run_targets(void *const *targets, const size_t *target_sizes,
                         size_t target_count, const void *source,
                         size_t source_size, const ws_copy_op *ops,
                         size_t count);
+
+enum { WS_COPY_SOURCES_MAX = 1 << 20 };
+
+/// Runs ops that read from several sources into each of `target_count`
+/// targets (one call per chunk, whatever the number of trainer tensors and
+/// their memories): op i reads source `ops[i].source` of `source_count`.
+/// Checks every op against its source and every target first; nothing is
+/// copied when one is out of range.
+int ws_copy_run_sources(void *const *targets, const size_t *target_sizes,
+                        size_t target_count, void *const *sources,
+                        const size_t *source_sizes, size_t source_count,
+                        const ws_copy_op *ops, size_t count);
 
 /// Faults in the pages of `size` bytes at `target` for writing now, so that
 /// the first copy into fresh memory takes no page fault per page. The bytes

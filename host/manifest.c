@@ -54,12 +54,17 @@ int ws_manifest_new(ws_manifest **out) {
   return WS_OK;
 }
 
-int ws_manifest_add(ws_manifest *manifest, const char *name,
-                    size_t name_length, ws_dtype dtype, const int64_t *shape,
-                    int dims) {
-  ws_clear_error();
-  if (manifest->finished)
-    return ws_fail(WS_ESTATE, "manifest: record added after finish");
+// The longest encoding of one record's fixed-size parts.
+enum { RECORD_FIXED_MAX = 4 + 4 + 4 + 8 * WS_MANIFEST_MAX_DIMS + 8 + 8 };
+
+// Encodes one record (version 1, see manifest.h) into `out`, which holds at
+// least RECORD_FIXED_MAX + name_length + the dtype name's length bytes;
+// stores its length in `*written` and its byte count in `*bytes`. `total` is
+// the byte count so far (the sum must not overflow).
+static int encode_record(const char *name, size_t name_length, ws_dtype dtype,
+                         const int64_t *shape, int dims, uint64_t total,
+                         unsigned char *out, size_t *written,
+                         uint64_t *bytes) {
   const char *dtype_name = ws_dtype_name(dtype);
   if (dtype_name == NULL)
     return ws_fail(WS_EINVAL, "manifest: unknown dtype %d for '%.*s'",
@@ -70,9 +75,6 @@ int ws_manifest_add(ws_manifest *manifest, const char *name,
   if (dims < 0 || dims > WS_MANIFEST_MAX_DIMS)
     return ws_fail(WS_EINVAL, "manifest: '%.*s' has %d dimensions (0..%d)",
                    (int)name_length, name, dims, WS_MANIFEST_MAX_DIMS);
-
-  unsigned char record[4 + 4 + 8 * WS_MANIFEST_MAX_DIMS + 8 + 8];
-  size_t dtype_length = strlen(dtype_name);
   uint64_t elements = 1;
   for (int i = 0; i < dims; i++) {
     if (shape[i] < 0)
@@ -85,43 +87,137 @@ int ws_manifest_add(ws_manifest *manifest, const char *name,
   }
   uint64_t element_size = ws_dtype_size(dtype);
   if (elements > UINT64_MAX / element_size ||
-      manifest->bytes > UINT64_MAX - elements * element_size)
+      total > UINT64_MAX - elements * element_size)
     return ws_fail(WS_EOVERFLOW, "manifest: '%.*s' byte count overflows",
                    (int)name_length, name);
-
-  unsigned char length_bytes[4];
-  put_u32(length_bytes, (uint32_t)name_length);
-  int status = digest_update(manifest, length_bytes, 4);
-  if (status == WS_OK)
-    status = digest_update(manifest, name, name_length);
-  if (status != WS_OK)
-    return status;
-
+  size_t dtype_length = strlen(dtype_name);
   size_t used = 0;
-  put_u32(record + used, (uint32_t)dtype_length);
+  put_u32(out + used, (uint32_t)name_length);
   used += 4;
-  status = digest_update(manifest, record, used);
-  if (status == WS_OK)
-    status = digest_update(manifest, dtype_name, dtype_length);
-  if (status != WS_OK)
-    return status;
-
-  used = 0;
-  put_u32(record + used, (uint32_t)dims);
+  memcpy(out + used, name, name_length);
+  used += name_length;
+  put_u32(out + used, (uint32_t)dtype_length);
+  used += 4;
+  memcpy(out + used, dtype_name, dtype_length);
+  used += dtype_length;
+  put_u32(out + used, (uint32_t)dims);
   used += 4;
   for (int i = 0; i < dims; i++, used += 8)
-    put_u64(record + used, (uint64_t)shape[i]);
-  put_u64(record + used, elements);
+    put_u64(out + used, (uint64_t)shape[i]);
+  put_u64(out + used, elements);
   used += 8;
-  put_u64(record + used, elements * element_size);
+  put_u64(out + used, elements * element_size);
   used += 8;
-  status = digest_update(manifest, record, used);
+  *written = used;
+  *bytes = elements * element_size;
+  return WS_OK;
+}
+
+// The most bytes one record of `name_length` can take.
+static size_t record_capacity(size_t name_length) {
+  return RECORD_FIXED_MAX + name_length + 32; // dtype names are short
+}
+
+int ws_manifest_add(ws_manifest *manifest, const char *name,
+                    size_t name_length, ws_dtype dtype, const int64_t *shape,
+                    int dims) {
+  ws_clear_error();
+  if (manifest->finished)
+    return ws_fail(WS_ESTATE, "manifest: record added after finish");
+  unsigned char fixed[RECORD_FIXED_MAX + 256 + 32];
+  size_t capacity = record_capacity(name_length);
+  unsigned char *record = fixed;
+  if (capacity > sizeof fixed) {
+    record = malloc(capacity);
+    if (record == NULL)
+      return ws_fail(WS_ENOMEM, "manifest: cannot allocate a record");
+  }
+  size_t written = 0;
+  uint64_t bytes = 0;
+  int status = encode_record(name, name_length, dtype, shape, dims,
+                             manifest->bytes, record, &written, &bytes);
+  if (status == WS_OK)
+    status = digest_update(manifest, record, written);
+  if (record != fixed)
+    free(record);
   if (status != WS_OK)
     return status;
-
   manifest->count++;
-  manifest->bytes += elements * element_size;
+  manifest->bytes += bytes;
   return WS_OK;
+}
+
+struct ws_manifest_segment {
+  unsigned char *data;
+  size_t length, capacity;
+  uint64_t count;
+  uint64_t bytes;
+};
+
+int ws_manifest_segment_new(ws_manifest_segment **out) {
+  ws_clear_error();
+  ws_manifest_segment *segment = calloc(1, sizeof *segment);
+  if (segment == NULL)
+    return ws_fail(WS_ENOMEM, "manifest segment: cannot allocate");
+  *out = segment;
+  return WS_OK;
+}
+
+int ws_manifest_segment_add(ws_manifest_segment *segment, const char *name,
+                            size_t name_length, ws_dtype dtype,
+                            const int64_t *shape, int dims) {
+  ws_clear_error();
+  size_t needed = record_capacity(name_length);
+  if (segment->capacity - segment->length < needed) {
+    size_t capacity = segment->capacity ? segment->capacity : 4096;
+    while (capacity - segment->length < needed)
+      capacity *= 2;
+    unsigned char *data = realloc(segment->data, capacity);
+    if (data == NULL)
+      return ws_fail(WS_ENOMEM, "manifest segment: cannot grow to %zu bytes",
+                     capacity);
+    segment->data = data;
+    segment->capacity = capacity;
+  }
+  size_t written = 0;
+  uint64_t bytes = 0;
+  int status =
+      encode_record(name, name_length, dtype, shape, dims, segment->bytes,
+                    segment->data + segment->length, &written, &bytes);
+  if (status != WS_OK)
+    return status;
+  segment->length += written;
+  segment->count++;
+  segment->bytes += bytes;
+  return WS_OK;
+}
+
+uint64_t ws_manifest_segment_count(const ws_manifest_segment *segment) {
+  return segment->count;
+}
+
+int ws_manifest_add_segment(ws_manifest *manifest,
+                            const ws_manifest_segment *segment) {
+  ws_clear_error();
+  if (manifest->finished)
+    return ws_fail(WS_ESTATE, "manifest: segment added after finish");
+  if (manifest->bytes > UINT64_MAX - segment->bytes)
+    return ws_fail(WS_EOVERFLOW, "manifest: byte count overflows");
+  int status = WS_OK;
+  if (segment->length > 0)
+    status = digest_update(manifest, segment->data, segment->length);
+  if (status != WS_OK)
+    return status;
+  manifest->count += segment->count;
+  manifest->bytes += segment->bytes;
+  return WS_OK;
+}
+
+void ws_manifest_segment_free(ws_manifest_segment *segment) {
+  if (segment == NULL)
+    return;
+  free(segment->data);
+  free(segment);
 }
 
 int ws_manifest_finish(ws_manifest *manifest, char *hex_out) {

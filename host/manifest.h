@@ -53,3 +53,25 @@ uint64_t ws_manifest_bytes(const ws_manifest *manifest);
 
 /// Releases a manifest; NULL is accepted.
 void ws_manifest_free(ws_manifest *manifest);
+
+/// A run of records encoded once and added to many manifests in one step: a
+/// chunk's part of a publication's manifest, the same in every publication.
+typedef struct ws_manifest_segment ws_manifest_segment;
+
+/// Starts an empty segment and stores it in `*out`.
+int ws_manifest_segment_new(ws_manifest_segment **out);
+
+/// Appends one record to a segment (checked as ws_manifest_add checks it).
+int ws_manifest_segment_add(ws_manifest_segment *segment, const char *name,
+                            size_t name_length, ws_dtype dtype,
+                            const int64_t *shape, int dims);
+
+/// Returns the number of records in a segment.
+uint64_t ws_manifest_segment_count(const ws_manifest_segment *segment);
+
+/// Adds every record of `segment`, in order, as ws_manifest_add would.
+int ws_manifest_add_segment(ws_manifest *manifest,
+                            const ws_manifest_segment *segment);
+
+/// Releases a segment; NULL is accepted.
+void ws_manifest_segment_free(ws_manifest_segment *segment);

@@ -53,4 +53,22 @@ describe("wsync._core", function()
     end
     assert.is_nil(core.cdef:match("\n%s*#"))
   end)
+
+  it("hands over the core's function table, one pointer per declared function", function()
+    assert.are.equal("userdata", type(core.api))
+    local api = ffi.cast("const ws_core_api *", core.api)
+    -- The same functions that the binary exports to ffi.C.
+    assert.are.equal("EINVAL", ffi.string(api.ws_status_name(-1)))
+    assert.are.equal(ffi.cast("void *", ffi.C.ws_status_name), ffi.cast("void *", api.ws_status_name))
+    assert.are.equal(ffi.cast("void *", ffi.C.ws_host_open), ffi.cast("void *", api.ws_host_open))
+    -- Every function of the cdef has its field.
+    local count = 0
+    for name in core.cdef:gmatch("[%s%*](ws_[%w_]+)%(") do
+      assert.is_true(pcall(function()
+        return api[name]
+      end), name .. " has no field in ws_core_api")
+      count = count + 1
+    end
+    assert.is_true(count >= 50)
+  end)
 end)

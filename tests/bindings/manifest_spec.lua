@@ -41,7 +41,8 @@ describe("wsync._manifest", function()
       { function() manifest:add("w", "int8", { 1, "x" }) end, "bad argument #3 to 'add' (shape[2] is not a number)" },
       { function() manifest:add("w", "int8", { 1.5 }) end, "bad argument #3 to 'add' (shape[1] is not an integer)" },
       { function() manifest:add("w", "int8", { 0 / 0 }) end, "bad argument #3 to 'add' (shape[1] is not an integer)" },
-      { function() manifest.add(42, "w", "int8", { 1 }) end, "bad argument #1 to 'add' (wsync.manifest expected, got number)" },
+      { function() manifest.add(42, "w", "int8", { 1 }) end,
+        "bad argument #1 to 'add' (wsync.manifest expected, got number)" },
     }
     for _, case in ipairs(cases) do
       assert.has_error(case[1], case[2])
@@ -68,7 +69,9 @@ describe("wsync._manifest", function()
     result, message, code = manifest:add("", "int8", { 1 })
     assert.is_nil(result)
     assert.are.equal("EINVAL", code)
+    assert.matches("record name length 0 is invalid", message, 1, true)
     result, message, code = manifest:add("huge", "int8", { 2 ^ 40, 2 ^ 40 })
+    assert.is_nil(result)
     assert.are.equal("EOVERFLOW", code)
     assert.matches("overflows", message, 1, true)
     manifest:finish()

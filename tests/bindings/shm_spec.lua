@@ -8,16 +8,6 @@ local shm_files = require("tests.helpers.shm")
 local pid = uv.os_getpid()
 
 describe("wsync._shm", function()
-  local before
-  before_each(function()
-    collectgarbage()
-    before = shm_files.segments(pid)
-  end)
-  after_each(function()
-    collectgarbage()
-    assert.are.same(before, shm_files.segments(pid))
-  end)
-
   it("creates a named buffer and reports its name, size and ownership", function()
     local buffer = assert(shm.create(4096))
     assert.matches(shm_files.name_pattern(pid), buffer:name())

@@ -8,11 +8,19 @@
 // resident weights.
 //
 // usage: agent_example ENDPOINT RANK WORLD VERSIONS [STEP_MS [FAILING]]
+//        agent_example --self-check
 //
 // STEP_MS is how long each training step takes before its publication (0 by
 // default). FAILING names a callback that returns non-zero (a failure) when
 // the host calls it, for the fault tests. Prints one line per publication;
 // exits 0 when every publication succeeded.
+//
+// --self-check runs what needs no wsync host (the embed tier): open failures
+// and ws_last_error, registration against an endpoint that accepts and never
+// answers, the synthetic values, and an agent outliving its host. Prints
+// "agent_example: self-check ok" and exits 0, or says what failed and exits 1.
+//
+// libwsync exports only wsync.h: host/synth.c is compiled into this example.
 #include <stdint.h>
 
 #include "wsync.h"
@@ -20,10 +28,14 @@
 #include "synth.h"
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
 
 // The tiny preset of scripts/wsync/models/qwen3_moe.lua: vocab 1000, hidden 64,
 // moe_intermediate 32, 2 layers, 4 heads, 2 KV heads, head_dim 16, 4 experts,
@@ -175,17 +187,141 @@ static int run_transition(void *user_data) {
   return 0;
 }
 
+// A thread's failed open: its own ws_last_error, not the caller's.
+static void *fail_open_on_a_thread(void *text_out) {
+  ws_agent *agent = NULL;
+  ws_agent_open(NULL, "unused", 0, 1, NULL, -1, &agent);
+  snprintf(text_out, 128, "%s", ws_last_error());
+  return NULL;
+}
+
+static int refuse_step(void *user_data) {
+  (void)user_data;
+  return 1;
+}
+
+// Fails the self-check with a message when `ok` is false.
+#define SELF_CHECK(ok, ...)                                                    \
+  do {                                                                         \
+    if (!(ok)) {                                                               \
+      fprintf(stderr, "agent_example self-check: " __VA_ARGS__);               \
+      fprintf(stderr, "\n");                                                   \
+      goto done;                                                               \
+    }                                                                          \
+  } while (0)
+
+// What the agent API does without a wsync host: see the usage above.
+static int self_check(void) {
+  static layout shards;
+  build_layout(&shards, 0, 1);
+  unsigned char *memory = calloc(1, shards.bytes);
+  char directory[] = "/tmp/wsync-agent-example-XXXXXX";
+  char endpoint[sizeof directory + 16] = "";
+  int listener = -1;
+  ws_host *host = NULL;
+  ws_agent *agent = NULL;
+  int failed = 1;
+  SELF_CHECK(memory != NULL, "cannot allocate %zu bytes", shards.bytes);
+
+  // Why an open failed, before there is a host to ask and after.
+  SELF_CHECK(ws_host_open(NULL) != 0 &&
+                 strstr(ws_last_error(), "ws_host_open") != NULL,
+             "ws_host_open(NULL): ws_last_error() = \"%s\"", ws_last_error());
+  SELF_CHECK(ws_host_open(&host) == 0 && ws_last_error()[0] == '\0',
+             "ws_host_open: ws_last_error() = \"%s\"", ws_last_error());
+  SELF_CHECK(ws_agent_open(host, "/nonexistent/control.sock", 0, 1, "host", 0,
+                           &agent) == WS_EFAILED &&
+                 agent == NULL &&
+                 strstr(ws_last_error(), "cannot connect to "
+                                         "/nonexistent/control.sock") != NULL,
+             "a missing endpoint: ws_last_error() = \"%s\"", ws_last_error());
+  SELF_CHECK(
+      ws_agent_open(host, "unused", 2, 2, NULL, -1, &agent) == WS_EINVAL &&
+          strstr(ws_last_error(), "0 <= rank < world (rank 2, world 2)") !=
+              NULL &&
+          strcmp(ws_last_error(), ws_host_error(host)) == 0,
+      "rank 2 of 2: ws_last_error() = \"%s\"", ws_last_error());
+  char thread_text[128] = "";
+  pthread_t thread;
+  SELF_CHECK(
+      pthread_create(&thread, NULL, fail_open_on_a_thread, thread_text) == 0 &&
+          pthread_join(thread, NULL) == 0,
+      "cannot run a thread");
+  SELF_CHECK(strstr(thread_text, "host and out are required") != NULL &&
+                 strstr(ws_last_error(), "rank 2, world 2") != NULL,
+             "ws_last_error is not per thread: \"%s\" on the thread, \"%s\" "
+             "here",
+             thread_text, ws_last_error());
+
+  // An endpoint that accepts connections (the kernel's backlog) and never
+  // answers: opening and registering need no reply.
+  SELF_CHECK(mkdtemp(directory) != NULL, "mkdtemp failed");
+  snprintf(endpoint, sizeof endpoint, "%s/control.sock", directory);
+  struct sockaddr_un address = {.sun_family = AF_UNIX};
+  snprintf(address.sun_path, sizeof address.sun_path, "%s", endpoint);
+  listener = socket(AF_UNIX, SOCK_STREAM, 0);
+  SELF_CHECK(listener >= 0 &&
+                 bind(listener, (struct sockaddr *)&address, sizeof address) ==
+                     0 &&
+                 listen(listener, 4) == 0,
+             "cannot listen on %s", endpoint);
+  SELF_CHECK(ws_agent_open(host, endpoint, 0, 1, "host", 0, &agent) == 0 &&
+                 ws_last_error()[0] == '\0',
+             "open: %s", ws_last_error());
+  for (int i = 0; i < shards.count; i++) {
+    const shard *tensor = &shards.tensors[i];
+    SELF_CHECK(ws_agent_register_tensor(
+                   agent, tensor->name, "bfloat16", tensor->shape, tensor->dims,
+                   memory + tensor->offset, tensor->bytes, tensor->first_row,
+                   tensor->row_count) == 0,
+               "%s", ws_agent_error(agent));
+  }
+  SELF_CHECK(ws_agent_register_callback(agent, "offload_actor", refuse_step,
+                                        NULL) == 0,
+             "%s", ws_agent_error(agent));
+  SELF_CHECK(fill_version(&shards, memory, 1) == 0, "ws_synth_fill failed");
+
+  // The agent outlives its host: every call but close is refused, and close
+  // only frees it.
+  ws_host_close(host);
+  host = NULL;
+  SELF_CHECK(ws_agent_ready(agent) == WS_ESTATE &&
+                 strstr(ws_agent_error(agent), "ws_agent_ready: the agent's "
+                                               "host was closed") != NULL,
+             "ready after the host closed: %s", ws_agent_error(agent));
+  SELF_CHECK(ws_agent_publish(agent, 1, NULL) == WS_ESTATE,
+             "publish after the host closed: %s", ws_agent_error(agent));
+  ws_agent_close(agent);
+  agent = NULL;
+  printf("agent_example: self-check ok (%d tensors registered, %zu bytes)\n",
+         shards.count, shards.bytes);
+  failed = 0;
+done:
+  ws_agent_close(agent);
+  ws_host_close(host);
+  if (listener >= 0)
+    close(listener);
+  if (endpoint[0] != '\0')
+    unlink(endpoint);
+  rmdir(directory);
+  free(memory);
+  return failed;
+}
+
 int main(int argc, char **argv) {
+  if (argc == 2 && strcmp(argv[1], "--self-check") == 0)
+    return self_check();
   if (argc < 5 || argc > 7) {
     fprintf(stderr, "usage: agent_example ENDPOINT RANK WORLD VERSIONS "
-                    "[STEP_MS [FAILING]]\n");
+                    "[STEP_MS [FAILING]]\n"
+                    "       agent_example --self-check\n");
     return 2;
   }
   const char *endpoint = argv[1];
   int rank = atoi(argv[2]), world = atoi(argv[3]), versions = atoi(argv[4]);
   long step_ms = argc >= 6 ? atol(argv[5]) : 0;
-  trainer state = {rank, RESIDENT, RESIDENT, argc == 7 ? argv[6] : NULL, NULL,
-                   NULL};
+  trainer state = {rank, RESIDENT, RESIDENT, argc == 7 ? argv[6] : NULL,
+                   NULL, NULL};
   transition steps[] = {
       {"offload_optimizer", &state, &state.optimizer, RESIDENT, OFFLOADED},
       {"onload_optimizer", &state, &state.optimizer, OFFLOADED, RESIDENT},
@@ -200,12 +336,12 @@ int main(int argc, char **argv) {
   ws_agent *agent = NULL;
   int failed = 1;
   if (memory == NULL || ws_host_open(&host) != 0) {
-    fprintf(stderr, "agent_example rank %d: cannot start\n", rank);
+    fprintf(stderr, "agent_example rank %d: cannot start: %s\n", rank,
+            ws_last_error());
     goto done;
   }
   if (ws_agent_open(host, endpoint, rank, world, "host", rank, &agent) != 0) {
-    fprintf(stderr, "agent_example rank %d: open: %s\n", rank,
-            ws_host_error(host));
+    fprintf(stderr, "agent_example rank %d: open: %s\n", rank, ws_last_error());
     goto done;
   }
   state.host = host;

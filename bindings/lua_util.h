@@ -1,4 +1,6 @@
-// Shared helpers for the Lua bindings and their module entry points.
+// Helpers that every Lua binding shares: protected-call error values, the
+// exit sentinel, `nil, message, CODE` failures and boxed-pointer userdata.
+// Nothing here knows of a host.
 #pragma once
 
 #include <lauxlib.h>
@@ -6,50 +8,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "wsync.h"
-
-/// Opens `wsync._core`: version, status names, build features, ffi cdef.
-int luaopen_wsync_core(lua_State *L);
-
-/// Opens `wsync._manifest`: streaming SHA-256 manifests.
-int luaopen_wsync_manifest(lua_State *L);
-
-/// Opens `wsync._shm`: shared-memory buffers of the host backend.
-int luaopen_wsync_shm(lua_State *L);
-
-/// Opens `wsync._device`: device identity and memory per backend.
-int luaopen_wsync_device(lua_State *L);
-
-/// Opens `wsync._process`: process-group signals, reaping, /proc checks.
-int luaopen_wsync_process(lua_State *L);
-
-/// Opens `wsync._socket`: peer credentials of unix-socket connections.
-int luaopen_wsync_socket(lua_State *L);
+#include "status.h"
 
 /// Message handler for protected calls: adds a traceback to string errors and
-/// a `traceback` field to error objects.
+/// a `traceback` field to error objects; passes the exit sentinel untouched.
 int ws_lua_message_handler(lua_State *L);
 
 /// Writes the error value at `index` as text into `out`: an error object's
 /// __tostring (or the string itself), then its traceback when it has one.
 void ws_lua_error_text(lua_State *L, int index, char *out, size_t size);
 
-/// Returns the Lua state of an embedding host (the agent API runs in it).
-lua_State *ws_host_lua_state(ws_host *host);
+/// Raises the exit sentinel (what os.exit raises inside wsync): a table with
+/// `code` whose metatable is named "wsync exit". Does not return.
+int ws_lua_raise_exit(lua_State *L, int code);
 
-/// The head of the host's list of open agents (agent.c links them): closing
-/// the host detaches them, so that a later ws_agent_* call fails cleanly.
-ws_agent **ws_host_agents(ws_host *host);
-
-/// Marks every agent in the list as belonging to a closed host.
-void ws_agents_detach(ws_agent *agents);
-
-/// Step callbacks (C code called from the loop) running on this thread: no
-/// wsync call may nest in one.
-extern _Thread_local int ws_callback_depth;
-
-/// Replaces the host's last error text (ws_host_error) with `text`.
-void ws_host_set_error(ws_host *host, const char *text);
+/// Returns 1 and stores its code in `*code` when the value at `index` is the
+/// exit sentinel; returns 0 and leaves `*code` alone otherwise.
+int ws_lua_exit_code(lua_State *L, int index, int *code);
 
 /// Pushes `nil, message, CODE` for a failed core call and returns 3, the
 /// binding's return count. The message is the core's detail or the generic

@@ -7,12 +7,17 @@
 // Step callbacks are C function pointers that Lua calls through a trampoline
 // closure holding the pointer and its user data as upvalues. A callback runs
 // inside the loop that a ws_agent_* call drives, so no wsync call may nest in
-// it: the loop is not reentrant. `ws_callback_depth` refuses them.
+// it: the loop is not reentrant. The trampoline marks the callback on the
+// host (ws_host_enter_callback), and the host refuses what would nest.
+//
+// The agent holds its host's link, not the host: ws_host_close clears the
+// link, and every later call but ws_agent_close fails with WS_ESTATE.
 #include <stdint.h>
 
 #include "wsync.h"
 
-#include "bindings.h"
+#include "host_internal.h"
+#include "lua_util.h"
 #include "manifest.h"
 #include "status.h"
 
@@ -24,37 +29,12 @@
 #include <string.h>
 
 struct ws_agent {
-  lua_State *L;     // the host's state; NULL once the host closed
-  ws_host *host;    // NULL once the host closed
-  ws_agent *next;   // the host's other open agents
+  ws_host_link *link; // the rank's own host; cleared when it closes
   int handle;       // registry reference to the wsync.trainer.agent_api handle
   char error[8192]; // last error text
 };
 
 typedef int (*agent_callback)(void *user_data);
-
-// Step callbacks running on this thread right now (0 outside them).
-_Thread_local int ws_callback_depth;
-
-void ws_agents_detach(ws_agent *agents) {
-  for (ws_agent *agent = agents; agent != NULL; agent = agent->next) {
-    agent->L = NULL;
-    agent->host = NULL;
-  }
-}
-
-// Takes `agent` off its host's list of open agents.
-static void unlink_agent(ws_agent *agent) {
-  if (agent->host == NULL)
-    return;
-  for (ws_agent **link = ws_host_agents(agent->host); *link != NULL;
-       link = &(*link)->next) {
-    if (*link == agent) {
-      *link = agent->next;
-      break;
-    }
-  }
-}
 
 // Lua numbers hold integers exactly up to 2^53.
 static const int64_t largest_exact_integer = (int64_t)1 << 53;
@@ -100,8 +80,7 @@ static int protected_call(lua_State *L, int nargs, int *first, char *error,
 
 // Pushes the agent's handle method `method` and the handle: the function and
 // first argument of a method call.
-static void push_method(ws_agent *agent, const char *method) {
-  lua_State *L = agent->L;
+static void push_method(lua_State *L, ws_agent *agent, const char *method) {
   lua_rawgeti(L, LUA_REGISTRYINDEX, agent->handle); // [handle]
   lua_getfield(L, -1, method);                      // [handle, method]
   lua_insert(L, -2);                                // [method, handle]
@@ -110,29 +89,31 @@ static void push_method(ws_agent *agent, const char *method) {
 // Calls handle:method(args...) (the `nargs` arguments pushed after
 // push_method) and records a failure in the agent's error text. Leaves the
 // results from `*first` on success.
-static int call_method(ws_agent *agent, int nargs, int *first) {
+static int call_method(lua_State *L, ws_agent *agent, int nargs, int *first) {
   agent->error[0] = '\0';
-  return protected_call(agent->L, nargs + 1, first, agent->error,
-                        sizeof agent->error);
+  return protected_call(L, nargs + 1, first, agent->error, sizeof agent->error);
 }
 
-// Checks what every call but open checks; writes the refusal into the agent.
-static int check_agent(ws_agent *agent, const char *call) {
+// Checks what every call but open checks and stores the host's Lua state in
+// `*state`; writes a refusal into the agent.
+static int check_agent(ws_agent *agent, const char *call, lua_State **state) {
   if (agent == NULL)
     return ws_fail(WS_EINVAL, "%s: agent is NULL", call);
-  if (ws_callback_depth > 0) {
+  ws_host *host = ws_host_link_get(agent->link);
+  if (host == NULL) {
+    snprintf(agent->error, sizeof agent->error,
+             "%s: the agent's host was closed; only ws_agent_close remains",
+             call);
+    return WS_ESTATE;
+  }
+  if (ws_host_in_callback(host)) {
     snprintf(agent->error, sizeof agent->error,
              "%s: called from inside a step callback (wsync's loop is not "
              "reentrant)",
              call);
     return WS_ESTATE;
   }
-  if (agent->L == NULL) {
-    snprintf(agent->error, sizeof agent->error,
-             "%s: the agent's host was closed; only ws_agent_close remains",
-             call);
-    return WS_ESTATE;
-  }
+  *state = ws_host_lua_state(host);
   return WS_OK;
 }
 
@@ -141,34 +122,40 @@ static int invalid(ws_agent *agent, const char *format, const char *name) {
   return WS_EINVAL;
 }
 
+// Records why ws_agent_open failed, in the host's error and in this thread's
+// ws_last_error, and returns `status`.
+static int open_failed(ws_host *host, int status, const char *text) {
+  ws_host_set_error(host, text);
+  ws_set_last_error(text);
+  return status;
+}
+
 int ws_agent_open(ws_host *host, const char *endpoint, int rank, int world,
                   const char *backend, int device_index, ws_agent **out) {
+  ws_set_last_error("");
   if (out != NULL)
     *out = NULL;
-  if (host == NULL || out == NULL)
-    return ws_fail(WS_EINVAL, "ws_agent_open: host and out are required");
-  if (ws_callback_depth > 0) {
-    ws_host_set_error(host, "ws_agent_open: called from inside a step "
-                            "callback (wsync's loop is not reentrant)");
-    return WS_ESTATE;
+  if (host == NULL || out == NULL) {
+    ws_set_last_error("ws_agent_open: host and out are required");
+    return WS_EINVAL;
   }
+  if (ws_host_in_callback(host))
+    return open_failed(host, WS_ESTATE,
+                       "ws_agent_open: called from inside a step callback "
+                       "(wsync's loop is not reentrant)");
   if (endpoint == NULL || world < 1 || rank < 0 || rank >= world) {
     char message[160];
     snprintf(message, sizeof message,
              "ws_agent_open: needs an endpoint and 0 <= rank < world (rank "
              "%d, world %d)",
              rank, world);
-    ws_host_set_error(host, message);
-    return WS_EINVAL;
+    return open_failed(host, WS_EINVAL, message);
   }
   ws_agent *agent = calloc(1, sizeof *agent);
-  if (agent == NULL) {
-    ws_host_set_error(host, "ws_agent_open: cannot allocate the agent");
-    return WS_ENOMEM;
-  }
-  agent->L = ws_host_lua_state(host);
-  agent->host = host;
-  lua_State *L = agent->L;
+  if (agent == NULL)
+    return open_failed(host, WS_ENOMEM,
+                       "ws_agent_open: cannot allocate the agent");
+  lua_State *L = ws_host_lua_state(host);
   int top = lua_gettop(L);
   int first = 0;
   lua_getglobal(L, "require");
@@ -191,15 +178,14 @@ int ws_agent_open(ws_host *host, const char *endpoint, int rank, int world,
   }
   if (status != WS_OK) {
     lua_settop(L, top);
-    ws_host_set_error(host, agent->error);
+    open_failed(host, status, agent->error);
     free(agent);
     return status;
   }
   lua_pushvalue(L, first);
   agent->handle = luaL_ref(L, LUA_REGISTRYINDEX);
   lua_settop(L, top);
-  agent->next = *ws_host_agents(host);
-  *ws_host_agents(host) = agent;
+  agent->link = ws_host_link_retain(ws_host_link_of(host));
   *out = agent;
   return WS_OK;
 }
@@ -208,7 +194,8 @@ int ws_agent_register_tensor(ws_agent *agent, const char *name,
                              const char *dtype, const int64_t *shape, int dims,
                              void *data, uint64_t data_bytes, int64_t first_row,
                              int64_t row_count) {
-  int status = check_agent(agent, "ws_agent_register_tensor");
+  lua_State *L = NULL;
+  int status = check_agent(agent, "ws_agent_register_tensor", &L);
   if (status != WS_OK)
     return status;
   if (name == NULL || dtype == NULL || shape == NULL || dims < 1 ||
@@ -232,9 +219,8 @@ int ws_agent_register_tensor(ws_agent *agent, const char *name,
                    "ws_agent_register_tensor %s: rows or bytes out of "
                    "range",
                    name);
-  lua_State *L = agent->L;
   int top = lua_gettop(L);
-  push_method(agent, "register_tensor");
+  push_method(L, agent, "register_tensor");
   lua_pushstring(L, name);
   lua_pushstring(L, dtype);
   lua_createtable(L, dims, 0);
@@ -247,7 +233,7 @@ int ws_agent_register_tensor(ws_agent *agent, const char *name,
   lua_pushnumber(L, (lua_Number)first_row);
   lua_pushnumber(L, (lua_Number)row_count);
   int first = 0;
-  status = call_method(agent, 7, &first);
+  status = call_method(L, agent, 7, &first);
   lua_settop(L, top);
   return status;
 }
@@ -257,9 +243,10 @@ int ws_agent_register_tensor(ws_agent *agent, const char *name,
 static int callback_trampoline(lua_State *L) {
   const agent_callback *callback = lua_touserdata(L, lua_upvalueindex(1));
   void *user_data = lua_touserdata(L, lua_upvalueindex(2));
-  ws_callback_depth++;
+  ws_host *host = ws_host_from_state(L);
+  ws_host_enter_callback(host);
   int status = (*callback)(user_data);
-  ws_callback_depth--;
+  ws_host_leave_callback(host);
   lua_pushinteger(L, status);
   return 1;
 }
@@ -267,36 +254,36 @@ static int callback_trampoline(lua_State *L) {
 int ws_agent_register_callback(ws_agent *agent, const char *name,
                                int (*callback)(void *user_data),
                                void *user_data) {
-  int status = check_agent(agent, "ws_agent_register_callback");
+  lua_State *L = NULL;
+  int status = check_agent(agent, "ws_agent_register_callback", &L);
   if (status != WS_OK)
     return status;
   if (name == NULL || callback == NULL)
     return invalid(agent,
                    "ws_agent_register_callback %s: needs a name and a function",
                    name);
-  lua_State *L = agent->L;
   int top = lua_gettop(L);
-  push_method(agent, "register_callback");
+  push_method(L, agent, "register_callback");
   lua_pushstring(L, name);
   agent_callback *box = lua_newuserdata(L, sizeof *box);
   *box = callback;
   lua_pushlightuserdata(L, user_data);
   lua_pushcclosure(L, callback_trampoline, 2); // [method, handle, name, call]
   int first = 0;
-  status = call_method(agent, 2, &first);
+  status = call_method(L, agent, 2, &first);
   lua_settop(L, top);
   return status;
 }
 
 int ws_agent_ready(ws_agent *agent) {
-  int status = check_agent(agent, "ws_agent_ready");
+  lua_State *L = NULL;
+  int status = check_agent(agent, "ws_agent_ready", &L);
   if (status != WS_OK)
     return status;
-  lua_State *L = agent->L;
   int top = lua_gettop(L);
-  push_method(agent, "ready");
+  push_method(L, agent, "ready");
   int first = 0;
-  status = call_method(agent, 0, &first);
+  status = call_method(L, agent, 0, &first);
   lua_settop(L, top);
   return status;
 }
@@ -313,7 +300,8 @@ static void copy_string_field(lua_State *L, int index, const char *key,
 int ws_agent_publish(ws_agent *agent, int64_t step, ws_publish_result *result) {
   if (result != NULL)
     memset(result, 0, sizeof *result);
-  int status = check_agent(agent, "ws_agent_publish");
+  lua_State *L = NULL;
+  int status = check_agent(agent, "ws_agent_publish", &L);
   if (status != WS_OK)
     return status;
   if (step > largest_exact_integer) {
@@ -321,15 +309,14 @@ int ws_agent_publish(ws_agent *agent, int64_t step, ws_publish_result *result) {
              "ws_agent_publish: step %lld is above 2^53", (long long)step);
     return WS_EINVAL;
   }
-  lua_State *L = agent->L;
   int top = lua_gettop(L);
-  push_method(agent, "publish");
+  push_method(L, agent, "publish");
   if (step >= 0)
     lua_pushnumber(L, (lua_Number)step);
   else
     lua_pushnil(L);
   int first = 0;
-  status = call_method(agent, 1, &first);
+  status = call_method(L, agent, 1, &first);
   if (status == WS_OK && result != NULL) {
     lua_getfield(L, first, "model_version");
     result->model_version = (int64_t)lua_tonumber(L, -1);
@@ -350,20 +337,24 @@ const char *ws_agent_error(const ws_agent *agent) {
 }
 
 void ws_agent_close(ws_agent *agent) {
-  if (agent == NULL || ws_callback_depth > 0)
+  if (agent == NULL)
     return;
-  if (agent->L == NULL) { // its host is closed: nothing left but the memory
+  ws_host *host = ws_host_link_get(agent->link);
+  if (host == NULL) { // its host is closed: nothing left but the memory
+    ws_host_link_release(agent->link);
     free(agent);
     return;
   }
-  unlink_agent(agent);
-  lua_State *L = agent->L;
+  if (ws_host_in_callback(host))
+    return;
+  lua_State *L = ws_host_lua_state(host);
   int top = lua_gettop(L);
-  push_method(agent, "close");
+  push_method(L, agent, "close");
   int first = 0;
-  if (call_method(agent, 0, &first) != WS_OK)
+  if (call_method(L, agent, 0, &first) != WS_OK)
     fprintf(stderr, "wsync: closing an agent failed: %s\n", agent->error);
   lua_settop(L, top);
   luaL_unref(L, LUA_REGISTRYINDEX, agent->handle);
+  ws_host_link_release(agent->link);
   free(agent);
 }

@@ -1,8 +1,83 @@
-#include "bindings.h"
-
-#include "status.h"
+// Helpers that every Lua binding shares (lua_util.h).
+#include "lua_util.h"
 
 #include <stdio.h>
+
+// The registry key of the exit sentinel's metatable.
+static const char exit_metatable_key = 'x';
+
+// Pushes the exit sentinel's metatable, creating it on first use.
+static void push_exit_metatable(lua_State *L) {
+  lua_pushlightuserdata(L, (void *)&exit_metatable_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  if (!lua_isnil(L, -1))
+    return;
+  lua_pop(L, 1);
+  lua_createtable(L, 0, 1);
+  lua_pushliteral(L, "wsync exit");
+  lua_setfield(L, -2, "__name");
+  lua_pushlightuserdata(L, (void *)&exit_metatable_key);
+  lua_pushvalue(L, -2);
+  lua_rawset(L, LUA_REGISTRYINDEX); // [meta]
+}
+
+// Whether the value at `index` is the exit sentinel. Raises nothing.
+static int is_exit(lua_State *L, int index) {
+  if (lua_type(L, index) != LUA_TTABLE || !lua_getmetatable(L, index))
+    return 0;
+  lua_pushlightuserdata(L, (void *)&exit_metatable_key);
+  lua_rawget(L, LUA_REGISTRYINDEX);
+  int same = lua_rawequal(L, -1, -2);
+  lua_pop(L, 2);
+  return same;
+}
+
+int ws_lua_raise_exit(lua_State *L, int code) {
+  lua_createtable(L, 0, 1);
+  lua_pushinteger(L, code);
+  lua_setfield(L, -2, "code");
+  push_exit_metatable(L);
+  lua_setmetatable(L, -2);
+  return lua_error(L);
+}
+
+int ws_lua_exit_code(lua_State *L, int index, int *code) {
+  index = index < 0 ? lua_gettop(L) + index + 1 : index;
+  if (!is_exit(L, index))
+    return 0;
+  lua_getfield(L, index, "code");
+  *code = (int)lua_tointeger(L, -1);
+  lua_pop(L, 1);
+  return 1;
+}
+
+// Strings get a traceback; error objects (tables) keep their identity and
+// gain a `traceback` field; the exit sentinel raised by os.exit passes
+// untouched.
+int ws_lua_message_handler(lua_State *L) {
+  if (lua_type(L, 1) == LUA_TTABLE) {
+    if (is_exit(L, 1))
+      return 1;
+    lua_getfield(L, 1, "traceback");
+    int has_traceback = !lua_isnil(L, -1);
+    lua_pop(L, 1);
+    if (!has_traceback) {
+      luaL_traceback(L, L, NULL, 1);
+      lua_setfield(L, 1, "traceback");
+    }
+    return 1;
+  }
+  const char *message = lua_tostring(L, 1);
+  if (message == NULL) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING)
+      message = lua_tostring(L, -1);
+    else
+      message = lua_pushfstring(L, "(error object is a %s value)",
+                                luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, message, 1);
+  return 1;
+}
 
 int ws_lua_push_failure(lua_State *L, int status) {
   const char *detail = ws_error_detail();

@@ -1,0 +1,37 @@
+---@meta wsync._process
+-- LuaCATS stubs for `wsync._process` (bindings/l_process.c): process-group
+-- signals, reaping and /proc checks. Not loaded at run time; read by the Lua
+-- language server. tests/bindings/meta_spec.lua checks the stubs.
+
+---@alias wsync.SignalName "SIGTERM"|"SIGKILL"|"SIGINT"|"SIGHUP"|"SIGSTOP"|"SIGCONT"
+
+---@class wsync._process
+local process = {}
+
+--- Makes this process the reaper of its orphaned descendants.
+---@return true|nil ok, string? message, string? code
+function process.become_subreaper() end
+
+--- Asks the kernel to send `signal` when the parent dies; fails at once when
+--- the parent is no longer `expected_parent` (it died already).
+---@param signal wsync.SignalName
+---@param expected_parent integer?
+---@return true|nil ok, string? message, string? code
+function process.die_with_parent(signal, expected_parent) end
+
+---@param group integer  a process group id above 1
+---@param signal wsync.SignalName
+---@return true|nil ok, string? message, string? code
+function process.signal_group(group, signal) end
+
+--- Reaps the group's exited children without waiting.
+---@param group integer
+---@return integer|nil reaped, string? message, string? code
+function process.reap_group(group) end
+
+--- Counts the live processes of the group (from /proc).
+---@param group integer
+---@return integer|nil count, string? message, string? code
+function process.count_group(group) end
+
+return process
