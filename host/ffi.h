@@ -14,3 +14,6 @@
 #include "copy.h"
 #include "synth.h"
 #include "socket.h"
+#include "cuda_memory.h"
+#include "cuda_plan.h"
+#include "nccl_comm.h"

@@ -29,14 +29,6 @@ local function bytes_of(shm)
 end
 
 describe("shm", function()
-  local before
-  before_each(function()
-    before = shm_files.segments(pid)
-  end)
-  after_each(function()
-    assert.are.same(before, shm_files.segments(pid))
-  end)
-
   it("creates a zero-filled, private, named segment of the asked size", function()
     local shm = create(8192)
     local name = ffi.string(C.ws_shm_name(shm))

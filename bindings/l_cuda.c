@@ -1,0 +1,824 @@
+// `wsync._cuda`: device buffers, IPC mappings, streams, events, copy plans
+// and synthetic plans of the cuda backend (host/cuda_memory.h,
+// host/cuda_plan.h).
+#include "l_cuda.h"
+
+#include "cuda_plan.h"
+#include "device.h"
+#include "dtype.h"
+#include "synth.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char buffer_class[] = "wsync.cuda.buffer";
+static const char mapping_class[] = "wsync.cuda.mapping";
+static const char stream_class[] = "wsync.cuda.stream";
+static const char event_class[] = "wsync.cuda.event";
+static const char copy_plan_class[] = "wsync.cuda.copy_plan";
+static const char synth_plan_class[] = "wsync.cuda.synth_plan";
+
+static const lua_Number exact_limit = 9007199254740992.0; // 2^53
+
+static int push_true_or_failure(lua_State *L, int status) {
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int is_count(lua_Number value) {
+  return value >= 0 && value <= exact_limit && value == floor(value);
+}
+
+uint64_t ws_lua_check_count(lua_State *L, int index) {
+  lua_Number value = luaL_checknumber(L, index);
+  if (!is_count(value))
+    luaL_argerror(L, index, "expected a non-negative integer below 2^53");
+  return (uint64_t)value;
+}
+
+static int check_device(lua_State *L, int index) {
+  lua_Integer device = luaL_checkinteger(L, index);
+  if (device < 0 || device > 1 << 20)
+    luaL_argerror(L, index, "expected a device index");
+  return (int)device;
+}
+
+uint64_t ws_lua_op_field(lua_State *L, int table, size_t position,
+                         const char *name, int required, uint64_t fallback) {
+  lua_getfield(L, table, name); // [..., value]
+  uint64_t result = fallback;
+  if (lua_isnil(L, -1)) {
+    if (required)
+      luaL_error(L, "op %d: field %s is missing", (int)position, name);
+  } else if (lua_type(L, -1) != LUA_TNUMBER || !is_count(lua_tonumber(L, -1))) {
+    luaL_error(L, "op %d: field %s must be a non-negative integer below 2^53",
+               (int)position, name);
+  } else {
+    result = (uint64_t)lua_tonumber(L, -1);
+  }
+  lua_pop(L, 1);
+  return result;
+}
+
+// Reads table field `name` of a region table as a count.
+static uint64_t region_field(lua_State *L, int index, const char *name) {
+  lua_getfield(L, index, name);
+  if (lua_type(L, -1) != LUA_TNUMBER || !is_count(lua_tonumber(L, -1))) {
+    const char *message = lua_pushfstring(
+        L, "region field %s must be a non-negative integer below 2^53", name);
+    luaL_argerror(L, index, message);
+  }
+  uint64_t value = (uint64_t)lua_tonumber(L, -1);
+  lua_pop(L, 1);
+  return value;
+}
+
+void ws_lua_check_cuda_region(lua_State *L, int index, ws_cuda_region *out) {
+  void **box = luaL_testudata(L, index, buffer_class);
+  if (box != NULL) {
+    if (*box == NULL)
+      luaL_argerror(L, index, "wsync.cuda.buffer is closed");
+    ws_cuda_buffer_region(*box, out);
+    return;
+  }
+  box = luaL_testudata(L, index, mapping_class);
+  if (box != NULL) {
+    if (*box == NULL)
+      luaL_argerror(L, index, "wsync.cuda.mapping is closed");
+    ws_cuda_mapping_region(*box, out);
+    return;
+  }
+  if (lua_type(L, index) != LUA_TTABLE) {
+    const char *message = lua_pushfstring(
+        L, "region expected (a cuda buffer, a mapping or {pointer, size, "
+           "device}), got %s",
+        luaL_typename(L, index));
+    luaL_argerror(L, index, message);
+  }
+  out->pointer = region_field(L, index, "pointer");
+  out->size = region_field(L, index, "size");
+  out->device = (int32_t)region_field(L, index, "device");
+  out->reserved = 0;
+}
+
+ws_cuda_region *ws_lua_check_cuda_regions(lua_State *L, int index,
+                                          size_t *count) {
+  luaL_checktype(L, index, LUA_TTABLE);
+  size_t length = lua_objlen(L, index);
+  ws_cuda_region *regions =
+      lua_newuserdata(L, (length > 0 ? length : 1) * sizeof *regions);
+  // [..., scratch]
+  int top = lua_gettop(L);
+  for (size_t i = 0; i < length; i++) {
+    lua_rawgeti(L, index, (int)i + 1); // [..., scratch, region]
+    ws_lua_check_cuda_region(L, top + 1, &regions[i]);
+    lua_settop(L, top);
+  }
+  *count = length;
+  return regions;
+}
+
+ws_cuda_stream *ws_lua_opt_cuda_stream(lua_State *L, int index) {
+  if (lua_isnoneornil(L, index))
+    return NULL;
+  return ws_lua_check_box(L, index, stream_class);
+}
+
+void *ws_lua_check_ops(lua_State *L, int index, size_t record_size,
+                       void (*convert)(lua_State *L, int table, size_t position,
+                                       void *record),
+                       size_t *count) {
+  if (lua_type(L, index) == LUA_TSTRING) {
+    size_t length = 0;
+    const char *bytes = lua_tolstring(L, index, &length);
+    if (length % record_size != 0)
+      luaL_argerror(L, index, "packed ops: length is not a whole number of "
+                              "records");
+    void *records = lua_newuserdata(L, length > 0 ? length : 1);
+    memcpy(records, bytes, length);
+    *count = length / record_size;
+    return records;
+  }
+  luaL_checktype(L, index, LUA_TTABLE);
+  size_t length = lua_objlen(L, index);
+  char *records = lua_newuserdata(L, (length > 0 ? length : 1) * record_size);
+  memset(records, 0, (length > 0 ? length : 1) * record_size);
+  int top = lua_gettop(L); // [..., scratch]
+  for (size_t i = 0; i < length; i++) {
+    lua_rawgeti(L, index, (int)i + 1); // [..., scratch, op]
+    if (!lua_istable(L, -1))
+      luaL_error(L, "op %d: expected a table, got %s", (int)i + 1,
+                 luaL_typename(L, -1));
+    convert(L, top + 1, i + 1, records + i * record_size);
+    lua_settop(L, top);
+  }
+  *count = length;
+  return records;
+}
+
+// Keeps the values at `from` .. `to` referenced from the userdata on top
+// (its environment table), so that the collector does not free memory a
+// plan's descriptors point into while the plan lives.
+static void keep_referenced(lua_State *L, int from, int to) {
+  lua_createtable(L, to - from + 1, 0); // [..., box, keep]
+  for (int i = from; i <= to; i++) {
+    lua_pushvalue(L, i);
+    lua_rawseti(L, -2, i - from + 1);
+  }
+  lua_setfenv(L, -2); // [..., box]
+}
+
+// ---------------------------------------------------------------------------
+// Regions: functions that take any region (methods of buffers and mappings)
+
+// region:region() -> {pointer, size, device}
+static int region_table(lua_State *L) {
+  ws_cuda_region region;
+  ws_lua_check_cuda_region(L, 1, &region);
+  lua_createtable(L, 0, 3);
+  lua_pushnumber(L, (lua_Number)region.pointer);
+  lua_setfield(L, -2, "pointer");
+  lua_pushnumber(L, (lua_Number)region.size);
+  lua_setfield(L, -2, "size");
+  lua_pushinteger(L, region.device);
+  lua_setfield(L, -2, "device");
+  return 1;
+}
+
+// region:pointer() -> device address (a number)
+static int region_pointer(lua_State *L) {
+  ws_cuda_region region;
+  ws_lua_check_cuda_region(L, 1, &region);
+  lua_pushnumber(L, (lua_Number)region.pointer);
+  return 1;
+}
+
+// region:size() -> bytes
+static int region_size(lua_State *L) {
+  ws_cuda_region region;
+  ws_lua_check_cuda_region(L, 1, &region);
+  lua_pushnumber(L, (lua_Number)region.size);
+  return 1;
+}
+
+// region:device() -> index
+static int region_device(lua_State *L) {
+  ws_cuda_region region;
+  ws_lua_check_cuda_region(L, 1, &region);
+  lua_pushinteger(L, region.device);
+  return 1;
+}
+
+// _cuda.write(region, offset, bytes[, stream]) -> true | nil, message, CODE
+static int cuda_write(lua_State *L) {
+  ws_cuda_region region;
+  ws_lua_check_cuda_region(L, 1, &region);
+  uint64_t offset = ws_lua_check_count(L, 2);
+  size_t length = 0;
+  const char *bytes = luaL_checklstring(L, 3, &length);
+  ws_cuda_stream *stream = ws_lua_opt_cuda_stream(L, 4);
+  return push_true_or_failure(
+      L, ws_cuda_write(&region, offset, bytes, length, stream));
+}
+
+// _cuda.read(region, offset, length[, stream]) -> bytes | nil, message, CODE
+static int cuda_read(lua_State *L) {
+  ws_cuda_region region;
+  ws_lua_check_cuda_region(L, 1, &region);
+  uint64_t offset = ws_lua_check_count(L, 2);
+  uint64_t length = ws_lua_check_count(L, 3);
+  ws_cuda_stream *stream = ws_lua_opt_cuda_stream(L, 4);
+  if (offset > region.size || length > region.size - offset)
+    luaL_argerror(L, 3, "range exceeds the region");
+  // Scratch the collector owns: a failure below leaks nothing.
+  void *bytes = lua_newuserdata(L, length > 0 ? (size_t)length : 1);
+  int status = ws_cuda_read(&region, offset, bytes, (size_t)length, stream);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushlstring(L, bytes, (size_t)length);
+  return 1;
+}
+
+// _cuda.fill(region, offset, length, byte[, stream]) -> true | nil, message,
+// CODE (queued on the stream)
+static int cuda_fill(lua_State *L) {
+  ws_cuda_region region;
+  ws_lua_check_cuda_region(L, 1, &region);
+  uint64_t offset = ws_lua_check_count(L, 2);
+  uint64_t length = ws_lua_check_count(L, 3);
+  lua_Integer value = luaL_checkinteger(L, 4);
+  if (value < 0 || value > 255)
+    luaL_argerror(L, 4, "expected a byte value 0..255");
+  ws_cuda_stream *stream = ws_lua_opt_cuda_stream(L, 5);
+  return push_true_or_failure(
+      L, ws_cuda_memset(&region, offset, length, (int)value, stream));
+}
+
+// _cuda.memcpy(target, target_offset, source, source_offset, length[,
+// stream]) -> true | nil, message, CODE (one cudaMemcpyAsync, queued)
+static int cuda_memcpy(lua_State *L) {
+  ws_cuda_region target, source;
+  ws_lua_check_cuda_region(L, 1, &target);
+  uint64_t target_offset = ws_lua_check_count(L, 2);
+  ws_lua_check_cuda_region(L, 3, &source);
+  uint64_t source_offset = ws_lua_check_count(L, 4);
+  uint64_t length = ws_lua_check_count(L, 5);
+  ws_cuda_stream *stream = ws_lua_opt_cuda_stream(L, 6);
+  return push_true_or_failure(L, ws_cuda_memcpy(&target, target_offset, &source,
+                                                source_offset, length, stream));
+}
+
+// ---------------------------------------------------------------------------
+// Buffers
+
+// _cuda.buffer(device, bytes) -> buffer | nil, message, CODE
+static int cuda_buffer(lua_State *L) {
+  int device = check_device(L, 1);
+  lua_Number size = luaL_checknumber(L, 2);
+  if (!(size >= 1 && is_count(size)))
+    luaL_argerror(L, 2, "size must be a positive integer");
+  ws_lua_push_box(L, buffer_class, NULL); // first: its allocation may raise
+  ws_cuda_buffer *buffer = NULL;
+  int status = ws_cuda_buffer_create(device, (size_t)size, &buffer);
+  return ws_lua_fill_box(L, status, buffer);
+}
+
+// buffer:export() -> 64-byte cudaIpcMemHandle_t | nil, message, CODE
+static int buffer_export(lua_State *L) {
+  ws_cuda_buffer *buffer = ws_lua_check_box(L, 1, buffer_class);
+  unsigned char handle[WS_CUDA_IPC_HANDLE_BYTES];
+  int status = ws_cuda_buffer_export(buffer, handle);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushlstring(L, (const char *)handle, sizeof handle);
+  return 1;
+}
+
+// buffer:close() -> true | nil, message, CODE
+static int buffer_close(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, buffer_class);
+  ws_cuda_buffer *buffer = *slot;
+  *slot = NULL;
+  return push_true_or_failure(L, ws_cuda_buffer_close(buffer));
+}
+
+static int buffer_gc(lua_State *L) {
+  void **slot = lua_touserdata(L, 1);
+  ws_cuda_buffer_close(*slot);
+  *slot = NULL;
+  return 0;
+}
+
+static int buffer_tostring(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, buffer_class);
+  if (*slot == NULL) {
+    lua_pushstring(L, "wsync.cuda.buffer (closed)");
+    return 1;
+  }
+  ws_cuda_region region;
+  ws_cuda_buffer_region(*slot, &region);
+  lua_pushfstring(L, "wsync.cuda.buffer %f bytes on device %d",
+                  (lua_Number)region.size, (int)region.device);
+  return 1;
+}
+
+// ---------------------------------------------------------------------------
+// Mappings
+
+// _cuda.import(device, handle, bytes) -> mapping | nil, message, CODE
+static int cuda_import(lua_State *L) {
+  int device = check_device(L, 1);
+  size_t length = 0;
+  const char *handle = luaL_checklstring(L, 2, &length);
+  if (length != WS_CUDA_IPC_HANDLE_BYTES)
+    luaL_argerror(L, 2, "expected a 64-byte cudaIpcMemHandle_t");
+  lua_Number size = luaL_checknumber(L, 3);
+  if (!(size >= 1 && is_count(size)))
+    luaL_argerror(L, 3, "size must be a positive integer");
+  ws_lua_push_box(L, mapping_class, NULL);
+  ws_cuda_mapping *mapping = NULL;
+  int status = ws_cuda_mapping_open(device, (const unsigned char *)handle,
+                                    (size_t)size, &mapping);
+  return ws_lua_fill_box(L, status, mapping);
+}
+
+// mapping:close() -> true | nil, message, CODE
+static int mapping_close(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, mapping_class);
+  ws_cuda_mapping *mapping = *slot;
+  *slot = NULL;
+  return push_true_or_failure(L, ws_cuda_mapping_close(mapping));
+}
+
+static int mapping_gc(lua_State *L) {
+  void **slot = lua_touserdata(L, 1);
+  ws_cuda_mapping_close(*slot);
+  *slot = NULL;
+  return 0;
+}
+
+static int mapping_tostring(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, mapping_class);
+  if (*slot == NULL) {
+    lua_pushstring(L, "wsync.cuda.mapping (closed)");
+    return 1;
+  }
+  ws_cuda_region region;
+  ws_cuda_mapping_region(*slot, &region);
+  lua_pushfstring(L, "wsync.cuda.mapping %f bytes on device %d",
+                  (lua_Number)region.size, (int)region.device);
+  return 1;
+}
+
+// ---------------------------------------------------------------------------
+// Streams and events
+
+// _cuda.stream(device) -> stream | nil, message, CODE
+static int cuda_stream(lua_State *L) {
+  int device = check_device(L, 1);
+  ws_lua_push_box(L, stream_class, NULL);
+  ws_cuda_stream *stream = NULL;
+  int status = ws_cuda_stream_create(device, &stream);
+  return ws_lua_fill_box(L, status, stream);
+}
+
+// stream:synchronize() -> true | nil, message, CODE (blocks, no spinning)
+static int stream_synchronize(lua_State *L) {
+  return push_true_or_failure(
+      L, ws_cuda_stream_synchronize(ws_lua_check_box(L, 1, stream_class)));
+}
+
+// stream:device() -> index
+static int stream_device(lua_State *L) {
+  lua_pushinteger(L,
+                  ws_cuda_stream_device(ws_lua_check_box(L, 1, stream_class)));
+  return 1;
+}
+
+// stream:close() -> true | nil, message, CODE
+static int stream_close(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, stream_class);
+  ws_cuda_stream *stream = *slot;
+  *slot = NULL;
+  return push_true_or_failure(L, ws_cuda_stream_destroy(stream));
+}
+
+static int stream_gc(lua_State *L) {
+  void **slot = lua_touserdata(L, 1);
+  ws_cuda_stream_destroy(*slot);
+  *slot = NULL;
+  return 0;
+}
+
+static int stream_tostring(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, stream_class);
+  if (*slot == NULL)
+    lua_pushstring(L, "wsync.cuda.stream (closed)");
+  else
+    lua_pushfstring(L, "wsync.cuda.stream on device %d",
+                    ws_cuda_stream_device(*slot));
+  return 1;
+}
+
+// _cuda.event(device[, timing]) -> event | nil, message, CODE
+static int cuda_event(lua_State *L) {
+  int device = check_device(L, 1);
+  int timing = lua_toboolean(L, 2);
+  ws_lua_push_box(L, event_class, NULL);
+  ws_cuda_event *event = NULL;
+  int status = ws_cuda_event_create(device, timing, &event);
+  return ws_lua_fill_box(L, status, event);
+}
+
+// event:record([stream]) -> true | nil, message, CODE
+static int event_record(lua_State *L) {
+  ws_cuda_event *event = ws_lua_check_box(L, 1, event_class);
+  return push_true_or_failure(
+      L, ws_cuda_event_record(event, ws_lua_opt_cuda_stream(L, 2)));
+}
+
+// event:query() -> done | nil, message, CODE
+static int event_query(lua_State *L) {
+  int done = 0;
+  int status = ws_cuda_event_query(ws_lua_check_box(L, 1, event_class), &done);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushboolean(L, done);
+  return 1;
+}
+
+// event:synchronize() -> true | nil, message, CODE (blocks, no spinning)
+static int event_synchronize(lua_State *L) {
+  return push_true_or_failure(
+      L, ws_cuda_event_synchronize(ws_lua_check_box(L, 1, event_class)));
+}
+
+// event:elapsed(start) -> milliseconds from `start` to this event
+static int event_elapsed(lua_State *L) {
+  ws_cuda_event *end = ws_lua_check_box(L, 1, event_class);
+  ws_cuda_event *start = ws_lua_check_box(L, 2, event_class);
+  double milliseconds = 0;
+  int status = ws_cuda_event_elapsed(start, end, &milliseconds);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushnumber(L, milliseconds);
+  return 1;
+}
+
+// event:close() -> true | nil, message, CODE
+static int event_close(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, event_class);
+  ws_cuda_event *event = *slot;
+  *slot = NULL;
+  return push_true_or_failure(L, ws_cuda_event_destroy(event));
+}
+
+static int event_gc(lua_State *L) {
+  void **slot = lua_touserdata(L, 1);
+  ws_cuda_event_destroy(*slot);
+  *slot = NULL;
+  return 0;
+}
+
+static int event_tostring(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, event_class);
+  lua_pushstring(L, *slot == NULL ? "wsync.cuda.event (closed)"
+                                  : "wsync.cuda.event");
+  return 1;
+}
+
+// ---------------------------------------------------------------------------
+// Plans
+
+static void push_info(lua_State *L, const ws_cuda_plan_info *info) {
+  lua_createtable(L, 0, 6);
+  lua_pushnumber(L, (lua_Number)info->ops);
+  lua_setfield(L, -2, "ops");
+  lua_pushnumber(L, (lua_Number)info->pieces);
+  lua_setfield(L, -2, "pieces");
+  lua_pushnumber(L, (lua_Number)info->warps);
+  lua_setfield(L, -2, "warps");
+  lua_pushnumber(L, (lua_Number)info->blocks);
+  lua_setfield(L, -2, "blocks");
+  lua_pushnumber(L, (lua_Number)info->bytes);
+  lua_setfield(L, -2, "bytes");
+  lua_pushnumber(L, (lua_Number)info->device_bytes);
+  lua_setfield(L, -2, "device_bytes");
+}
+
+// A region index of a table op: 1-based in Lua, 0-based in the core.
+static uint32_t op_region(lua_State *L, int table, size_t position,
+                          const char *name) {
+  uint64_t index = ws_lua_op_field(L, table, position, name, 1, 0);
+  if (index < 1 || index > UINT32_MAX)
+    luaL_error(L, "op %d: field %s must be a region index from 1",
+               (int)position, name);
+  return (uint32_t)(index - 1);
+}
+
+// {target, source, target_offset, source_offset, rows, width, target_pitch,
+// source_pitch}: regions from 1; rows 1, offsets 0 and pitches = width unless
+// given.
+static void convert_copy_op(lua_State *L, int table, size_t position,
+                            void *record) {
+  ws_cuda_copy_op *op = record;
+  op->target_region = op_region(L, table, position, "target");
+  op->source_region = op_region(L, table, position, "source");
+  op->target_offset = ws_lua_op_field(L, table, position, "target_offset", 0, 0);
+  op->source_offset = ws_lua_op_field(L, table, position, "source_offset", 0, 0);
+  op->rows = ws_lua_op_field(L, table, position, "rows", 0, 1);
+  op->width = ws_lua_op_field(L, table, position, "width", 1, 0);
+  op->target_pitch =
+      ws_lua_op_field(L, table, position, "target_pitch", 0, op->width);
+  op->source_pitch =
+      ws_lua_op_field(L, table, position, "source_pitch", 0, op->width);
+}
+
+// _cuda.copy_plan(device, regions, ops) -> plan | nil, message, CODE
+static int cuda_copy_plan(lua_State *L) {
+  int device = check_device(L, 1);
+  size_t region_count = 0, count = 0;
+  const ws_cuda_region *regions =
+      ws_lua_check_cuda_regions(L, 2, &region_count);
+  const ws_cuda_copy_op *ops = ws_lua_check_ops(
+      L, 3, sizeof(ws_cuda_copy_op), convert_copy_op, &count);
+  ws_lua_push_box(L, copy_plan_class, NULL); // [.., regions, ops, box]
+  keep_referenced(L, 2, 2);
+  ws_cuda_copy_plan *plan = NULL;
+  int status = ws_cuda_copy_plan_create(device, regions, region_count, ops,
+                                        count, &plan);
+  return ws_lua_fill_box(L, status, plan);
+}
+
+// plan:launch([stream]) -> true | nil, message, CODE (queued)
+static int copy_plan_launch(lua_State *L) {
+  ws_cuda_copy_plan *plan = ws_lua_check_box(L, 1, copy_plan_class);
+  return push_true_or_failure(
+      L, ws_cuda_copy_plan_launch(plan, ws_lua_opt_cuda_stream(L, 2)));
+}
+
+// plan:info() -> {ops, pieces, warps, blocks, bytes, device_bytes}
+static int copy_plan_info(lua_State *L) {
+  ws_cuda_plan_info info;
+  ws_cuda_copy_plan_info(ws_lua_check_box(L, 1, copy_plan_class), &info);
+  push_info(L, &info);
+  return 1;
+}
+
+// plan:close() -> true | nil, message, CODE
+static int copy_plan_close(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, copy_plan_class);
+  ws_cuda_copy_plan *plan = *slot;
+  *slot = NULL;
+  return push_true_or_failure(L, ws_cuda_copy_plan_close(plan));
+}
+
+static int copy_plan_gc(lua_State *L) {
+  void **slot = lua_touserdata(L, 1);
+  ws_cuda_copy_plan_close(*slot);
+  *slot = NULL;
+  return 0;
+}
+
+static int copy_plan_tostring(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, copy_plan_class);
+  if (*slot == NULL) {
+    lua_pushstring(L, "wsync.cuda.copy_plan (closed)");
+    return 1;
+  }
+  ws_cuda_plan_info info;
+  ws_cuda_copy_plan_info(*slot, &info);
+  lua_pushfstring(L, "wsync.cuda.copy_plan %f ops, %f bytes",
+                  (lua_Number)info.ops, (lua_Number)info.bytes);
+  return 1;
+}
+
+// {region, dtype, offset, rows, elements, pitch, first, element_pitch, name |
+// seed}: region from 1; dtype "bfloat16" unless given; rows 1, offset and
+// first 0, pitch = elements x element size, element_pitch = elements unless
+// given; the seed from the tensor name (ws_synth_seed) or given.
+static void convert_synth_op(lua_State *L, int table, size_t position,
+                             void *record) {
+  ws_cuda_synth_op *op = record;
+  op->region = op_region(L, table, position, "region");
+  lua_getfield(L, table, "dtype");
+  size_t length = 0;
+  const char *dtype_name = lua_tolstring(L, -1, &length);
+  ws_dtype dtype = dtype_name == NULL
+                       ? WS_DTYPE_BFLOAT16
+                       : ws_dtype_from_name(dtype_name, length);
+  if (dtype == WS_DTYPE_COUNT)
+    luaL_error(L, "op %d: unknown dtype %s", (int)position, dtype_name);
+  lua_pop(L, 1);
+  op->dtype = (uint32_t)dtype;
+  op->offset = ws_lua_op_field(L, table, position, "offset", 0, 0);
+  op->rows = ws_lua_op_field(L, table, position, "rows", 0, 1);
+  op->row_elements = ws_lua_op_field(L, table, position, "elements", 1, 0);
+  op->target_pitch = ws_lua_op_field(L, table, position, "pitch", 0,
+                                     op->row_elements * ws_dtype_size(dtype));
+  op->first = ws_lua_op_field(L, table, position, "first", 0, 0);
+  op->element_pitch = ws_lua_op_field(L, table, position, "element_pitch", 0,
+                                      op->row_elements);
+  lua_getfield(L, table, "name");
+  const char *name = lua_tolstring(L, -1, &length);
+  if (name != NULL)
+    op->seed = ws_synth_seed(name, length);
+  lua_pop(L, 1);
+  if (name == NULL)
+    op->seed = ws_lua_op_field(L, table, position, "seed", 1, 0);
+}
+
+// _cuda.synth_plan(device, regions, ops) -> plan | nil, message, CODE
+static int cuda_synth_plan(lua_State *L) {
+  int device = check_device(L, 1);
+  size_t region_count = 0, count = 0;
+  const ws_cuda_region *regions =
+      ws_lua_check_cuda_regions(L, 2, &region_count);
+  const ws_cuda_synth_op *ops = ws_lua_check_ops(
+      L, 3, sizeof(ws_cuda_synth_op), convert_synth_op, &count);
+  ws_lua_push_box(L, synth_plan_class, NULL);
+  keep_referenced(L, 2, 2);
+  ws_cuda_synth_plan *plan = NULL;
+  int status = ws_cuda_synth_plan_create(device, regions, region_count, ops,
+                                         count, &plan);
+  return ws_lua_fill_box(L, status, plan);
+}
+
+static uint32_t check_version(lua_State *L, int index) {
+  uint64_t version = ws_lua_check_count(L, index);
+  if (version > UINT32_MAX)
+    luaL_argerror(L, index, "a version fits 32 bits");
+  return (uint32_t)version;
+}
+
+// plan:fill(version[, stream]) -> true | nil, message, CODE (queued)
+static int synth_plan_fill(lua_State *L) {
+  ws_cuda_synth_plan *plan = ws_lua_check_box(L, 1, synth_plan_class);
+  uint32_t version = check_version(L, 2);
+  return push_true_or_failure(
+      L, ws_cuda_synth_plan_fill(plan, version, ws_lua_opt_cuda_stream(L, 3)));
+}
+
+// plan:check(version[, stream]) -> true | nil, message, CODE (queued)
+static int synth_plan_check(lua_State *L) {
+  ws_cuda_synth_plan *plan = ws_lua_check_box(L, 1, synth_plan_class);
+  uint32_t version = check_version(L, 2);
+  return push_true_or_failure(
+      L, ws_cuda_synth_plan_check(plan, version, ws_lua_opt_cuda_stream(L, 3)));
+}
+
+// plan:result() -> {mismatches, op (from 1), element} | nil, message, CODE;
+// waits for the last check
+static int synth_plan_result(lua_State *L) {
+  ws_cuda_synth_result result;
+  int status =
+      ws_cuda_synth_plan_result(ws_lua_check_box(L, 1, synth_plan_class),
+                                &result);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_createtable(L, 0, 3);
+  lua_pushnumber(L, (lua_Number)result.mismatches);
+  lua_setfield(L, -2, "mismatches");
+  if (result.mismatches > 0) {
+    lua_pushnumber(L, (lua_Number)result.first_op + 1);
+    lua_setfield(L, -2, "op");
+    lua_pushnumber(L, (lua_Number)result.first_element);
+    lua_setfield(L, -2, "element");
+  }
+  return 1;
+}
+
+// plan:info() -> {ops, pieces, warps, blocks, bytes, device_bytes}
+static int synth_plan_info(lua_State *L) {
+  ws_cuda_plan_info info;
+  ws_cuda_synth_plan_info(ws_lua_check_box(L, 1, synth_plan_class), &info);
+  push_info(L, &info);
+  return 1;
+}
+
+// plan:close() -> true | nil, message, CODE
+static int synth_plan_close(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, synth_plan_class);
+  ws_cuda_synth_plan *plan = *slot;
+  *slot = NULL;
+  return push_true_or_failure(L, ws_cuda_synth_plan_close(plan));
+}
+
+static int synth_plan_gc(lua_State *L) {
+  void **slot = lua_touserdata(L, 1);
+  ws_cuda_synth_plan_close(*slot);
+  *slot = NULL;
+  return 0;
+}
+
+static int synth_plan_tostring(lua_State *L) {
+  void **slot = ws_lua_check_slot(L, 1, synth_plan_class);
+  if (*slot == NULL) {
+    lua_pushstring(L, "wsync.cuda.synth_plan (closed)");
+    return 1;
+  }
+  ws_cuda_plan_info info;
+  ws_cuda_synth_plan_info(*slot, &info);
+  lua_pushfstring(L, "wsync.cuda.synth_plan %f ops, %f bytes",
+                  (lua_Number)info.ops, (lua_Number)info.bytes);
+  return 1;
+}
+
+// ---------------------------------------------------------------------------
+// Module
+
+// _cuda.counters() -> {allocations, frees, live_bytes, exports, ipc_opens,
+// ipc_closes, mappings_reused, live_mappings, launches}
+static int cuda_counters(lua_State *L) {
+  ws_cuda_counters counters;
+  ws_cuda_counters_get(&counters);
+  lua_createtable(L, 0, 9);
+#define WS_COUNTER_FIELD(name)                                                 \
+  lua_pushnumber(L, (lua_Number)counters.name);                                \
+  lua_setfield(L, -2, #name);
+  WS_COUNTER_FIELD(allocations)
+  WS_COUNTER_FIELD(frees)
+  WS_COUNTER_FIELD(live_bytes)
+  WS_COUNTER_FIELD(exports)
+  WS_COUNTER_FIELD(ipc_opens)
+  WS_COUNTER_FIELD(ipc_closes)
+  WS_COUNTER_FIELD(mappings_reused)
+  WS_COUNTER_FIELD(live_mappings)
+  WS_COUNTER_FIELD(launches)
+#undef WS_COUNTER_FIELD
+  return 1;
+}
+
+int luaopen_wsync_cuda(lua_State *L) {
+  static const luaL_Reg buffer_methods[] = {
+      {"region", region_table}, {"pointer", region_pointer},
+      {"size", region_size},    {"device", region_device},
+      {"read", cuda_read},      {"write", cuda_write},
+      {"fill", cuda_fill},      {"export", buffer_export},
+      {"close", buffer_close},  {NULL, NULL},
+  };
+  static const luaL_Reg buffer_meta[] = {
+      {"__gc", buffer_gc}, {"__tostring", buffer_tostring}, {NULL, NULL}};
+  static const luaL_Reg mapping_methods[] = {
+      {"region", region_table}, {"pointer", region_pointer},
+      {"size", region_size},    {"device", region_device},
+      {"read", cuda_read},      {"write", cuda_write},
+      {"fill", cuda_fill},      {"close", mapping_close},
+      {NULL, NULL},
+  };
+  static const luaL_Reg mapping_meta[] = {
+      {"__gc", mapping_gc}, {"__tostring", mapping_tostring}, {NULL, NULL}};
+  static const luaL_Reg stream_methods[] = {
+      {"synchronize", stream_synchronize},
+      {"device", stream_device},
+      {"close", stream_close},
+      {NULL, NULL},
+  };
+  static const luaL_Reg stream_meta[] = {
+      {"__gc", stream_gc}, {"__tostring", stream_tostring}, {NULL, NULL}};
+  static const luaL_Reg event_methods[] = {
+      {"record", event_record},   {"query", event_query},
+      {"synchronize", event_synchronize}, {"elapsed", event_elapsed},
+      {"close", event_close},     {NULL, NULL},
+  };
+  static const luaL_Reg event_meta[] = {
+      {"__gc", event_gc}, {"__tostring", event_tostring}, {NULL, NULL}};
+  static const luaL_Reg copy_plan_methods[] = {
+      {"launch", copy_plan_launch},
+      {"info", copy_plan_info},
+      {"close", copy_plan_close},
+      {NULL, NULL},
+  };
+  static const luaL_Reg copy_plan_meta[] = {
+      {"__gc", copy_plan_gc}, {"__tostring", copy_plan_tostring}, {NULL, NULL}};
+  static const luaL_Reg synth_plan_methods[] = {
+      {"fill", synth_plan_fill},     {"check", synth_plan_check},
+      {"result", synth_plan_result}, {"info", synth_plan_info},
+      {"close", synth_plan_close},   {NULL, NULL},
+  };
+  static const luaL_Reg synth_plan_meta[] = {
+      {"__gc", synth_plan_gc},
+      {"__tostring", synth_plan_tostring},
+      {NULL, NULL}};
+  static const luaL_Reg functions[] = {
+      {"buffer", cuda_buffer},         {"import", cuda_import},
+      {"stream", cuda_stream},         {"event", cuda_event},
+      {"copy_plan", cuda_copy_plan},   {"synth_plan", cuda_synth_plan},
+      {"read", cuda_read},             {"write", cuda_write},
+      {"fill", cuda_fill},             {"memcpy", cuda_memcpy},
+      {"counters", cuda_counters},     {NULL, NULL},
+  };
+  ws_lua_new_class(L, buffer_class, buffer_methods, buffer_meta);
+  ws_lua_new_class(L, mapping_class, mapping_methods, mapping_meta);
+  ws_lua_new_class(L, stream_class, stream_methods, stream_meta);
+  ws_lua_new_class(L, event_class, event_methods, event_meta);
+  ws_lua_new_class(L, copy_plan_class, copy_plan_methods, copy_plan_meta);
+  ws_lua_new_class(L, synth_plan_class, synth_plan_methods, synth_plan_meta);
+  lua_newtable(L);
+  luaL_register(L, NULL, functions);
+  lua_pushboolean(L, ws_device_cuda_built());
+  lua_setfield(L, -2, "built");
+  return 1;
+}

@@ -1,0 +1,338 @@
+// The cuda backend's kernels: the batched copy of a copy plan and the
+// synthetic fill and check of a synthetic plan (cuda_plan.h), and their
+// launchers for cuda_plan.c.
+//
+// Both kernels give each warp a range of pieces (warp_start[w] ..
+// warp_start[w + 1] - 1, laid out on the host so that every warp has the same
+// bytes or elements) and let the warp's 32 lanes stride through one piece at
+// a time.
+#include "cuda_internal.h"
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr unsigned kWarp = WS_CUDA_WARP;
+constexpr unsigned kUnroll = 4; // loads in flight per lane before the stores
+constexpr unsigned kRowUnroll = 2; // the same for strided pieces
+constexpr unsigned kAll = 0xffffffffu;
+
+static_assert(WS_CUDA_THREADS % WS_CUDA_WARP == 0, "whole warps per block");
+
+// Copies `count` values of T (both ends aligned to T), the lanes striding.
+template <typename T>
+__device__ __forceinline__ void copy_stretch(const T *__restrict__ from,
+                                             T *__restrict__ to,
+                                             uint32_t count, unsigned lane) {
+  uint32_t i = lane;
+  for (; i + (kUnroll - 1) * kWarp < count; i += kUnroll * kWarp) {
+    T value[kUnroll];
+#pragma unroll
+    for (unsigned k = 0; k < kUnroll; k++)
+      value[k] = from[i + k * kWarp];
+#pragma unroll
+    for (unsigned k = 0; k < kUnroll; k++)
+      to[i + k * kWarp] = value[k];
+  }
+  for (; i < count; i += kWarp)
+    to[i] = from[i];
+}
+
+// The widest unit (16, 8, 4, 2 or 1 bytes) that divides `bits`.
+__device__ __forceinline__ unsigned unit_of(uint64_t bits) {
+  return (bits & 15) == 0 ? 16 : (bits & 7) == 0 ? 8 : (bits & 3) == 0 ? 4
+       : (bits & 1) == 0 ? 2 : 1;
+}
+
+// One contiguous piece: when both ends are misaligned alike, the head up to
+// the target's next unit boundary and the tail go bytewise, the body in the
+// widest unit their relative alignment allows.
+__device__ void copy_contiguous(const char *source, char *target,
+                                uint32_t length, unsigned lane) {
+  unsigned unit = unit_of((uintptr_t)source ^ (uintptr_t)target);
+  uint32_t head = (uint32_t)((unit - ((uintptr_t)target & (unit - 1))) &
+                             (unit - 1));
+  if (head > length)
+    head = length;
+  if (lane < head)
+    target[lane] = source[lane];
+  source += head;
+  target += head;
+  length -= head;
+  uint32_t body = length & ~(uint32_t)(unit - 1);
+  switch (unit) {
+  case 16:
+    copy_stretch(reinterpret_cast<const uint4 *>(source),
+                 reinterpret_cast<uint4 *>(target), body / 16, lane);
+    break;
+  case 8:
+    copy_stretch(reinterpret_cast<const uint2 *>(source),
+                 reinterpret_cast<uint2 *>(target), body / 8, lane);
+    break;
+  case 4:
+    copy_stretch(reinterpret_cast<const uint32_t *>(source),
+                 reinterpret_cast<uint32_t *>(target), body / 4, lane);
+    break;
+  case 2:
+    copy_stretch(reinterpret_cast<const uint16_t *>(source),
+                 reinterpret_cast<uint16_t *>(target), body / 2, lane);
+    break;
+  default:
+    copy_stretch(reinterpret_cast<const uint8_t *>(source),
+                 reinterpret_cast<uint8_t *>(target), body, lane);
+    break;
+  }
+  uint32_t tail = length - body;
+  if (lane < tail)
+    target[body + lane] = source[body + lane];
+}
+
+// One strided piece of `rows` rows of `per_row` values of T: lane i takes
+// values i, i + 32, ... of the piece, its row and column advanced without a
+// division per value.
+template <typename T>
+__device__ void copy_rows_of(const char *source, char *target, uint32_t rows,
+                             uint32_t per_row, uint64_t source_pitch,
+                             uint64_t target_pitch, unsigned lane) {
+  uint32_t total = rows * per_row;
+  uint32_t step_rows = kWarp / per_row, step_columns = kWarp % per_row;
+  uint32_t row = lane / per_row, column = lane % per_row;
+  for (uint32_t i = lane; i < total; i += kRowUnroll * kWarp) {
+    T value[kRowUnroll];
+    uint32_t at_row[kRowUnroll], at_column[kRowUnroll];
+#pragma unroll
+    for (unsigned k = 0; k < kRowUnroll; k++) {
+      at_row[k] = row;
+      at_column[k] = column;
+      if (i + k * kWarp < total)
+        value[k] = reinterpret_cast<const T *>(
+            source + (uint64_t)row * source_pitch)[column];
+      column += step_columns;
+      row += step_rows;
+      if (column >= per_row) {
+        column -= per_row;
+        row++;
+      }
+    }
+#pragma unroll
+    for (unsigned k = 0; k < kRowUnroll; k++)
+      if (i + k * kWarp < total)
+        reinterpret_cast<T *>(target + (uint64_t)at_row[k] * target_pitch)
+            [at_column[k]] = value[k];
+  }
+}
+
+__device__ void copy_rows(const char *source, char *target, uint32_t rows,
+                          uint32_t width, uint64_t source_pitch,
+                          uint64_t target_pitch, unsigned lane) {
+  unsigned unit = unit_of((uintptr_t)source | (uintptr_t)target | width |
+                          source_pitch | target_pitch);
+  switch (unit) {
+  case 16:
+    copy_rows_of<uint4>(source, target, rows, width / 16, source_pitch,
+                        target_pitch, lane);
+    break;
+  case 8:
+    copy_rows_of<uint2>(source, target, rows, width / 8, source_pitch,
+                        target_pitch, lane);
+    break;
+  case 4:
+    copy_rows_of<uint32_t>(source, target, rows, width / 4, source_pitch,
+                           target_pitch, lane);
+    break;
+  case 2:
+    copy_rows_of<uint16_t>(source, target, rows, width / 2, source_pitch,
+                           target_pitch, lane);
+    break;
+  default:
+    copy_rows_of<uint8_t>(source, target, rows, width, source_pitch,
+                          target_pitch, lane);
+    break;
+  }
+}
+
+// At least four blocks per SM (64 registers a thread): 32 warps, each with
+// four 16-byte loads per lane in flight, cover the memory latency.
+__global__ void __launch_bounds__(WS_CUDA_THREADS, 4)
+    copy_kernel(const ws_cuda_copy_desc *__restrict__ descs,
+                const uint32_t *__restrict__ warp_start, uint32_t warps) {
+  uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
+  unsigned lane = threadIdx.x % kWarp;
+  if (warp >= warps)
+    return; // the whole warp: blocks hold whole warps
+  // Each lane loads one descriptor of a batch of 32 into the warp's part of
+  // shared memory; the warp then copies them one after the other.
+  __shared__ ws_cuda_copy_desc batches[WS_CUDA_THREADS / WS_CUDA_WARP][kWarp];
+  ws_cuda_copy_desc *batch_descs = batches[threadIdx.x / kWarp];
+  uint32_t first = warp_start[warp], end = warp_start[warp + 1];
+  for (uint32_t batch = first; batch < end; batch += kWarp) {
+    if (batch + lane < end)
+      batch_descs[lane] = descs[batch + lane];
+    __syncwarp();
+    uint32_t count = end - batch < kWarp ? end - batch : kWarp;
+    for (uint32_t j = 0; j < count; j++) {
+      const ws_cuda_copy_desc desc = batch_descs[j];
+      const char *source = reinterpret_cast<const char *>(desc.source);
+      char *target = reinterpret_cast<char *>(desc.target);
+      if (desc.rows == 1)
+        copy_contiguous(source, target, desc.width, lane);
+      else
+        copy_rows(source, target, desc.rows, desc.width, desc.source_pitch,
+                  desc.target_pitch, lane);
+    }
+    __syncwarp(); // every lane is done with the batch before the next one
+  }
+}
+
+// host/synth.c's generator, bit for bit.
+__device__ __forceinline__ uint64_t mix(uint64_t value) {
+  value += 0x9e3779b97f4a7c15ULL;
+  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  value = (value ^ (value >> 27)) * 0x94d049bb133111ebULL;
+  return value ^ (value >> 31);
+}
+
+__device__ __forceinline__ uint32_t float_bits(uint64_t bits) {
+  uint32_t sign = (uint32_t)(bits >> 63) << 31;
+  uint32_t exponent = 119u + (uint32_t)(bits >> 40) % 9u; // bits >> 40 < 2^24
+  uint32_t mantissa = (uint32_t)bits & 0x7fffffu;
+  return sign | (exponent << 23) | mantissa;
+}
+
+__device__ __forceinline__ unsigned long long
+warp_sum(unsigned long long value) {
+  for (unsigned offset = kWarp / 2; offset > 0; offset /= 2)
+    value += __shfl_xor_sync(kAll, value, offset);
+  return value;
+}
+
+__device__ __forceinline__ unsigned long long
+warp_min(unsigned long long value) {
+  for (unsigned offset = kWarp / 2; offset > 0; offset /= 2) {
+    unsigned long long other = __shfl_xor_sync(kAll, value, offset);
+    value = other < value ? other : value;
+  }
+  return value;
+}
+
+// One lane's elements of one synthetic piece: lane i takes elements i, i +
+// 32, ... of the piece, writes its value or (`check`) counts a mismatch and
+// keeps the lowest (op << 40 | element) of those.
+__device__ __forceinline__ void
+synth_piece(const ws_cuda_synth_piece &piece, uint64_t version_mix, int check,
+            unsigned lane, unsigned long long *mismatches,
+            unsigned long long *first_bad) {
+  const uint64_t key = mix(piece.seed ^ version_mix);
+  const uint32_t total = piece.rows * piece.row_elements;
+  const unsigned long long op_bits = (unsigned long long)piece.op
+                                     << WS_CUDA_CHECK_ELEMENT_BITS;
+  for (uint32_t i = lane; i < total; i += kWarp) {
+    uint32_t row = 0, column = i;
+    if (piece.rows > 1) {
+      row = i / piece.row_elements;
+      column = i - row * piece.row_elements;
+    }
+    uint64_t element =
+        piece.first + (uint64_t)row * piece.element_pitch + column;
+    uint32_t bits = float_bits(mix(key + element));
+    char *address = reinterpret_cast<char *>(piece.target) +
+                    (uint64_t)row * piece.target_pitch +
+                    (uint64_t)column * piece.element_bytes;
+    int bad = 0;
+    if (piece.element_bytes == 2) {
+      uint16_t value = (uint16_t)(bits >> 16);
+      uint16_t *slot = reinterpret_cast<uint16_t *>(address);
+      if (!check)
+        *slot = value;
+      else
+        bad = *slot != value;
+    } else {
+      uint32_t *slot = reinterpret_cast<uint32_t *>(address);
+      if (!check)
+        *slot = bits;
+      else
+        bad = *slot != bits;
+    }
+    if (bad) {
+      (*mismatches)++;
+      unsigned long long at = op_bits | element;
+      *first_bad = at < *first_bad ? at : *first_bad;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(WS_CUDA_THREADS)
+    synth_kernel(const ws_cuda_synth_piece *__restrict__ pieces,
+                 const uint32_t *__restrict__ warp_start, uint32_t warps,
+                 uint32_t version, int check, ws_cuda_check_state *state) {
+  uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
+  unsigned lane = threadIdx.x % kWarp;
+  if (warp >= warps)
+    return;
+  const uint64_t version_mix = mix((uint64_t)version * 0x632be59bd9b4e019ULL);
+  unsigned long long mismatches = 0, first_bad = ~0ULL;
+  for (uint32_t p = warp_start[warp], end = warp_start[warp + 1]; p < end;
+       p++)
+    synth_piece(pieces[p], version_mix, check, lane, &mismatches, &first_bad);
+  if (check) {
+    mismatches = warp_sum(mismatches);
+    first_bad = warp_min(first_bad);
+    if (lane == 0 && mismatches > 0) {
+      atomicAdd(&state->mismatches, mismatches);
+      atomicMin(&state->first, first_bad);
+    }
+  }
+}
+
+} // namespace
+
+extern "C" int ws_cuda_kernel_capacity(int device, uint32_t *copy_warps,
+                                       uint32_t *synth_warps) {
+  int processors = 0, copy_blocks = 0, synth_blocks = 0;
+  cudaError_t error = cudaDeviceGetAttribute(
+      &processors, cudaDevAttrMultiProcessorCount, device);
+  if (error != cudaSuccess)
+    return ws_cuda_failure(error, "cudaDeviceGetAttribute",
+                           "multiprocessors of device %d", device);
+  error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &copy_blocks, copy_kernel, WS_CUDA_THREADS, 0);
+  if (error == cudaSuccess)
+    error = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &synth_blocks, synth_kernel, WS_CUDA_THREADS, 0);
+  if (error != cudaSuccess)
+    return ws_cuda_failure(error, "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+                           "kernels on device %d", device);
+  const uint32_t warps_per_block = WS_CUDA_THREADS / WS_CUDA_WARP;
+  *copy_warps = (uint32_t)(processors * (copy_blocks > 0 ? copy_blocks : 1)) *
+                warps_per_block;
+  *synth_warps =
+      (uint32_t)(processors * (synth_blocks > 0 ? synth_blocks : 1)) *
+      warps_per_block;
+  return WS_OK;
+}
+
+static unsigned blocks_for(uint32_t warps) {
+  return (unsigned)(((uint64_t)warps * WS_CUDA_WARP + WS_CUDA_THREADS - 1) /
+                    WS_CUDA_THREADS);
+}
+
+extern "C" int ws_cuda_launch_copy(const ws_cuda_copy_desc *descs,
+                                   const uint32_t *warp_start, uint32_t warps,
+                                   void *stream) {
+  void *arguments[] = {&descs, &warp_start, &warps};
+  return (int)cudaLaunchKernel((const void *)copy_kernel,
+                               dim3(blocks_for(warps)), dim3(WS_CUDA_THREADS),
+                               arguments, 0, (cudaStream_t)stream);
+}
+
+extern "C" int ws_cuda_launch_synth(const ws_cuda_synth_piece *pieces,
+                                    const uint32_t *warp_start,
+                                    uint32_t warps, uint32_t version,
+                                    int check, ws_cuda_check_state *state,
+                                    void *stream) {
+  void *arguments[] = {&pieces, &warp_start, &warps, &version, &check, &state};
+  return (int)cudaLaunchKernel((const void *)synth_kernel,
+                               dim3(blocks_for(warps)), dim3(WS_CUDA_THREADS),
+                               arguments, 0, (cudaStream_t)stream);
+}

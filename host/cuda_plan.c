@@ -1,0 +1,876 @@
+#include "cuda_plan.h"
+
+#include "cuda_internal.h"
+#include "dtype.h"
+#include "status.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef WSYNC_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+// ---------------------------------------------------------------------------
+// Splitting ops over warps
+//
+// The ops of a plan form one stream of units (bytes for copies, elements for
+// synthetic values) in op order. Warp w owns the units [w * share, (w + 1) *
+// share) of that stream, so every warp gets the same amount of work whatever
+// the ops' sizes: an op is cut where a warp's share ends, and tiny ops next to
+// each other land in one warp. Pieces stay below a size limit (so that the
+// kernels index them with 32-bit integers). A strided op is cut between rows
+// (a warp may run up to one row past its share); one whose rows are wider
+// than a share is cut row by row and within rows.
+
+typedef void (*emit_fn)(void *context, size_t op, uint64_t row, uint64_t rows,
+                        uint64_t column, uint64_t columns, uint32_t warp);
+
+struct splitter {
+  uint64_t share;     // units per warp
+  uint32_t warps;
+  uint64_t piece_max; // units per piece
+  uint64_t align;     // units a cut keeps aligned to (a power of two)
+  uint64_t position;  // units of the ops before the current one
+  emit_fn emit;
+  void *context;
+};
+
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+static uint32_t warp_of(const struct splitter *splitter, uint64_t position) {
+  uint64_t warp = position / splitter->share;
+  return warp >= splitter->warps ? splitter->warps - 1 : (uint32_t)warp;
+}
+
+// Cuts `length` contiguous units that start at stream position `start` and
+// at `phase` units past an alignment boundary of the target.
+static void cut_stretch(struct splitter *splitter, size_t op, uint64_t row,
+                        uint64_t column, uint64_t length, uint64_t start,
+                        uint64_t phase) {
+  uint64_t done = 0;
+  while (done < length) {
+    uint64_t at = start + done;
+    uint32_t warp = warp_of(splitter, at);
+    uint64_t room = warp + 1 < splitter->warps
+                        ? (uint64_t)(warp + 1) * splitter->share - at
+                        : length - done;
+    uint64_t take = min_u64(length - done, room);
+    int at_boundary = 1;
+    if (take > splitter->piece_max) {
+      take = splitter->piece_max;
+      at_boundary = 0;
+    }
+    uint64_t over = (phase + column + done + take) & (splitter->align - 1);
+    if (take < length - done && over != 0) {
+      // End the piece on an aligned target address so that the next one
+      // starts aligned: past a warp's boundary (the next warp starts a few
+      // bytes late), before the piece limit.
+      if (at_boundary && take + splitter->align - over <= splitter->piece_max)
+        take = min_u64(take + splitter->align - over, length - done);
+      else if (over < take)
+        take -= over;
+    }
+    splitter->emit(splitter->context, op, row, 1, column + done, take, warp);
+    done += take;
+  }
+}
+
+// Splits one op of `rows` x `width` units (one stretch when `contiguous`)
+// whose target starts `phase` units past an alignment boundary and advances
+// `pitch` units per row.
+static void split_op(struct splitter *splitter, size_t op, uint64_t rows,
+                     uint64_t width, int contiguous, uint64_t phase,
+                     uint64_t pitch) {
+  uint64_t total = rows * width;
+  if (total == 0)
+    return;
+  if (contiguous || rows == 1) {
+    cut_stretch(splitter, op, 0, 0, total, splitter->position, phase);
+  } else if (width > splitter->share || width > splitter->piece_max) {
+    for (uint64_t row = 0; row < rows; row++)
+      cut_stretch(splitter, op, row, 0, width,
+                  splitter->position + row * width,
+                  (phase + row * pitch) & (splitter->align - 1));
+  } else {
+    uint64_t row = 0;
+    while (row < rows) {
+      uint64_t at = splitter->position + row * width;
+      uint32_t warp = warp_of(splitter, at);
+      uint64_t take = rows - row;
+      if (warp + 1 < splitter->warps) {
+        uint64_t room = (uint64_t)(warp + 1) * splitter->share - at;
+        take = min_u64(take, (room + width - 1) / width);
+      }
+      take = min_u64(take, splitter->piece_max / width);
+      splitter->emit(splitter->context, op, row, take, 0, width, warp);
+      row += take;
+    }
+  }
+  splitter->position += total;
+}
+
+static void start_splitter(struct splitter *splitter, uint64_t total,
+                           uint64_t min_per_warp, uint32_t warps,
+                           uint64_t piece_max, uint64_t align, emit_fn emit,
+                           void *context) {
+  uint64_t wanted = (total + min_per_warp - 1) / min_per_warp;
+  if (wanted < 1)
+    wanted = 1;
+  if (warps < 1)
+    warps = 1;
+  splitter->warps = wanted < warps ? (uint32_t)wanted : warps;
+  uint64_t share = (total + splitter->warps - 1) / splitter->warps;
+  share = (share + align - 1) & ~(align - 1);
+  splitter->share = share > 0 ? share : align;
+  splitter->piece_max = piece_max;
+  splitter->align = align;
+  splitter->position = 0;
+  splitter->emit = emit;
+  splitter->context = context;
+}
+
+// Where pieces go: counted, and written when there is room for them.
+struct placement {
+  size_t count;
+  uint32_t *warp_start; // NULL while counting
+  uint32_t last_warp;
+};
+
+static void place(struct placement *placement, uint32_t warp) {
+  if (placement->warp_start != NULL)
+    while (placement->last_warp < warp)
+      placement->warp_start[++placement->last_warp] = (uint32_t)placement->count;
+  placement->count++;
+}
+
+static void finish_placement(struct placement *placement, uint32_t warps) {
+  if (placement->warp_start != NULL)
+    while (placement->last_warp < warps)
+      placement->warp_start[++placement->last_warp] = (uint32_t)placement->count;
+}
+
+// ---------------------------------------------------------------------------
+// Copy ops
+
+// True when an op's last row ends inside a region of `size` bytes (as in
+// copy.c: rows must not overlap, and nothing may overflow).
+static int fits(uint64_t offset, uint64_t rows, uint64_t width, uint64_t pitch,
+                uint64_t size) {
+  if (rows == 0 || width == 0)
+    return offset <= size;
+  if (rows > 1 && pitch < width)
+    return 0;
+  uint64_t last = rows - 1;
+  if (pitch != 0 && last > (UINT64_MAX - width) / pitch)
+    return 0;
+  uint64_t span = last * pitch + width;
+  return offset <= size && span <= size - offset;
+}
+
+static int check_regions(const ws_cuda_region *regions, size_t region_count) {
+  for (size_t i = 0; i < region_count; i++)
+    if (regions[i].pointer > UINT64_MAX - regions[i].size)
+      return ws_fail(WS_EOVERFLOW, "cuda: region %zu: 0x%llx + %llu bytes "
+                                   "overflows",
+                     i, (unsigned long long)regions[i].pointer,
+                     (unsigned long long)regions[i].size);
+  return WS_OK;
+}
+
+static int check_copy_ops(const ws_cuda_region *regions, size_t region_count,
+                          const ws_cuda_copy_op *ops, size_t count,
+                          uint64_t *total) {
+  if (count > WS_CUDA_OPS_MAX)
+    return ws_fail(WS_EINVAL, "cuda: %zu copy ops in one plan (at most %d)",
+                   count, WS_CUDA_OPS_MAX);
+  if (count > 0 && ops == NULL)
+    return ws_fail(WS_EINVAL, "cuda: %zu copy ops and no array", count);
+  int status = check_regions(regions, region_count);
+  if (status != WS_OK)
+    return status;
+  *total = 0;
+  for (size_t i = 0; i < count; i++) {
+    const ws_cuda_copy_op *op = &ops[i];
+    static const char *const roles[2] = {"target", "source"};
+    const uint32_t indices[2] = {op->target_region, op->source_region};
+    const uint64_t offsets[2] = {op->target_offset, op->source_offset};
+    const uint64_t pitches[2] = {op->target_pitch, op->source_pitch};
+    for (int side = 0; side < 2; side++) {
+      if (indices[side] >= region_count)
+        return ws_fail(WS_EINVAL, "cuda copy op %zu: %s region %u of %zu", i,
+                       roles[side], indices[side], region_count);
+      uint64_t size = regions[indices[side]].size;
+      if (!fits(offsets[side], op->rows, op->width, pitches[side], size))
+        return ws_fail(WS_EINVAL,
+                       "cuda copy op %zu: %s [%llu, +%llu rows x %llu, pitch "
+                       "%llu) exceeds region %u (%llu bytes)",
+                       i, roles[side], (unsigned long long)offsets[side],
+                       (unsigned long long)op->rows,
+                       (unsigned long long)op->width,
+                       (unsigned long long)pitches[side], indices[side],
+                       (unsigned long long)size);
+    }
+    uint64_t bytes = op->rows * op->width; // fits() bounds it by the size
+    if (op->width == 0)
+      bytes = 0;
+    if (bytes > UINT64_MAX - *total)
+      return ws_fail(WS_EOVERFLOW, "cuda: the copy ops' bytes overflow");
+    *total += bytes;
+  }
+  return WS_OK;
+}
+
+static int copy_contiguous(const ws_cuda_copy_op *op) {
+  return op->target_pitch == op->width && op->source_pitch == op->width;
+}
+
+struct copy_layout {
+  struct placement placement;
+  const ws_cuda_region *regions;
+  const ws_cuda_copy_op *ops;
+  ws_cuda_copy_desc *descs; // NULL while counting
+};
+
+static void emit_copy(void *context, size_t op_index, uint64_t row,
+                      uint64_t rows, uint64_t column, uint64_t columns,
+                      uint32_t warp) {
+  struct copy_layout *layout = context;
+  if (layout->descs != NULL) {
+    const ws_cuda_copy_op *op = &layout->ops[op_index];
+    ws_cuda_copy_desc *desc = &layout->descs[layout->placement.count];
+    desc->source = layout->regions[op->source_region].pointer +
+                   op->source_offset + row * op->source_pitch + column;
+    desc->target = layout->regions[op->target_region].pointer +
+                   op->target_offset + row * op->target_pitch + column;
+    desc->rows = (uint32_t)rows;
+    desc->width = (uint32_t)columns;
+    desc->source_pitch = rows > 1 ? op->source_pitch : columns;
+    desc->target_pitch = rows > 1 ? op->target_pitch : columns;
+  }
+  place(&layout->placement, warp);
+}
+
+static void split_copies(struct copy_layout *layout, uint64_t total,
+                         uint32_t warps, size_t count, uint32_t *warps_used) {
+  struct splitter splitter;
+  start_splitter(&splitter, total, WS_CUDA_WARP_MIN_BYTES, warps,
+                 WS_CUDA_PIECE_MAX, 16, emit_copy, layout);
+  for (size_t i = 0; i < count; i++) {
+    const ws_cuda_copy_op *op = &layout->ops[i];
+    uint64_t phase = (layout->regions[op->target_region].pointer +
+                      op->target_offset) & 15;
+    split_op(&splitter, i, op->rows, op->width, copy_contiguous(op), phase,
+             op->target_pitch);
+  }
+  finish_placement(&layout->placement, splitter.warps);
+  *warps_used = splitter.warps;
+}
+
+int ws_cuda_copy_layout(const ws_cuda_region *regions, size_t region_count,
+                        const ws_cuda_copy_op *ops, size_t count,
+                        uint32_t warps, ws_cuda_copy_desc *descs,
+                        size_t capacity, size_t *desc_count,
+                        uint32_t *warp_start, uint32_t *warps_used) {
+  ws_clear_error();
+  uint64_t total = 0;
+  int status = check_copy_ops(regions, region_count, ops, count, &total);
+  if (status != WS_OK)
+    return status;
+  struct copy_layout layout = {{0, NULL, 0}, regions, ops, NULL};
+  uint32_t used = 0;
+  split_copies(&layout, total, warps, count, &used);
+  size_t needed = layout.placement.count;
+  if (needed > UINT32_MAX)
+    return ws_fail(WS_EINVAL, "cuda: the copy ops make %zu descriptors", needed);
+  *desc_count = needed;
+  *warps_used = used;
+  if (descs == NULL)
+    return WS_OK;
+  if (capacity < needed || warp_start == NULL)
+    return ws_fail(WS_EINVAL, "cuda: room for %zu descriptors, %zu needed",
+                   capacity, needed);
+  layout.placement = (struct placement){0, warp_start, 0};
+  layout.descs = descs;
+  warp_start[0] = 0;
+  split_copies(&layout, total, warps, count, &used);
+  return WS_OK;
+}
+
+// ---------------------------------------------------------------------------
+// Synthetic ops
+
+// The largest tensor element index a check can report (op << 40 | element).
+static const uint64_t ELEMENT_LIMIT = (uint64_t)1 << WS_CUDA_CHECK_ELEMENT_BITS;
+
+static int check_synth_ops(const ws_cuda_region *regions, size_t region_count,
+                           const ws_cuda_synth_op *ops, size_t count,
+                           uint64_t *total_elements, uint64_t *total_bytes) {
+  if (count > WS_CUDA_OPS_MAX)
+    return ws_fail(WS_EINVAL, "cuda: %zu synthetic ops in one plan (at most %d)",
+                   count, WS_CUDA_OPS_MAX);
+  if (count > 0 && ops == NULL)
+    return ws_fail(WS_EINVAL, "cuda: %zu synthetic ops and no array", count);
+  int status = check_regions(regions, region_count);
+  if (status != WS_OK)
+    return status;
+  *total_elements = 0;
+  *total_bytes = 0;
+  for (size_t i = 0; i < count; i++) {
+    const ws_cuda_synth_op *op = &ops[i];
+    if (op->dtype != WS_DTYPE_BFLOAT16 && op->dtype != WS_DTYPE_FLOAT32) {
+      const char *name = ws_dtype_name((ws_dtype)op->dtype);
+      return ws_fail(WS_EINVAL,
+                     "cuda synthetic op %zu: dtype %s is not generated "
+                     "(bfloat16, float32)",
+                     i, name != NULL ? name : "?");
+    }
+    if (op->region >= region_count)
+      return ws_fail(WS_EINVAL, "cuda synthetic op %zu: region %u of %zu", i,
+                     op->region, region_count);
+    uint64_t size = ws_dtype_size((ws_dtype)op->dtype);
+    if (op->row_elements > UINT64_MAX / size)
+      return ws_fail(WS_EOVERFLOW, "cuda synthetic op %zu: row overflows", i);
+    uint64_t width = op->row_elements * size;
+    const ws_cuda_region *region = &regions[op->region];
+    if (!fits(op->offset, op->rows, width, op->target_pitch, region->size))
+      return ws_fail(WS_EINVAL,
+                     "cuda synthetic op %zu: [%llu, +%llu rows x %llu, pitch "
+                     "%llu) exceeds region %u (%llu bytes)",
+                     i, (unsigned long long)op->offset,
+                     (unsigned long long)op->rows, (unsigned long long)width,
+                     (unsigned long long)op->target_pitch, op->region,
+                     (unsigned long long)region->size);
+    if ((region->pointer + op->offset) % size != 0 ||
+        (op->rows > 1 && op->target_pitch % size != 0))
+      return ws_fail(WS_EINVAL,
+                     "cuda synthetic op %zu: offset %llu or pitch %llu is not "
+                     "a multiple of the %llu-byte element",
+                     i, (unsigned long long)op->offset,
+                     (unsigned long long)op->target_pitch,
+                     (unsigned long long)size);
+    uint64_t elements = op->rows * op->row_elements;
+    if (elements == 0)
+      continue;
+    uint64_t last_row = op->rows - 1;
+    if (op->first >= ELEMENT_LIMIT || op->row_elements > ELEMENT_LIMIT ||
+        (last_row > 0 && op->element_pitch > ELEMENT_LIMIT / last_row) ||
+        op->first + last_row * op->element_pitch + op->row_elements >
+            ELEMENT_LIMIT)
+      return ws_fail(WS_EINVAL,
+                     "cuda synthetic op %zu: tensor elements past 2^%d", i,
+                     WS_CUDA_CHECK_ELEMENT_BITS);
+    if (elements > UINT64_MAX - *total_elements)
+      return ws_fail(WS_EOVERFLOW, "cuda: the synthetic ops overflow");
+    *total_elements += elements;
+    *total_bytes += elements * size;
+  }
+  return WS_OK;
+}
+
+#ifdef WSYNC_WITH_CUDA
+static int synth_contiguous(const ws_cuda_synth_op *op) {
+  return op->target_pitch ==
+             op->row_elements * ws_dtype_size((ws_dtype)op->dtype) &&
+         op->element_pitch == op->row_elements;
+}
+
+struct synth_layout {
+  struct placement placement;
+  const ws_cuda_region *regions;
+  const ws_cuda_synth_op *ops;
+  ws_cuda_synth_piece *pieces; // NULL while counting
+};
+
+static void emit_synth(void *context, size_t op_index, uint64_t row,
+                       uint64_t rows, uint64_t column, uint64_t columns,
+                       uint32_t warp) {
+  struct synth_layout *layout = context;
+  if (layout->pieces != NULL) {
+    const ws_cuda_synth_op *op = &layout->ops[op_index];
+    uint64_t size = ws_dtype_size((ws_dtype)op->dtype);
+    ws_cuda_synth_piece *piece = &layout->pieces[layout->placement.count];
+    piece->target = layout->regions[op->region].pointer + op->offset +
+                    row * op->target_pitch + column * size;
+    piece->seed = op->seed;
+    piece->first = op->first + row * op->element_pitch + column;
+    piece->target_pitch = op->target_pitch;
+    piece->element_pitch = op->element_pitch;
+    piece->rows = (uint32_t)rows;
+    piece->row_elements = (uint32_t)columns;
+    piece->op = (uint32_t)op_index;
+    piece->element_bytes = (uint32_t)size;
+  }
+  place(&layout->placement, warp);
+}
+
+static void split_synth(struct synth_layout *layout, uint64_t total,
+                        uint32_t warps, size_t count, uint32_t *warps_used) {
+  struct splitter splitter;
+  start_splitter(&splitter, total, WS_CUDA_WARP_MIN_BYTES / 2, warps,
+                 WS_CUDA_PIECE_MAX / 4, 1, emit_synth, layout);
+  for (size_t i = 0; i < count; i++) {
+    const ws_cuda_synth_op *op = &layout->ops[i];
+    split_op(&splitter, i, op->rows, op->row_elements, synth_contiguous(op), 0,
+             0);
+  }
+  finish_placement(&layout->placement, splitter.warps);
+  *warps_used = splitter.warps;
+}
+#endif
+
+// ---------------------------------------------------------------------------
+// Plans on a device
+
+struct ws_cuda_copy_plan {
+  int device;
+  void *memory; // descriptors, then warp_start
+  size_t memory_bytes;
+  uint32_t warps;
+  size_t pieces;
+  size_t ops;
+  uint64_t bytes;
+};
+
+struct ws_cuda_synth_plan {
+  int device;
+  void *memory; // check state, pieces, then warp_start
+  size_t memory_bytes;
+  uint32_t warps;
+  size_t pieces;
+  size_t ops;
+  uint64_t bytes;
+  ws_cuda_check_state *host_state; // pinned
+  void *checked;                   // cudaEvent_t after the last check
+  int check_queued;
+};
+
+static void describe(ws_cuda_plan_info *out, size_t ops, size_t pieces,
+                     uint32_t warps, uint64_t bytes, size_t memory_bytes) {
+  out->ops = ops;
+  out->pieces = pieces;
+  out->warps = warps;
+  out->blocks = ((uint64_t)warps * WS_CUDA_WARP + WS_CUDA_THREADS - 1) /
+                WS_CUDA_THREADS;
+  out->bytes = bytes;
+  out->device_bytes = memory_bytes;
+}
+
+void ws_cuda_copy_plan_info(const ws_cuda_copy_plan *plan,
+                            ws_cuda_plan_info *out) {
+  describe(out, plan->ops, plan->pieces, plan->warps, plan->bytes,
+           plan->memory_bytes);
+}
+
+void ws_cuda_synth_plan_info(const ws_cuda_synth_plan *plan,
+                             ws_cuda_plan_info *out) {
+  describe(out, plan->ops, plan->pieces, plan->warps, plan->bytes,
+           plan->memory_bytes);
+}
+
+#ifdef WSYNC_WITH_CUDA
+
+// Checks the regions the ops use (device memory of `device`, inside one
+// allocation each).
+static int check_used_regions(const ws_cuda_region *regions,
+                              size_t region_count, const unsigned char *used,
+                              int device) {
+  for (size_t i = 0; i < region_count; i++) {
+    if (!used[i])
+      continue;
+    int status = ws_cuda_check_region(&regions[i], device, "region", i);
+    if (status != WS_OK)
+      return status;
+  }
+  return WS_OK;
+}
+
+// Uploads `bytes` of `host` into fresh device memory and waits for it.
+static int upload(const void *host, size_t bytes, void **out,
+                  const char *what) {
+  void *memory = NULL;
+  int status = ws_cuda_allocate(bytes, &memory, what);
+  if (status != WS_OK)
+    return status;
+  cudaError_t error =
+      cudaMemcpyAsync(memory, host, bytes, cudaMemcpyHostToDevice, 0);
+  if (error != cudaSuccess)
+    status = ws_cuda_failure(error, "cudaMemcpyAsync", "uploading %s", what);
+  else
+    status = ws_cuda_wait(NULL, NULL, what);
+  if (status != WS_OK) {
+    ws_cuda_release(memory, bytes, what);
+    return status;
+  }
+  *out = memory;
+  return WS_OK;
+}
+
+static size_t round_up(size_t value, size_t to) {
+  return (value + to - 1) / to * to;
+}
+
+int ws_cuda_copy_plan_create(int device, const ws_cuda_region *regions,
+                             size_t region_count, const ws_cuda_copy_op *ops,
+                             size_t count, ws_cuda_copy_plan **out) {
+  ws_clear_error();
+  uint64_t total = 0;
+  int status = check_copy_ops(regions, region_count, ops, count, &total);
+  if (status != WS_OK)
+    return status;
+  int previous = 0;
+  status = ws_cuda_enter(device, &previous);
+  if (status != WS_OK)
+    return status;
+  ws_cuda_copy_plan *plan = calloc(1, sizeof *plan);
+  unsigned char *used = calloc(region_count > 0 ? region_count : 1, 1);
+  void *host = NULL;
+  if (plan == NULL || used == NULL) {
+    status = ws_fail(WS_ENOMEM, "cuda: cannot allocate a copy plan");
+    goto done;
+  }
+  for (size_t i = 0; i < count; i++)
+    if (ops[i].rows != 0 && ops[i].width != 0)
+      used[ops[i].target_region] = used[ops[i].source_region] = 1;
+  status = check_used_regions(regions, region_count, used, device);
+  if (status != WS_OK)
+    goto done;
+  uint32_t capacity = 0, synth_capacity = 0;
+  status = ws_cuda_kernel_capacity(device, &capacity, &synth_capacity);
+  if (status != WS_OK)
+    goto done;
+  size_t pieces = 0;
+  uint32_t warps = 0;
+  status = ws_cuda_copy_layout(regions, region_count, ops, count, capacity,
+                               NULL, 0, &pieces, NULL, &warps);
+  if (status != WS_OK)
+    goto done;
+  size_t desc_bytes = round_up(pieces * sizeof(ws_cuda_copy_desc), 16);
+  size_t bytes = desc_bytes + ((size_t)warps + 1) * sizeof(uint32_t);
+  host = malloc(bytes);
+  if (host == NULL) {
+    status = ws_fail(WS_ENOMEM, "cuda: cannot allocate %zu bytes of "
+                                "descriptors", bytes);
+    goto done;
+  }
+  uint32_t *warp_start = (uint32_t *)((char *)host + desc_bytes);
+  status = ws_cuda_copy_layout(regions, region_count, ops, count, capacity,
+                               host, pieces, &pieces, warp_start, &warps);
+  if (status == WS_OK)
+    status = upload(host, bytes, &plan->memory, "copy plan descriptors");
+  if (status != WS_OK)
+    goto done;
+  plan->device = device;
+  plan->memory_bytes = bytes;
+  plan->warps = warps;
+  plan->pieces = pieces;
+  plan->ops = count;
+  plan->bytes = total;
+  *out = plan;
+  plan = NULL;
+done:
+  ws_cuda_leave(previous);
+  free(host);
+  free(used);
+  free(plan);
+  return status;
+}
+
+int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
+  ws_clear_error();
+  void *raw = NULL;
+  int status = ws_cuda_stream_for(stream, plan->device, &raw);
+  if (status != WS_OK || plan->pieces == 0)
+    return status;
+  int previous = 0;
+  status = ws_cuda_enter(plan->device, &previous);
+  if (status != WS_OK)
+    return status;
+  size_t desc_bytes = round_up(plan->pieces * sizeof(ws_cuda_copy_desc), 16);
+  const ws_cuda_copy_desc *descs = plan->memory;
+  const uint32_t *warp_start =
+      (const uint32_t *)((const char *)plan->memory + desc_bytes);
+  int error = ws_cuda_launch_copy(descs, warp_start, plan->warps, raw);
+  ws_cuda_leave(previous);
+  if (error != cudaSuccess)
+    return ws_cuda_failure(error, "cudaLaunchKernel",
+                           "copy plan of %zu ops (%zu descriptors) on device %d",
+                           plan->ops, plan->pieces, plan->device);
+  ws_cuda_count_launch();
+  return WS_OK;
+}
+
+int ws_cuda_copy_plan_close(ws_cuda_copy_plan *plan) {
+  ws_clear_error();
+  if (plan == NULL)
+    return WS_OK;
+  int previous = 0;
+  int status = ws_cuda_enter(plan->device, &previous);
+  if (status == WS_OK) {
+    status = ws_cuda_release(plan->memory, plan->memory_bytes,
+                             "copy plan descriptors");
+    ws_cuda_leave(previous);
+  }
+  free(plan);
+  return status;
+}
+
+int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
+                              size_t region_count, const ws_cuda_synth_op *ops,
+                              size_t count, ws_cuda_synth_plan **out) {
+  ws_clear_error();
+  uint64_t elements = 0, total_bytes = 0;
+  int status = check_synth_ops(regions, region_count, ops, count, &elements,
+                               &total_bytes);
+  if (status != WS_OK)
+    return status;
+  int previous = 0;
+  status = ws_cuda_enter(device, &previous);
+  if (status != WS_OK)
+    return status;
+  ws_cuda_synth_plan *plan = calloc(1, sizeof *plan);
+  unsigned char *used = calloc(region_count > 0 ? region_count : 1, 1);
+  void *host = NULL;
+  if (plan == NULL || used == NULL) {
+    status = ws_fail(WS_ENOMEM, "cuda: cannot allocate a synthetic plan");
+    goto done;
+  }
+  for (size_t i = 0; i < count; i++)
+    if (ops[i].rows != 0 && ops[i].row_elements != 0)
+      used[ops[i].region] = 1;
+  status = check_used_regions(regions, region_count, used, device);
+  if (status != WS_OK)
+    goto done;
+  uint32_t copy_capacity = 0, capacity = 0;
+  status = ws_cuda_kernel_capacity(device, &copy_capacity, &capacity);
+  if (status != WS_OK)
+    goto done;
+  struct synth_layout layout = {{0, NULL, 0}, regions, ops, NULL};
+  uint32_t warps = 0;
+  split_synth(&layout, elements, capacity, count, &warps);
+  size_t pieces = layout.placement.count;
+  if (pieces > UINT32_MAX) {
+    status = ws_fail(WS_EINVAL, "cuda: the synthetic ops make %zu pieces",
+                     pieces);
+    goto done;
+  }
+  size_t state_bytes = round_up(sizeof(ws_cuda_check_state), 16);
+  size_t piece_bytes = round_up(pieces * sizeof(ws_cuda_synth_piece), 16);
+  size_t bytes = state_bytes + piece_bytes + ((size_t)warps + 1) * 4;
+  host = calloc(1, bytes);
+  if (host == NULL) {
+    status = ws_fail(WS_ENOMEM, "cuda: cannot allocate %zu bytes of pieces",
+                     bytes);
+    goto done;
+  }
+  uint32_t *warp_start = (uint32_t *)((char *)host + state_bytes + piece_bytes);
+  layout.placement = (struct placement){0, warp_start, 0};
+  layout.pieces = (ws_cuda_synth_piece *)((char *)host + state_bytes);
+  warp_start[0] = 0;
+  split_synth(&layout, elements, capacity, count, &warps);
+  status = upload(host, bytes, &plan->memory, "synthetic plan pieces");
+  if (status != WS_OK)
+    goto done;
+  plan->memory_bytes = bytes;
+  cudaError_t error = cudaMallocHost((void **)&plan->host_state,
+                                     sizeof *plan->host_state);
+  if (error != cudaSuccess) {
+    status = ws_cuda_failure(error, "cudaMallocHost", "synthetic plan state");
+    goto done;
+  }
+  cudaEvent_t checked = NULL;
+  error = cudaEventCreateWithFlags(&checked, cudaEventBlockingSync |
+                                                 cudaEventDisableTiming);
+  if (error != cudaSuccess) {
+    status = ws_cuda_failure(error, "cudaEventCreateWithFlags",
+                             "synthetic plan");
+    goto done;
+  }
+  plan->checked = checked;
+  plan->device = device;
+  plan->warps = warps;
+  plan->pieces = pieces;
+  plan->ops = count;
+  plan->bytes = total_bytes;
+  *out = plan;
+  plan = NULL;
+done:
+  if (plan != NULL) {
+    if (plan->host_state != NULL)
+      cudaFreeHost(plan->host_state);
+    ws_cuda_release(plan->memory, plan->memory_bytes, "synthetic plan pieces");
+  }
+  ws_cuda_leave(previous);
+  free(host);
+  free(used);
+  free(plan);
+  return status;
+}
+
+static int launch_synth(ws_cuda_synth_plan *plan, uint32_t version,
+                        ws_cuda_stream *stream, int check) {
+  ws_clear_error();
+  void *raw = NULL;
+  int status = ws_cuda_stream_for(stream, plan->device, &raw);
+  if (status != WS_OK)
+    return status;
+  int previous = 0;
+  status = ws_cuda_enter(plan->device, &previous);
+  if (status != WS_OK)
+    return status;
+  ws_cuda_check_state *state = plan->memory;
+  size_t state_bytes = round_up(sizeof(ws_cuda_check_state), 16);
+  size_t piece_bytes = round_up(plan->pieces * sizeof(ws_cuda_synth_piece), 16);
+  const ws_cuda_synth_piece *pieces =
+      (const ws_cuda_synth_piece *)((const char *)plan->memory + state_bytes);
+  const uint32_t *warp_start =
+      (const uint32_t *)((const char *)plan->memory + state_bytes +
+                         piece_bytes);
+  cudaStream_t cuda_stream = (cudaStream_t)raw;
+  const char *call = "cudaMemsetAsync";
+  cudaError_t error = cudaSuccess;
+  if (check) {
+    error = cudaMemsetAsync(&state->mismatches, 0, sizeof state->mismatches,
+                            cuda_stream);
+    if (error == cudaSuccess)
+      error = cudaMemsetAsync(&state->first, 0xff, sizeof state->first,
+                              cuda_stream);
+  }
+  if (error == cudaSuccess && plan->pieces > 0) {
+    call = "cudaLaunchKernel";
+    error = ws_cuda_launch_synth(pieces, warp_start, plan->warps, version,
+                                 check, state, raw);
+    if (error == cudaSuccess)
+      ws_cuda_count_launch();
+  }
+  if (error == cudaSuccess && check) {
+    call = "cudaMemcpyAsync";
+    error = cudaMemcpyAsync(plan->host_state, state, sizeof *state,
+                            cudaMemcpyDeviceToHost, cuda_stream);
+    if (error == cudaSuccess) {
+      call = "cudaEventRecord";
+      error = cudaEventRecord((cudaEvent_t)plan->checked, cuda_stream);
+    }
+    plan->check_queued = error == cudaSuccess;
+  }
+  ws_cuda_leave(previous);
+  if (error != cudaSuccess)
+    return ws_cuda_failure(error, call,
+                           "synthetic %s of %zu ops on device %d",
+                           check ? "check" : "fill", plan->ops, plan->device);
+  return WS_OK;
+}
+
+int ws_cuda_synth_plan_fill(ws_cuda_synth_plan *plan, uint32_t version,
+                            ws_cuda_stream *stream) {
+  return launch_synth(plan, version, stream, 0);
+}
+
+int ws_cuda_synth_plan_check(ws_cuda_synth_plan *plan, uint32_t version,
+                             ws_cuda_stream *stream) {
+  return launch_synth(plan, version, stream, 1);
+}
+
+int ws_cuda_synth_plan_result(ws_cuda_synth_plan *plan,
+                              ws_cuda_synth_result *out) {
+  ws_clear_error();
+  if (!plan->check_queued)
+    return ws_fail(WS_ESTATE, "cuda: no synthetic check was queued");
+  cudaError_t error = cudaEventSynchronize((cudaEvent_t)plan->checked);
+  if (error != cudaSuccess)
+    return ws_cuda_failure(error, "cudaEventSynchronize",
+                           "synthetic check on device %d", plan->device);
+  out->mismatches = plan->host_state->mismatches;
+  uint64_t first = plan->host_state->first;
+  if (out->mismatches == 0) {
+    out->first_op = 0;
+    out->first_element = 0;
+  } else {
+    out->first_op = first >> WS_CUDA_CHECK_ELEMENT_BITS;
+    out->first_element = first & (ELEMENT_LIMIT - 1);
+  }
+  return WS_OK;
+}
+
+int ws_cuda_synth_plan_close(ws_cuda_synth_plan *plan) {
+  ws_clear_error();
+  if (plan == NULL)
+    return WS_OK;
+  int previous = 0;
+  int status = ws_cuda_enter(plan->device, &previous);
+  if (status == WS_OK) {
+    cudaEventDestroy((cudaEvent_t)plan->checked);
+    cudaFreeHost(plan->host_state);
+    status = ws_cuda_release(plan->memory, plan->memory_bytes,
+                             "synthetic plan pieces");
+    ws_cuda_leave(previous);
+  }
+  free(plan);
+  return status;
+}
+
+#else // !WSYNC_WITH_CUDA
+
+static int not_built(void) {
+  return ws_fail(WS_ENODEV, "cuda backend: this wsync was built without CUDA");
+}
+
+int ws_cuda_copy_plan_create(int device, const ws_cuda_region *regions,
+                             size_t region_count, const ws_cuda_copy_op *ops,
+                             size_t count, ws_cuda_copy_plan **out) {
+  ws_clear_error();
+  (void)device, (void)out;
+  uint64_t total = 0;
+  int status = check_copy_ops(regions, region_count, ops, count, &total);
+  return status != WS_OK ? status : not_built();
+}
+
+int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
+  ws_clear_error();
+  (void)plan, (void)stream;
+  return not_built();
+}
+
+int ws_cuda_copy_plan_close(ws_cuda_copy_plan *plan) {
+  ws_clear_error();
+  return plan == NULL ? WS_OK : not_built();
+}
+
+int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
+                              size_t region_count, const ws_cuda_synth_op *ops,
+                              size_t count, ws_cuda_synth_plan **out) {
+  ws_clear_error();
+  (void)device, (void)out;
+  uint64_t elements = 0, bytes = 0;
+  int status =
+      check_synth_ops(regions, region_count, ops, count, &elements, &bytes);
+  return status != WS_OK ? status : not_built();
+}
+
+int ws_cuda_synth_plan_fill(ws_cuda_synth_plan *plan, uint32_t version,
+                            ws_cuda_stream *stream) {
+  ws_clear_error();
+  (void)plan, (void)version, (void)stream;
+  return not_built();
+}
+
+int ws_cuda_synth_plan_check(ws_cuda_synth_plan *plan, uint32_t version,
+                             ws_cuda_stream *stream) {
+  ws_clear_error();
+  (void)plan, (void)version, (void)stream;
+  return not_built();
+}
+
+int ws_cuda_synth_plan_result(ws_cuda_synth_plan *plan,
+                              ws_cuda_synth_result *out) {
+  ws_clear_error();
+  (void)plan, (void)out;
+  return not_built();
+}
+
+int ws_cuda_synth_plan_close(ws_cuda_synth_plan *plan) {
+  ws_clear_error();
+  return plan == NULL ? WS_OK : not_built();
+}
+
+#endif

@@ -1,0 +1,153 @@
+// Batched device copies and synthetic fills of the cuda backend: one kernel
+// launch per chunk, whatever its tensor count.
+//
+// A plan is built once (per chunk, per session) from ops that address regions
+// by offset: every op is checked against its regions on the host, then the
+// ops become descriptors with absolute device pointers, split so that the
+// bytes spread evenly over the warps the device holds at once (one huge op and
+// 10,000 tiny ones both fill every SM), uploaded to the device once, and
+// launched as often as needed on a stream. Each warp loads a batch of 32
+// descriptors at a time and copies with 16-byte loads and stores when both
+// addresses, the width and the pitches allow (8, 4, 2 or 1 bytes otherwise;
+// a contiguous piece whose ends are misaligned alike copies its head and tail
+// bytewise and its body 16 bytes at a time).
+//
+// Synthetic plans write (or check) wsync's synthetic values (synth.h) on the
+// device: bitwise what ws_synth_fill writes, for bfloat16 and float32.
+#pragma once
+
+#include "cuda_memory.h"
+#include "status_defs.h"
+
+#ifndef WS_FFI
+#include <stddef.h>
+#include <stdint.h>
+#endif
+
+/// One strided copy between two regions: `rows` rows of `width` bytes from
+/// `source_offset` in region `source_region` (advancing `source_pitch` bytes
+/// per row) to `target_offset` in `target_region` (advancing `target_pitch`).
+/// Regions are indices into the plan's region array.
+typedef struct ws_cuda_copy_op {
+  uint32_t target_region;
+  uint32_t source_region;
+  uint64_t target_offset;
+  uint64_t source_offset;
+  uint64_t rows;
+  uint64_t width;
+  uint64_t target_pitch;
+  uint64_t source_pitch;
+} ws_cuda_copy_op;
+
+/// One descriptor as the kernel reads it: absolute device pointers, at most
+/// WS_CUDA_PIECE_MAX bytes.
+typedef struct ws_cuda_copy_desc {
+  uint64_t source;
+  uint64_t target;
+  uint64_t source_pitch;
+  uint64_t target_pitch;
+  uint32_t rows;
+  uint32_t width;
+} ws_cuda_copy_desc;
+
+/// Elements of a synthetic tensor written to (or checked in) a region: `rows`
+/// rows of `row_elements` elements, row k at `offset + k * target_pitch` bytes
+/// holding tensor elements `first + k * element_pitch` onwards. A TP slice of
+/// a canonical tensor is one op; a contiguous range is one row.
+typedef struct ws_cuda_synth_op {
+  uint32_t region;
+  uint32_t dtype; // ws_dtype: WS_DTYPE_BFLOAT16 or WS_DTYPE_FLOAT32
+  uint64_t offset;
+  uint64_t rows;
+  uint64_t row_elements;
+  uint64_t target_pitch;  // bytes
+  uint64_t first;         // tensor element index of the first element
+  uint64_t element_pitch; // tensor elements between rows
+  uint64_t seed;          // ws_synth_seed of the tensor's name
+} ws_cuda_synth_op;
+
+/// What a plan holds, for reports and tests.
+typedef struct ws_cuda_plan_info {
+  uint64_t ops;
+  uint64_t pieces;        // descriptors
+  uint64_t warps;         // warps the launch spreads them over
+  uint64_t blocks;        // thread blocks of one launch
+  uint64_t bytes;         // bytes one launch writes
+  uint64_t device_bytes;  // device memory the plan holds (descriptors)
+} ws_cuda_plan_info;
+
+/// The outcome of a synthetic check: mismatching elements, and the first one
+/// (lowest op, then lowest tensor element index) when there is any.
+typedef struct ws_cuda_synth_result {
+  uint64_t mismatches;
+  uint64_t first_op;
+  uint64_t first_element;
+} ws_cuda_synth_result;
+
+enum {
+  WS_CUDA_PIECE_MAX = 1 << 30,   // bytes of one descriptor at most
+  WS_CUDA_WARP_MIN_BYTES = 256,  // a warp gets at least this much to copy
+  WS_CUDA_OPS_MAX = 1 << 24,     // ops of one plan at most
+};
+
+typedef struct ws_cuda_copy_plan ws_cuda_copy_plan;
+typedef struct ws_cuda_synth_plan ws_cuda_synth_plan;
+
+/// Checks every op against its regions (nothing else runs when one is out of
+/// range; the detail names the op) and lays the ops out as descriptors for
+/// `warps` warps, without touching a device. With `descs` NULL it only counts:
+/// `*desc_count` and `*warps_used` tell the sizes of `descs` and of
+/// `warp_start` (warps_used + 1 entries: warp w runs descriptors
+/// warp_start[w] .. warp_start[w + 1] - 1). ws_cuda_copy_plan_create uses it;
+/// tests run it on host memory.
+int ws_cuda_copy_layout(const ws_cuda_region *regions, size_t region_count,
+                        const ws_cuda_copy_op *ops, size_t count,
+                        uint32_t warps, ws_cuda_copy_desc *descs,
+                        size_t capacity, size_t *desc_count,
+                        uint32_t *warp_start, uint32_t *warps_used);
+
+/// Builds a copy plan on `device`: checks the ops (ws_cuda_copy_layout) and
+/// that every region is device memory of `device` lying inside one
+/// allocation, then uploads the descriptors once.
+int ws_cuda_copy_plan_create(int device, const ws_cuda_region *regions,
+                             size_t region_count, const ws_cuda_copy_op *ops,
+                             size_t count, ws_cuda_copy_plan **out);
+
+/// Queues the plan's one kernel launch on `stream` (NULL: legacy default
+/// stream). Completion: an event recorded after it, or the stream's sync.
+int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream);
+
+/// Describes the plan.
+void ws_cuda_copy_plan_info(const ws_cuda_copy_plan *plan,
+                            ws_cuda_plan_info *out);
+
+/// Frees the plan's device memory and the object; NULL is accepted. Launches
+/// still queued must have finished (the caller synchronizes first).
+int ws_cuda_copy_plan_close(ws_cuda_copy_plan *plan);
+
+/// Builds a synthetic plan on `device`: checks every op (its dtype, its range,
+/// element alignment) and every region, then uploads the descriptors once.
+int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
+                              size_t region_count, const ws_cuda_synth_op *ops,
+                              size_t count, ws_cuda_synth_plan **out);
+
+/// Queues one launch that writes every op's values at model `version`.
+int ws_cuda_synth_plan_fill(ws_cuda_synth_plan *plan, uint32_t version,
+                            ws_cuda_stream *stream);
+
+/// Queues one launch that compares every op's elements with their values at
+/// `version`; ws_cuda_synth_plan_result gives the outcome.
+int ws_cuda_synth_plan_check(ws_cuda_synth_plan *plan, uint32_t version,
+                             ws_cuda_stream *stream);
+
+/// Waits (without spinning) for the last check and stores its outcome.
+int ws_cuda_synth_plan_result(ws_cuda_synth_plan *plan,
+                              ws_cuda_synth_result *out);
+
+/// Describes the plan (bytes: the bytes one launch writes or reads).
+void ws_cuda_synth_plan_info(const ws_cuda_synth_plan *plan,
+                             ws_cuda_plan_info *out);
+
+/// Frees the plan's device and pinned memory and the object; NULL is
+/// accepted. Launches still queued must have finished.
+int ws_cuda_synth_plan_close(ws_cuda_synth_plan *plan);

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the GPU machine: runs the GPU test tier and the GPU benchmarks from the
+# bundle that `scripts/dev.sh bundle` made here (carried as build/bundle),
+# writing every log under $OUT (default ./gpu-out) and a summary at the end.
+#
+#   tests/gpu/run.sh [SCALE]     SCALE: the copy benchmark's fraction of the
+#                                30B-A3B bytes (default 1: 61.06 GB)
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+out=${OUT:-./gpu-out}
+mkdir -p "$out"
+scale=${1:-1}
+# shellcheck source=/dev/null
+source build/bundle/env.sh
+{
+  echo "== machine"
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv 2>&1
+  nproc
+  date -u
+} >"$out/machine.txt" 2>&1
+status=0
+echo "== gpu tier" | tee "$out/summary.txt"
+timeout 300 wsync test tests/gpu -o utfTerminal >"$out/gpu_tier.log" 2>&1 || status=1
+tail -n 3 "$out/gpu_tier.log" | tee -a "$out/summary.txt"
+grep -E "^(Failure|Error) ->" -A6 "$out/gpu_tier.log" | head -60 | tee -a "$out/summary.txt"
+echo "== cuda copy benchmark (scale $scale)" | tee -a "$out/summary.txt"
+timeout 240 wsync tests/bench/cuda_copy.lua "$scale" 10 >"$out/cuda_copy.log" 2>&1 || status=1
+tail -n 30 "$out/cuda_copy.log" | tee -a "$out/summary.txt"
+exit $status

@@ -1,0 +1,370 @@
+-- The host side of the cuda backend's batched copies (host/cuda_plan.c),
+-- through the FFI and without a GPU: ws_cuda_copy_layout checks ops against
+-- their regions and splits them into the descriptors one kernel launch runs.
+-- Here the regions are host memory and a few lines of Lua play the kernel
+-- (each descriptor: `rows` rows of `width` bytes, pitches apart), so every
+-- layout is checked for writing exactly what a row-by-row reference copy
+-- writes, for spreading the bytes evenly over the warps, and for keeping
+-- pieces aligned where the ops allow it.
+local ffi = require("ffi")
+local C = (function()
+  local ok, module = pcall(require, "wsync.native.ffi")
+  return ok and module or require("wsync.ffi")
+end)()
+
+local PIECE_MAX = tonumber(C.WS_CUDA_PIECE_MAX)
+local WARP_MIN_BYTES = tonumber(C.WS_CUDA_WARP_MIN_BYTES)
+
+local function detail()
+  return ffi.string(C.ws_error_detail())
+end
+
+-- Host memory at a 64-byte boundary, kept alive until the spec ends.
+local anchors = {}
+local function bytes(size, fill)
+  local block = ffi.new("uint8_t[?]", size + 64)
+  anchors[#anchors + 1] = block
+  local data = block + (64 - tonumber(ffi.cast("uintptr_t", block) % 64)) % 64
+  ffi.fill(data, size, fill or 0)
+  return data
+end
+
+local function pattern(size, salt)
+  local data = bytes(size)
+  for i = 0, size - 1 do
+    data[i] = (i * 131 + 17 + (salt or 0)) % 251
+  end
+  return data
+end
+
+local function address(pointer)
+  return tonumber(ffi.cast("uintptr_t", pointer))
+end
+
+local function region_array(list)
+  local regions = ffi.new("ws_cuda_region[?]", #list)
+  for i, region in ipairs(list) do
+    regions[i - 1].pointer = address(region.data)
+    regions[i - 1].size = region.size
+    regions[i - 1].device = 0
+  end
+  return regions
+end
+
+-- ops: {target (region from 1), source, to, from, rows, width, target_pitch,
+-- source_pitch}
+local function op_array(ops)
+  local array = ffi.new("ws_cuda_copy_op[?]", math.max(#ops, 1))
+  for i, op in ipairs(ops) do
+    local entry = array[i - 1]
+    entry.target_region, entry.source_region = op.target - 1, op.source - 1
+    entry.target_offset, entry.source_offset = op.to, op.from
+    entry.rows, entry.width = op.rows or 1, op.width
+    entry.target_pitch = op.target_pitch or op.width
+    entry.source_pitch = op.source_pitch or op.width
+  end
+  return array
+end
+
+-- Lays the ops out for `warps` warps; returns the descriptors, warp_start
+-- and the warps used, or nil, status.
+local function layout(regions, ops, warps)
+  local region_list, op_list = region_array(regions), op_array(ops)
+  local count, used = ffi.new("size_t[1]"), ffi.new("uint32_t[1]")
+  local status = C.ws_cuda_copy_layout(region_list, #regions, op_list, #ops, warps, nil, 0, count, nil, used)
+  if status ~= 0 then
+    return nil, status
+  end
+  local n = tonumber(count[0])
+  local descs = ffi.new("ws_cuda_copy_desc[?]", math.max(n, 1))
+  local warp_start = ffi.new("uint32_t[?]", used[0] + 1)
+  status = C.ws_cuda_copy_layout(region_list, #regions, op_list, #ops, warps, descs, n, count, warp_start, used)
+  assert(status == 0, detail())
+  assert(tonumber(count[0]) == n)
+  return { descs = descs, count = n, warp_start = warp_start, warps = tonumber(used[0]) }
+end
+
+-- The kernel, played on the host: every descriptor of every warp.
+local function run(result)
+  for warp = 0, result.warps - 1 do
+    for i = result.warp_start[warp], result.warp_start[warp + 1] - 1 do
+      local desc = result.descs[i]
+      local target = ffi.cast("uint8_t *", desc.target)
+      local source = ffi.cast("uint8_t *", desc.source)
+      for row = 0, desc.rows - 1 do
+        ffi.copy(target + row * tonumber(desc.target_pitch), source + row * tonumber(desc.source_pitch), desc.width)
+      end
+    end
+  end
+end
+
+local function reference(regions, ops)
+  for _, op in ipairs(ops) do
+    for row = 0, (op.width > 0 and op.rows or 1) - 1 do
+      ffi.copy(regions[op.target].data + op.to + row * (op.target_pitch or op.width),
+        regions[op.source].data + op.from + row * (op.source_pitch or op.width), op.width)
+    end
+  end
+end
+
+local function total_bytes(ops)
+  local total = 0
+  for _, op in ipairs(ops) do
+    total = total + (op.rows or 1) * op.width
+  end
+  return total
+end
+
+-- Checks the layout's shape: warp_start covers every descriptor in order,
+-- pieces stay under the limit, the bytes add up, and no warp holds more than
+-- its share plus one row.
+local function check_shape(result, ops, warps)
+  assert.is_true(result.warps >= 1 and result.warps <= warps)
+  assert.are.equal(0, result.warp_start[0])
+  assert.are.equal(result.count, result.warp_start[result.warps])
+  local widest_row, total = 0, total_bytes(ops)
+  for _, op in ipairs(ops) do
+    local strided = (op.target_pitch or op.width) ~= op.width or (op.source_pitch or op.width) ~= op.width
+    if (op.rows or 1) > 1 and strided then
+      widest_row = math.max(widest_row, op.width)
+    end
+  end
+  local share = math.ceil(total / result.warps / 16) * 16
+  local sum = 0
+  for warp = 0, result.warps - 1 do
+    assert.is_true(result.warp_start[warp] <= result.warp_start[warp + 1])
+    local warp_bytes = 0
+    for i = result.warp_start[warp], result.warp_start[warp + 1] - 1 do
+      local piece = tonumber(result.descs[i].rows) * tonumber(result.descs[i].width)
+      assert.is_true(piece > 0 and piece <= PIECE_MAX)
+      warp_bytes = warp_bytes + piece
+    end
+    assert.is_true(warp_bytes <= share + widest_row + 16,
+      string.format("warp %d holds %d bytes, its share is %d", warp, warp_bytes, share))
+    sum = sum + warp_bytes
+  end
+  assert.are.equal(total, sum)
+end
+
+local function same(a, b, size)
+  return ffi.string(a, size) == ffi.string(b, size)
+end
+
+-- Lays out, runs and compares with the reference.
+local function check_copies(regions_spec, ops, warps)
+  local got, want = {}, {}
+  for i, spec in ipairs(regions_spec) do
+    local salt = i * 7
+    got[i] = { data = spec.source and pattern(spec.size, salt) or bytes(spec.size, 0xaa), size = spec.size }
+    want[i] = { data = spec.source and got[i].data or bytes(spec.size, 0xaa), size = spec.size }
+  end
+  local result = assert(layout(got, ops, warps), detail())
+  check_shape(result, ops, warps)
+  run(result)
+  reference(want, ops)
+  for i, spec in ipairs(regions_spec) do
+    if not spec.source then
+      assert.is_true(same(got[i].data, want[i].data, spec.size), "region " .. i .. " differs from the reference")
+    end
+  end
+  return result
+end
+
+local MiB = 1024 * 1024
+
+describe("ws_cuda_copy_layout", function()
+  local two = { { size = 4 * MiB }, { size = 4 * MiB, source = true } }
+
+  it("copies aligned contiguous ops exactly, spread over the warps", function()
+    local ops = {
+      { target = 1, source = 2, to = 0, from = 0, width = MiB },
+      { target = 1, source = 2, to = 2 * MiB, from = MiB, width = 64 * 1024 },
+    }
+    local result = check_copies(two, ops, 64)
+    assert.are.equal(64, result.warps)
+  end)
+
+  it("copies one huge op as one piece per warp, each starting 16-byte aligned", function()
+    local ops = { { target = 1, source = 2, to = 16, from = 32, width = 3 * MiB + 48 } }
+    local result = check_copies(two, ops, 100)
+    assert.are.equal(100, result.count)
+    for i = 0, result.count - 1 do
+      assert.are.equal(0, tonumber(result.descs[i].target % 16), "descriptor " .. i)
+      assert.are.equal(0, tonumber(result.descs[i].source % 16), "descriptor " .. i)
+    end
+  end)
+
+  it("copies unaligned ops and ops whose ends are misaligned differently", function()
+    local ops = {
+      { target = 1, source = 2, to = 3, from = 3, width = 100000 },
+      { target = 1, source = 2, to = 200001, from = 5, width = 77777 },
+      { target = 1, source = 2, to = 400000, from = 1, width = 1 },
+      { target = 1, source = 2, to = 400002, from = 2, width = 2 },
+    }
+    check_copies(two, ops, 37)
+  end)
+
+  it("copies strided ops, cutting between rows and within rows wider than a share", function()
+    local ops = {
+      { target = 1, source = 2, to = 0, from = 8, rows = 1000, width = 384, target_pitch = 384, source_pitch = 1536 },
+      { target = 1, source = 2, to = MiB, from = 0, rows = 300, width = 1000, target_pitch = 1003,
+        source_pitch = 2001 },
+      { target = 1, source = 2, to = 2 * MiB, from = 0, rows = 3, width = 300000, target_pitch = 300016,
+        source_pitch = 400000 },
+    }
+    check_copies(two, ops, 50)
+  end)
+
+  it("copies 10,000 tiny ops with every warp busy", function()
+    local ops, to = {}, 0
+    for i = 1, 10000 do
+      local width = (i * 37) % 61 + 1
+      ops[i] = { target = 1, source = 2, to = to, from = (i * 101) % 100000, width = width }
+      to = to + width + (i % 3)
+    end
+    local result = check_copies(two, ops, 512)
+    assert.are.equal(512, result.warps)
+  end)
+
+  it("copies random mixes between several regions in one layout", function()
+    math.randomseed(20240611)
+    local regions = { { size = MiB }, { size = MiB, source = true }, { size = 2 * MiB }, { size = MiB, source = true } }
+    for _ = 1, 6 do
+      local ops, cursor = {}, { [1] = 0, [3] = 0 }
+      for _ = 1, 200 do
+        local target = math.random() < 0.5 and 1 or 3
+        local source = math.random() < 0.5 and 2 or 4
+        local rows = math.random() < 0.3 and math.random(1, 40) or 1
+        local width = math.random(1, 2000)
+        local target_pitch = width + (rows > 1 and math.random(0, 64) or 0)
+        local source_pitch = width + (rows > 1 and math.random(0, 64) or 0)
+        local span = (rows - 1) * target_pitch + width
+        if cursor[target] + span <= regions[target].size then
+          local from = math.random(0, MiB - ((rows - 1) * source_pitch + width))
+          ops[#ops + 1] = { target = target, source = source, to = cursor[target], from = from, rows = rows,
+            width = width, target_pitch = target_pitch, source_pitch = source_pitch }
+          cursor[target] = cursor[target] + span + math.random(0, 17)
+        end
+      end
+      check_copies(regions, ops, math.random(1, 300))
+    end
+  end)
+
+  it("gives small plans only the warps that have at least a few hundred bytes", function()
+    local result = check_copies(two, { { target = 1, source = 2, to = 0, from = 0, width = 1000 } }, 1000)
+    assert.are.equal(math.ceil(1000 / WARP_MIN_BYTES), result.warps)
+  end)
+
+  it("skips empty ops, however many rows they claim", function()
+    local result = check_copies(two, {
+      { target = 1, source = 2, to = 0, from = 0, rows = 2 ^ 40, width = 0 },
+      { target = 1, source = 2, to = 0, from = 0, rows = 0, width = 64 },
+      { target = 1, source = 2, to = 64, from = 0, width = 64 },
+    }, 8)
+    assert.are.equal(1, result.count)
+  end)
+
+  it("lays out nothing for no ops", function()
+    local result = assert(layout(two, {}, 8))
+    assert.are.equal(0, result.count)
+    assert.are.equal(1, result.warps)
+  end)
+end)
+
+describe("ws_cuda_copy_layout refuses", function()
+  local regions = { { data = bytes(4096), size = 4096 }, { data = bytes(1024), size = 1024 } }
+
+  local function refused(ops, pattern_text)
+    local result, status = layout(regions, ops, 8)
+    assert.is_nil(result)
+    assert.are.equal(C.WS_EINVAL, status)
+    assert.matches(pattern_text, detail(), 1, true)
+  end
+
+  it("a target range past its region, naming the op", function()
+    refused({ { target = 1, source = 2, to = 0, from = 0, width = 8 },
+      { target = 1, source = 2, to = 4090, from = 0, width = 7 } },
+      "cuda copy op 1: target [4090, +1 rows x 7, pitch 7) exceeds region 0 (4096 bytes)")
+  end)
+
+  it("a source range past its region", function()
+    refused({ { target = 1, source = 2, to = 0, from = 1000, width = 25 } },
+      "cuda copy op 0: source [1000, +1 rows x 25, pitch 25) exceeds region 1 (1024 bytes)")
+  end)
+
+  it("a strided op whose last row ends past its region", function()
+    refused({ { target = 1, source = 2, to = 0, from = 0, rows = 9, width = 100, target_pitch = 100,
+      source_pitch = 128 } }, "cuda copy op 0: source [0, +9 rows x 100, pitch 128) exceeds region 1")
+  end)
+
+  it("rows that overlap (a pitch below the width)", function()
+    refused({ { target = 1, source = 2, to = 0, from = 0, rows = 2, width = 100, target_pitch = 50,
+      source_pitch = 100 } }, "cuda copy op 0: target")
+  end)
+
+  it("a region index past the list", function()
+    refused({ { target = 3, source = 2, to = 0, from = 0, width = 1 } }, "cuda copy op 0: target region 2 of 2")
+  end)
+
+  it("sizes that overflow", function()
+    refused({ { target = 1, source = 2, to = 0, from = 0, rows = 2 ^ 62, width = 4, target_pitch = 2 ^ 62,
+      source_pitch = 4 } }, "cuda copy op 0: target")
+  end)
+
+  it("more ops than a plan holds", function()
+    local count, used = ffi.new("size_t[1]"), ffi.new("uint32_t[1]")
+    local ops = ffi.new("ws_cuda_copy_op[1]")
+    assert.are.equal(C.WS_EINVAL, C.ws_cuda_copy_layout(region_array(regions), 2, ops, C.WS_CUDA_OPS_MAX + 1, 8, nil,
+      0, count, nil, used))
+    assert.matches("copy ops in one plan", detail(), 1, true)
+  end)
+
+  it("too small a descriptor array", function()
+    local region_list = region_array(regions)
+    local ops = op_array({ { target = 1, source = 2, to = 0, from = 0, width = 1024 } })
+    local count, used = ffi.new("size_t[1]"), ffi.new("uint32_t[1]")
+    assert.are.equal(0, C.ws_cuda_copy_layout(region_list, 2, ops, 1, 4, nil, 0, count, nil, used), detail())
+    assert.are.equal(4, tonumber(count[0]))
+    local descs, warp_start = ffi.new("ws_cuda_copy_desc[3]"), ffi.new("uint32_t[5]")
+    assert.are.equal(C.WS_EINVAL, C.ws_cuda_copy_layout(region_list, 2, ops, 1, 4, descs, 3, count, warp_start, used))
+    assert.matches("room for 3 descriptors, 4 needed", detail(), 1, true)
+  end)
+end)
+
+describe("ws_cuda_copy_plan_create and ws_cuda_synth_plan_create", function()
+  local regions = region_array({ { data = bytes(4096), size = 4096 } })
+
+  it("refuse a bad op before they look for a device", function()
+    local ops = op_array({ { target = 1, source = 1, to = 4000, from = 0, width = 100 } })
+    local out = ffi.new("ws_cuda_copy_plan *[1]")
+    assert.are.equal(C.WS_EINVAL, C.ws_cuda_copy_plan_create(0, regions, 1, ops, 1, out))
+    assert.matches("cuda copy op 0: target [4000, +1 rows x 100, pitch 100) exceeds region 0", detail(), 1, true)
+  end)
+
+  it("refuse a synthetic op of a dtype the generator does not make", function()
+    local ops = ffi.new("ws_cuda_synth_op[1]")
+    ops[0].dtype, ops[0].rows, ops[0].row_elements = C.WS_DTYPE_INT8, 1, 4
+    local out = ffi.new("ws_cuda_synth_plan *[1]")
+    assert.are.equal(C.WS_EINVAL, C.ws_cuda_synth_plan_create(0, regions, 1, ops, 1, out))
+    assert.matches("cuda synthetic op 0: dtype int8 is not generated", detail(), 1, true)
+  end)
+
+  it("refuse a synthetic op past its region or off its element alignment", function()
+    local ops = ffi.new("ws_cuda_synth_op[1]")
+    ops[0].dtype, ops[0].rows, ops[0].row_elements, ops[0].offset = C.WS_DTYPE_BFLOAT16, 1, 2048, 2
+    local out = ffi.new("ws_cuda_synth_plan *[1]")
+    assert.are.equal(C.WS_EINVAL, C.ws_cuda_synth_plan_create(0, regions, 1, ops, 1, out))
+    assert.matches("cuda synthetic op 0: [2, +1 rows x 4096, pitch 0) exceeds region 0", detail(), 1, true)
+    ops[0].row_elements, ops[0].offset, ops[0].dtype = 4, 2, C.WS_DTYPE_FLOAT32
+    assert.are.equal(C.WS_EINVAL, C.ws_cuda_synth_plan_create(0, regions, 1, ops, 1, out))
+    assert.matches("is not a multiple of the 4-byte element", detail(), 1, true)
+  end)
+
+  it("refuse tensor element indices a check cannot report", function()
+    local ops = ffi.new("ws_cuda_synth_op[1]")
+    ops[0].dtype, ops[0].rows, ops[0].row_elements, ops[0].first = C.WS_DTYPE_BFLOAT16, 1, 4, 2 ^ 40
+    local out = ffi.new("ws_cuda_synth_plan *[1]")
+    assert.are.equal(C.WS_EINVAL, C.ws_cuda_synth_plan_create(0, regions, 1, ops, 1, out))
+    assert.matches("tensor elements past 2^40", detail(), 1, true)
+  end)
+end)
