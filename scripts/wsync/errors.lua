@@ -73,6 +73,13 @@ function M.fields(err)
   return fields
 end
 
+--- True when `value` is the sentinel that os.exit raises inside the host to
+--- end the process (it must pass every handler untouched).
+function M.is_exit(value)
+  local meta = type(value) == "table" and getmetatable(value)
+  return meta and meta.__name == "wsync exit" or false
+end
+
 --- True when `value` is a wsync error object.
 function M.is(value)
   return getmetatable(value) == Error

@@ -1,6 +1,18 @@
 -- Benchmark: host-backend publication bandwidth against memcpy bandwidth,
--- measured in one run.
+-- measured in one run; or, with `layout`, the host's cost per publication
+-- outside the copies at the tensor counts of the real models.
 --
+--   wsync tests/bench/publish_bandwidth.lua layout [30b|235b|both] [PUBLICATIONS]
+--       the Qwen3-30B-A3B layout (48 layers x 128 experts: 531 trainer
+--       tensors, 18,867 canonical) and the Qwen3-235B-A22B one (94 layers:
+--       36,945 canonical), with tiny dims so that the bytes fit this machine
+--       (hidden 32, moe_intermediate 4, vocabulary 512); FSDP2 -> TP2, one
+--       chunk, `publish` alone in the schedule. Per publication after the
+--       first: the total time, the copies' own time (the slowest rank's fill
+--       and the slowest TP worker's load per chunk, as they report them), and
+--       the rest: the control plane and every per-tensor cost of the host,
+--       the agents and the workers. The last line is
+--       `host time outside copies: X ms per publication at N tensors`.
 --   wsync tests/bench/publish_bandwidth.lua [GB] [BUFFER_MIB] [PUBLICATIONS]
 --       GB           model size to aim for, in 10^9 bytes (default 2.5)
 --       BUFFER_MIB   packed buffer size (default 256)
@@ -40,9 +52,13 @@ pcall(ffi.cdef, "void *memcpy(void *, const void *, size_t);")
 local TARGET_RATIO = 0.5
 local MEMCPY_REPETITIONS = 5
 
+local layout_mode = arg and arg[1] == "layout"
 local target_gb = tonumber(arg and arg[1]) or 2.5
 local buffer_bytes = math.floor((tonumber(arg and arg[2]) or 256) * 1024 * 1024)
 local publications = tonumber(arg and arg[3]) or 4
+if layout_mode then
+  publications = tonumber(arg[3]) or 8
+end
 
 local function read_file(path)
   local file = io.open(path, "r")
@@ -143,13 +159,13 @@ local function memcpy_bandwidth(bytes)
 end
 
 -- (b) Publications through an in-process session.
-local function publish(config)
+local function publish(config, count)
   local definition = {
     name = "publish-bandwidth",
     description = "benchmark: FSDP2 -> TP2 Qwen3-MoE-shaped model, host backend",
     backend = "host",
     model = { family = "qwen3_moe", config = config },
-    trainer = { kind = "synthetic", ranks = 2, steps = publications },
+    trainer = { kind = "synthetic", ranks = 2, steps = count or publications },
     runtime = { kind = "reference", tp = 2 },
     buffers = { bytes = buffer_bytes, count = 2 },
     memory = { device_bytes = 1024 * 1024 * 1024 * 1024, kv_bytes = 0 },
@@ -169,6 +185,63 @@ local function moved_bytes(report, tp_world)
     loaded = loaded + receipt.bytes
   end
   return tp_world * report.bytes + loaded, loaded
+end
+
+local function median_of(reports, key)
+  local values = {}
+  for index = 2, #reports do
+    values[#values + 1] = key(reports[index])
+  end
+  return median(values)
+end
+
+-- The layout of a real model's tensor counts with tiny dims.
+local function layout_config(layers)
+  return {
+    vocab_size = 512, hidden_size = 32, moe_intermediate_size = 4, num_hidden_layers = layers,
+    num_attention_heads = 4, num_key_value_heads = 2, head_dim = 8, num_experts = 128, tie_word_embeddings = false,
+  }
+end
+
+if layout_mode then
+  print(string.format("publish host cost: machine %s", machine()))
+  local which = arg[2] or "both"
+  local layouts = {}
+  if which == "30b" or which == "both" then
+    layouts[#layouts + 1] = { name = "Qwen3-30B-A3B layout", layers = 48 }
+  end
+  if which == "235b" or which == "both" then
+    layouts[#layouts + 1] = { name = "Qwen3-235B-A22B layout", layers = 94 }
+  end
+  local lines = {}
+  for _, layout in ipairs(layouts) do
+    local config = layout_config(layout.layers)
+    local counts = qwen3_moe.counts(qwen3_moe.config(config))
+    buffer_bytes = 1
+    while buffer_bytes < counts.bytes do
+      buffer_bytes = buffer_bytes * 2
+    end
+    local reports = publish(config, publications)
+    local total = median_of(reports, function(r)
+      return r.timings.total
+    end)
+    local copies = median_of(reports, function(r)
+      return (r.timings.fill_copy or 0) + (r.timings.load_copy or 0)
+    end)
+    local outside = median_of(reports, function(r)
+      return r.timings.total - (r.timings.fill_copy or 0) - (r.timings.load_copy or 0)
+    end)
+    print(string.format("%s: %d trainer tensors, %d canonical, %.1f MB, %d chunk(s); %d publications, median of "
+      .. "2..%d: total %.2f ms, copies %.2f ms, outside copies %.2f ms (%.1f us per canonical tensor)", layout.name,
+      #qwen3_moe.trainer_layout(qwen3_moe.config(config)), counts.tensors, counts.bytes / 1e6, reports[1].chunks,
+      #reports, #reports, total * 1e3, copies * 1e3, outside * 1e3, outside * 1e6 / counts.tensors))
+    lines[#lines + 1] = string.format("host time outside copies: %.2f ms per publication at %d tensors", outside * 1e3,
+      counts.tensors)
+  end
+  for _, line in ipairs(lines) do
+    print(line)
+  end
+  return
 end
 
 local config, model_bytes = model_config(target_gb)

@@ -81,7 +81,12 @@ function M.zombie_children()
   local found = {}
   for _, pid in ipairs(pids()) do
     local stat = read_file("/proc/" .. pid .. "/stat")
-    local state, parent = stat and stat:match("%) (%a) (%d+) ")
+    -- (Not `stat and stat:match(...)`: `and` keeps only the first capture. The
+    -- command name may hold ") ": the state follows the last one.)
+    local state, parent
+    if stat then
+      state, parent = stat:match("^.*%) (%a) (%d+) ")
+    end
     if state == "Z" and tonumber(parent) == own then
       found[#found + 1] = pid
     end

@@ -4,7 +4,6 @@
 --- runtime are its children. Used by tests/functional/publish/soak_spec.lua (bounds)
 --- and tests/bench/soak.lua (the figures in tests/bench/RESULTS.md).
 local uv = require("luv")
-local publish = require("wsync.publish.publication")
 local recipe_module = require("wsync.recipe")
 local session_module = require("wsync.publish.session")
 local util = require("wsync.util")
@@ -26,13 +25,13 @@ end
 -- process and each of its TP workers, by role.
 local function sample(session, published)
   local processes = { { role = "host", usage = util.memory_usage() } }
-  local ranks = publish.all_agents(session, "process_memory", function()
+  local ranks = session.ranks:all("process_memory", function()
     return {}
   end, 30)
   for index, usage in ipairs(ranks) do
     processes[#processes + 1] = { role = "trainer rank " .. (index - 1), usage = usage }
   end
-  local runtime = session.runtime:request("process_memory", {})
+  local runtime = session.rollout:request("process_memory", {})
   processes[#processes + 1] = { role = "runtime main", usage = runtime.main }
   for index, usage in ipairs(runtime.workers) do
     processes[#processes + 1] = { role = "TP worker " .. (index - 1), usage = usage }
@@ -73,7 +72,7 @@ function M.run(options)
     end
     -- The ranks have published their last step; sample once more while the
     -- runtime is still up (the ranks leave once they are answered).
-    local runtime = session.runtime:request("process_memory", {})
+    local runtime = session.rollout:request("process_memory", {})
     local last = { published = published, processes = { { role = "host", usage = util.memory_usage() },
       { role = "runtime main", usage = runtime.main } } }
     for index, usage in ipairs(runtime.workers) do

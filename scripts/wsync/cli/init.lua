@@ -51,9 +51,7 @@ local function usage_error(message)
   errors.raise("USAGE", message .. " (see wsync --help)")
 end
 
-local function pack(...)
-  return { n = select("#", ...), ... }
-end
+local pack = require("wsync.util").pack
 
 -- Runs fn(...) in a spawned coroutine and the loop until all work is done;
 -- raises what fn or any callback raised.
@@ -404,7 +402,7 @@ function M.main(argv)
     return result or 0
   end
   -- The exit sentinel (os.exit) is not ours to handle: pass it to the host.
-  if type(result) == "table" and getmetatable(result) and getmetatable(result).__name == "wsync exit" then
+  if errors.is_exit(result) then
     error(result, 0)
   end
   -- A Lua error is a bug or a script error: show where. A wsync error says

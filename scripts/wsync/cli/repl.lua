@@ -25,8 +25,8 @@
 --- So does a failed write to standard output (whoever read it is gone: `yes |
 --- wsync repl | head`): the REPL says so on stderr and returns 1.
 local bit = require("bit")
-local ffi = require("ffi")
 local uv = require("luv")
+local stdio = require("wsync.native.stdio")
 local errors = require("wsync.errors")
 local host = require("wsync._host")
 local inspect = require("wsync.cli.inspect")
@@ -52,21 +52,6 @@ local max_queued_lines = 256
 local always_compile_lines = 64
 
 local tty_mode_normal, tty_mode_raw = 0, 1
-
--- libc's stdout and its error flag. (busted reloads modules between spec
--- files; a second cdef of the same names fails harmlessly.)
-pcall(ffi.cdef, "int ferror(void *stream);")
-pcall(ffi.cdef, "extern void *stdout;")
-
--- Whether a write to standard output has failed since the process started
--- (SIGPIPE is ignored: a reader that left shows as EPIPE). It asks the
--- stream's sticky error flag, not io.stdout:flush(), whose result cannot be
--- trusted: LuaJIT compiles flush() into fflush() plus a guard, a failed
--- guard leaves the trace before the call, and the interpreter then flushes
--- again, finds the buffer empty (glibc dropped it on EPIPE) and returns true.
-local function stdout_failed()
-  return ffi.C.ferror(ffi.C.stdout) ~= 0
-end
 
 ---@class wsync.ReplOptions
 ---@field recipe table?   a validated recipe (wsync.recipe.load), exposed as `recipe`
@@ -103,14 +88,8 @@ end
 local Session = {}
 Session.__index = Session
 
-local function is_exit_sentinel(value)
-  local meta = type(value) == "table" and getmetatable(value)
-  return meta and meta.__name == "wsync exit" or false
-end
-
-local function pack(...)
-  return { n = select("#", ...), ... }
-end
+local is_exit_sentinel = errors.is_exit
+local pack = require("wsync.util").pack
 
 -- Compiles `source` as an expression, else as a statement. Returns the
 -- function, whether it is an expression and whether it packs its results
@@ -377,7 +356,7 @@ function Session:_run_chunk(fn, is_expression, packing)
     io.stdout:flush()
     -- Whoever read the output is gone: stop running chunks whose output
     -- nobody sees.
-    if self.output == io.stdout and stdout_failed() then
+    if self.output == io.stdout and stdio.stdout_failed() then
       self:_write_error("wsync repl: standard output is closed; leaving")
       self:_finish(1)
       return
@@ -580,7 +559,8 @@ function Session:_help_text()
   end
   if recipe and recipe.model then
     lines[#lines + 1] = "  step through publications:"
-    lines[#lines + 1] = "    s = wsync.publish.session.open(recipe)   trainers, runtime, bootstrap; s.plan, s.plan.chunks[k]"
+    lines[#lines + 1] = "    s = wsync.publish.session.open(recipe)   trainers, runtime, bootstrap; "
+      .. "s.plan, s.plan.chunks[k]"
     lines[#lines + 1] = "    s:wait_publish(); p = s:begin_round()   the schedule up to publish"
     lines[#lines + 1] = "    p:preflight() p:init() p:start() p:chunk() ... p:verify() p:finish() p:release()"
     lines[#lines + 1] = "    p.header, p.fills[k] (consensus reports), p.loads[k], p.consumed, p.result.receipts"

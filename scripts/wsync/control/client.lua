@@ -15,13 +15,13 @@ local inflight_module = require("wsync.control.inflight")
 local loop = require("wsync.loop")
 local messages = require("wsync.control.messages")
 local process = require("wsync._process")
+local timeouts_module = require("wsync.control.timeouts")
 
 local M = {}
 
---- Per-command timeouts in seconds; a recipe's `timeouts` table overrides them.
-M.DEFAULT_TIMEOUTS = {
-  startup = 30, info = 10, sleep = 60, wake = 60, shutdown = 10, checksum = 60, generate = 600, default = 60,
-}
+--- Per-command timeouts in seconds (wsync.control.timeouts); a recipe's
+--- `timeouts` table overrides them.
+M.DEFAULT_TIMEOUTS = timeouts_module.DEFAULTS
 
 --- Commands whose failure breaks the connection even when answered cleanly:
 --- after a failed sleep, wake or weight command the runtime's memory state is
@@ -47,8 +47,10 @@ function M.inner_timeouts(timeouts)
 end
 
 --- How long the host polls without sleeping after sending a request: quick
---- answers (info, state) then arrive without an idle-CPU wake-up.
-M.SPIN_MICROSECONDS = 300
+--- answers (info, state) then arrive without an idle-CPU wake-up. Only on a
+--- machine with cores to spare (wsync.loop.SPARE_CORES); $WSYNC_CLIENT_SPIN_US
+--- overrides.
+M.SPIN_MICROSECONDS = tonumber(os.getenv("WSYNC_CLIENT_SPIN_US") or "") or (loop.SPARE_CORES and 300 or 0)
 
 local became_subreaper = false
 
@@ -61,12 +63,25 @@ local became_subreaper = false
 ---@field startup_info table? the answer to the startup `info`
 local Client = {}
 Client.__index = Client
+M.Client = Client -- its methods, for tests
 
 local describe_exit
 
 local function seconds(value)
   return string.format("%.3g s", value)
 end
+
+---@class wsync.RuntimeClientOptions
+---@field argv string[]
+---@field name string?
+---@field name_pid boolean?
+---@field detached boolean?
+---@field timeouts table?
+---@field grace_ms integer?
+---@field env string[]?
+---@field limit integer?
+---@field handshake string?
+---@field results table?
 
 --- Spawns `options.argv` (program first) with a private control channel on its
 --- fd 3 and performs the startup handshake (`info`). Must run inside a
@@ -75,22 +90,16 @@ end
 --- `name_pid` adds the process's pid to its name in every message ("TP
 --- worker 1 (pid 4242)"); `results` gives the shapes of the results, by
 --- command (wsync.control.messages): a result that does not fit breaks the client.
----@param options {argv: string[], name: string?, name_pid: boolean?, detached: boolean?, timeouts: table?, grace_ms: integer?, env: string[]?, limit: integer?, handshake: string?, results: table?}
+---@param options wsync.RuntimeClientOptions
 ---@return wsync.RuntimeClient
 function M.spawn(options)
-  local timeouts = {}
-  for key, value in pairs(M.DEFAULT_TIMEOUTS) do
-    timeouts[key] = value
-  end
-  for key, value in pairs(options.timeouts or {}) do
-    timeouts[key] = value
-  end
+  local timeouts = timeouts_module.with(options.timeouts)
   local self = setmetatable({
     name = options.name or "runtime",
     state = "IDLE",
     timeouts = timeouts,
     grace_ms = options.grace_ms or 3000,
-    dead_waiters = {},
+    death = loop.condition(),
     dead = false,
     result_schemas = options.results or {},
   }, Client)
@@ -190,9 +199,7 @@ function Client:_on_exit(code, signal)
     else
       -- An answer written just before the exit may still be in the channel:
       -- let its EOF end the connection, or break if it stays open.
-      self.exit_timer = uv.new_timer()
-      self.exit_timer:start(1000, 0, function()
-        self.exit_timer:close()
+      self.exit_timer = loop.after(1000, function()
         self.exit_timer = nil
         self:_break(reason)
       end)
@@ -259,7 +266,7 @@ end
 ---@param payload table?
 ---@return table
 function Client:request(cmd, payload)
-  local ok, result = self:_call(cmd, payload or {}, self.timeouts[cmd] or self.timeouts.default)
+  local ok, result = self:_call(cmd, payload or {}, timeouts_module.of_command(self.timeouts, cmd))
   if not ok then
     error(result, 2)
   end
@@ -270,20 +277,6 @@ end
 --- capabilities and memory state.
 function Client:info()
   return self:request("info")
-end
-
---- `sleep{level}`: level 1 keeps the weights in host memory, 2 discards them;
---- the KV cache is freed either way.
----@param level 1|2
-function Client:sleep(level)
-  return self:request("sleep", { level = level })
-end
-
---- `wake{tags}`: "weights" restores or re-allocates the resident weights,
---- "kv_cache" reserves the KV arena (needs the weights awake).
----@param ... "weights"|"kv_cache"
-function Client:wake(...)
-  return self:request("wake", { tags = { ... } })
 end
 
 --- Marks the connection BROKEN with `reason` and destroys the process tree
@@ -308,10 +301,8 @@ function Client:_break(reason, pending, rank)
     rank = rank,
   })
   self.state = "BROKEN"
-  if self.exit_timer then
-    self.exit_timer:close()
-    self.exit_timer = nil
-  end
+  loop.cancel(self.exit_timer)
+  self.exit_timer = nil
   self.inflight:close()
   self.channel:close()
   self:_destroy_tree()
@@ -321,15 +312,14 @@ function Client:_break(reason, pending, rank)
 end
 
 -- SIGTERM to the tree now, SIGKILL after the grace period unless it is gone.
+-- A tree already gone (its death was seen before the break) needs neither.
 function Client:_destroy_tree()
-  if self.destroying then
+  if self.destroying or self.dead then
     return
   end
   self.destroying = true
   self:_signal("SIGTERM")
-  self.kill_timer = uv.new_timer()
-  self.kill_timer:start(self.grace_ms, 0, function()
-    self.kill_timer:close()
+  self.kill_timer = loop.after(self.grace_ms, function()
     self.kill_timer = nil
     if not self.dead then
       self:_signal("SIGKILL")
@@ -345,8 +335,19 @@ function Client:_signal(name)
   end
 end
 
+--- Whether no process of group `group` is left: kill(-group, 0) fails with
+--- ESRCH. Any other answer (a member, or EPERM) counts as not empty, so that
+--- a tree whose state cannot be read keeps being escalated, not forgotten.
+---@param group integer
+---@return boolean
+function M.group_empty(group)
+  local _, _, code = uv.kill(-group, 0)
+  return code == "ESRCH"
+end
+
 -- After the main process exited: reap its group's orphans until no member of
--- the group is left (polling /proc), then wake whoever waits for the death.
+-- the group is left, then wake whoever waits for the death. Past the grace
+-- period the group gets SIGKILL at every check.
 function Client:_collect_tree()
   if not self.group then
     return self:_mark_dead()
@@ -355,8 +356,7 @@ function Client:_collect_tree()
   local started = uv.now()
   local function check()
     process.reap_group(self.group)
-    local count = process.count_group(self.group) or 0
-    if count == 0 then
+    if M.group_empty(self.group) then
       poll:close()
       return self:_mark_dead()
     end
@@ -370,25 +370,15 @@ end
 
 function Client:_mark_dead()
   self.dead = true
-  if self.kill_timer then
-    self.kill_timer:stop()
-    self.kill_timer:close()
-    self.kill_timer = nil
-  end
-  local waiters = self.dead_waiters
-  self.dead_waiters = {}
-  for _, resume in ipairs(waiters) do
-    resume()
-  end
+  loop.cancel(self.kill_timer)
+  self.kill_timer = nil
+  self.death:notify()
 end
 
 --- Waits until the process and its whole group are gone and reaped.
 function Client:wait_dead()
-  if self.dead then
-    return
-  end
-  loop.await(function(resume)
-    self.dead_waiters[#self.dead_waiters + 1] = resume
+  self.death:wait(function()
+    return self.dead
   end)
 end
 
@@ -419,18 +409,13 @@ function Client:close(options)
       self.channel:close()
       if not self.dead then
         -- Give it the grace period to exit by itself, then destroy the tree.
-        local timer = uv.new_timer()
-        timer:start(self.grace_ms, 0, function()
-          timer:close()
+        local timer = loop.after(self.grace_ms, function()
           if not self.dead then
             self:_destroy_tree()
           end
         end)
         self:wait_dead()
-        if not timer:is_closing() then
-          timer:stop()
-          timer:close()
-        end
+        loop.cancel(timer)
       end
     end
   end

@@ -12,6 +12,14 @@ local M = {}
 --- The longest unix socket path Linux takes (sun_path is 108 bytes with its NUL).
 M.MAX_SOCKET_PATH = 107
 
+---@class wsync.EndpointOptions
+---@field handlers_for fun(peer: wsync.Peer): table
+---@field schemas table?
+---@field on_bad_request fun(peer: wsync.Peer, cmd: string, reason: string)?
+---@field on_lost fun(peer: wsync.Peer, reason: string, violation: boolean)?
+---@field on_refused fun(reason: string)?
+---@field parent string?  the directory the endpoint's own directory goes in ($TMPDIR, /tmp)
+
 ---@class wsync.Endpoint
 ---@field path string     the socket's path, handed to agents
 ---@field directory string
@@ -24,7 +32,7 @@ Endpoint.__index = Endpoint
 --- `on_bad_request(peer, cmd, reason)` hears of a malformed request (it was
 --- answered with BAD_MESSAGE); `on_lost(peer, reason, violation)` hears when a
 --- connection ends; `on_refused(reason)` when one is refused.
----@param options {handlers_for: fun(peer: wsync.Peer): table, schemas: table?, on_bad_request: fun(peer: wsync.Peer, cmd: string, reason: string)?, on_lost: fun(peer: wsync.Peer, reason: string, violation: boolean)?, on_refused: fun(reason: string)?, parent: string?}
+---@param options wsync.EndpointOptions
 ---@return wsync.Endpoint
 function M.listen(options)
   local parent = options.parent or os.getenv("TMPDIR") or "/tmp"
@@ -137,7 +145,8 @@ function Endpoint:_accept(options)
 end
 
 --- Stops accepting, closes every connection and removes the socket and its
---- directory.
+--- directory. Returns what could not be removed (M.remove_files).
+---@return string[]
 function Endpoint:close()
   if self.server and not self.server:is_closing() then
     self.server:close()
@@ -146,14 +155,25 @@ function Endpoint:close()
     peer:close("the host closed the endpoint")
   end
   self.peers = {}
-  self:remove_files()
+  return self:remove_files()
 end
 
 --- Removes the socket and its directory, touching no connection (for a
---- process about to exit: its connections end with it).
+--- process about to exit: its connections end with it). Returns a message
+--- for each that could not be removed (a socket already gone is not one).
+---@return string[]
 function Endpoint:remove_files()
-  uv.fs_unlink(self.path)
-  uv.fs_rmdir(self.directory)
+  local failures = {}
+  local ok, message, code = uv.fs_unlink(self.path)
+  if not ok and code ~= "ENOENT" then
+    failures[#failures + 1] = string.format("cannot remove the control socket %s: %s", self.path, tostring(message))
+  end
+  ok, message, code = uv.fs_rmdir(self.directory)
+  if not ok and code ~= "ENOENT" then
+    failures[#failures + 1] = string.format("cannot remove the control directory %s: %s", self.directory,
+      tostring(message))
+  end
+  return failures
 end
 
 return M

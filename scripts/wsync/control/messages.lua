@@ -9,7 +9,6 @@ local schema = require("wsync.recipe.schema")
 local M = {}
 
 local index = schema.number({ integer = true, min = 0 })
-local count = schema.number({ integer = true, min = 1 })
 local bytes = schema.number({ integer = true, min = 0 })
 local name = schema.string({ pattern = "^[^%z]+$" })
 local required_name = schema.string({ pattern = "^[^%z]+$", required = true })
@@ -109,12 +108,12 @@ M.to_agent = {
     family = schema.string({ required = true }),
     publication_id = schema.string({ pattern = "^" .. string.rep("%x", 32) .. "$", required = true }),
   }),
-  -- (fill's slots are checked one by one where they are used: the list is
-  -- long and comes once per chunk.)
+  -- (fill's slots come with a chunk's first fill of a session only, and are
+  -- checked one by one where they are planned: the list is long.)
   fill = record({
     chunk = schema.number({ integer = true, min = 1, required = true }),
     buffer = schema.number({ integer = true, min = 1, required = true }),
-    slots = schema.any({ required = true }),
+    slots = schema.any({}),
   }),
   verify = empty,
   memory = empty,

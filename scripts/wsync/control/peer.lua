@@ -29,9 +29,17 @@ local M = {}
 local Peer = {}
 Peer.__index = Peer
 
+---@class wsync.PeerOptions
+---@field name string
+---@field handlers table<string, fun(payload: table, request: table): table>?
+---@field limit integer?
+---@field on_close fun(reason: string, violation: boolean)?
+---@field schemas {requests: table, results: table}?
+---@field on_bad_request fun(cmd: string, reason: string)?
+
 --- Wraps an open stream.
 ---@param stream userdata
----@param options {name: string, handlers: table<string, fun(payload: table, request: table): table>?, limit: integer?, on_close: fun(reason: string, violation: boolean)?, schemas: {requests: table, results: table}?, on_bad_request: fun(cmd: string, reason: string)?}
+---@param options wsync.PeerOptions
 ---@return wsync.Peer
 function M.new(stream, options)
   local schemas = options.schemas or {}
@@ -106,7 +114,7 @@ function Peer:_on_message(message)
   end
   local ok, reason, code = protocol.check_request(message)
   if not ok then
-    self.channel:send(protocol.failure({ id = tonumber(message.id) or 0, cmd = tostring(message.cmd) }, code, reason))
+    self.channel:send(protocol.refusal(message, code, reason))
     return self:_end(reason, true)
   end
   if self.busy then

@@ -3,9 +3,9 @@
 --- A frame is a 4-byte big-endian length followed by that many bytes of JSON.
 --- A request is `{protocol, id, cmd, payload}`; a response echoes `protocol, id,
 --- cmd` and carries `ok = true, result = {...}` or `ok = false, error = {code,
---- message, traceback?, fatal?}`. Binary fields travel as base64 strings. Both
---- ends use this one module to encode and decode; a frame over the size limit,
---- or one that is not a JSON object, ends the connection.
+--- message, traceback?, fatal?}`. Both ends use this one module to encode and
+--- decode; a frame over the size limit, or one that is not a JSON object, ends
+--- the connection.
 local cjson = require("cjson")
 local bit = require("bit")
 
@@ -58,6 +58,10 @@ end
 function M.success(request, result)
   return { protocol = M.VERSION, id = request.id, cmd = request.cmd, ok = true, result = result or {} }
 end
+
+--- Request ids: integers from 0 to 2^53 (a Lua number holds them exactly, and
+--- a frame can carry them back in the answer).
+M.MAX_ID = 2 ^ 53
 
 --- Builds a failed response to `request`. `fatal` tells the client that the
 --- responding process can no longer be trusted (it must be destroyed).
@@ -141,6 +145,10 @@ end
 
 -- Shape checks shared by both ends -------------------------------------------
 
+local function is_id(value)
+  return type(value) == "number" and value >= 0 and value <= M.MAX_ID and value == math.floor(value)
+end
+
 --- Checks a received request; returns true, or nil and what is wrong. A
 --- version mismatch is reported as such so that the server can refuse clearly.
 ---@param message table
@@ -153,11 +161,34 @@ function M.check_request(message)
   if type(message.id) ~= "number" or type(message.cmd) ~= "string" then
     return nil, "request without a numeric id and a string cmd", "BAD_REQUEST"
   end
+  if not is_id(message.id) then
+    -- (A non-finite id could not even be sent back: the answer would be lost.)
+    return nil, string.format("request id %s is not an integer from 0 to 2^53", tostring(message.id)), "BAD_REQUEST"
+  end
   if message.payload ~= nil and type(message.payload) ~= "table" then
     return nil, "request payload is not an object", "BAD_REQUEST"
   end
   return true
 end
+
+--- Builds the failed response to a message that check_request refused: it
+--- echoes the message's id (a numeric string as its number) when that is a
+--- valid id, else 0, and its cmd as text, so that the answer can always be
+--- encoded.
+---@param message table
+---@param code string
+---@param reason string
+---@param fields table?
+function M.refusal(message, code, reason, fields)
+  local id = tonumber(message.id)
+  return M.failure({ id = is_id(id) and id or 0, cmd = tostring(message.cmd) }, code, reason, fields)
+end
+
+-- The fields of a remote error that wsync.errors reads, and their types: a
+-- failed response whose error has another type there could not be reported.
+local ERROR_FIELD_TYPES = {
+  { "phase", "string" }, { "rank", "number" }, { "file", "string" }, { "line", "number" }, { "traceback", "string" },
+}
 
 --- Checks a response against the request it must answer; returns true, or nil
 --- and what is wrong (wrong protocol, id, cmd, ok flag, result or error type).
@@ -184,62 +215,17 @@ function M.check_response(message, id, cmd)
     if type(err) ~= "table" or type(err.code) ~= "string" or type(err.message) ~= "string" then
       return nil, string.format("failed %s response without an error {code, message}", cmd)
     end
+    for _, expected in ipairs(ERROR_FIELD_TYPES) do
+      local field, kind = expected[1], expected[2]
+      if err[field] ~= nil and type(err[field]) ~= kind then
+        return nil, string.format("failed %s response whose error.%s is a %s, not a %s", cmd, field, type(err[field]),
+          kind)
+      end
+    end
   else
     return nil, string.format("response to %s has no boolean ok", cmd)
   end
   return true
-end
-
--- Base64 for binary fields ---------------------------------------------------
-
-local alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
-local encode_table, decode_table = {}, {}
-for i = 1, 64 do
-  local c = alphabet:sub(i, i)
-  encode_table[i - 1] = c
-  decode_table[c:byte()] = i - 1
-end
-
---- Encodes bytes as standard base64 with padding.
----@param data string
----@return string
-function M.base64_encode(data)
-  local out = {}
-  for i = 1, #data, 3 do
-    local a, b, c = data:byte(i, i + 2)
-    local n = a * 65536 + (b or 0) * 256 + (c or 0)
-    out[#out + 1] = encode_table[bit.rshift(n, 18)]
-      .. encode_table[bit.band(bit.rshift(n, 12), 63)]
-      .. (b and encode_table[bit.band(bit.rshift(n, 6), 63)] or "=")
-      .. (c and encode_table[bit.band(n, 63)] or "=")
-  end
-  return table.concat(out)
-end
-
---- Decodes standard base64; returns nil and a reason on malformed input.
----@param text string
----@return string|nil data, string? reason
-function M.base64_decode(text)
-  if #text % 4 ~= 0 then
-    return nil, "base64 length is not a multiple of 4"
-  end
-  local out = {}
-  for i = 1, #text, 4 do
-    local n, pad = 0, 0
-    for j = 0, 3 do
-      local byte = text:byte(i + j)
-      local value = decode_table[byte]
-      if byte == 61 and i + 4 > #text and j >= 2 then
-        pad, value = pad + 1, 0
-      elseif value == nil or pad > 0 then
-        return nil, string.format("invalid base64 character at %d", i + j)
-      end
-      n = n * 64 + value
-    end
-    local bytes = string.char(bit.rshift(n, 16), bit.band(bit.rshift(n, 8), 255), bit.band(n, 255))
-    out[#out + 1] = bytes:sub(1, 3 - pad)
-  end
-  return table.concat(out)
 end
 
 return M

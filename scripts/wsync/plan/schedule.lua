@@ -200,12 +200,21 @@ local function apply(state, step, sizes, callbacks)
   return usage(state, sizes)
 end
 
+---@class wsync.ScheduleCheckOptions
+---@field plan wsync.Plan
+---@field topology table
+---@field memory table
+---@field bootstrap any[]
+---@field schedule any[]
+---@field budget number
+---@field callbacks table<string, boolean>?
+
 --- Checks a bootstrap and a per-publication schedule against the model of one
 --- device and returns the report: `{steps = {{where, step, bytes}}, peak,
 --- peak_step, budget, sizes}`. Raises SCHEDULE_INVALID naming the step that
 --- makes no sense or would overflow `budget`, or a schedule that does not give
 --- the trainer back resident (it trains between publications).
----@param options {plan: wsync.Plan, topology: table, memory: table, bootstrap: any[], schedule: any[], budget: number, callbacks: table<string, boolean>?}
+---@param options wsync.ScheduleCheckOptions
 function M.check(options)
   local sizes = M.sizes(options.plan, options.topology, options.memory or {})
   local bootstrap, steps = {}, {}

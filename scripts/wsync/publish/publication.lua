@@ -12,12 +12,16 @@
 --- publication of a session and kept (mapped by every rank and by the runtime)
 --- until the session closes; each publication refills them. The runtime maps
 --- them once per runtime process (init_weights).
+---
+--- A publication is given what it works with (wsync.publish.ranks, a
+--- wsync.publish.rollout, the session's wsync.publish.versions), not the
+--- session: it owns only its own phases, header, reports and timings.
 local uv = require("luv")
 local errors = require("wsync.errors")
 local loop = require("wsync.loop")
-local plan_module = require("wsync.plan")
 local protocol = require("wsync.control.protocol")
 local receipts_module = require("wsync.publish.receipts")
+local rollout_module = require("wsync.publish.rollout")
 
 local M = {}
 
@@ -29,31 +33,14 @@ local function fail(code, message, fields)
   errors.raise(code, message, fields)
 end
 
---- Sends `cmd` to every agent at once; returns results by rank (1-based).
---- Raises the failure of the lowest failing rank, with its rank.
----@param session table
----@param cmd string
----@param payload_of fun(rank: integer): table
----@param timeout number
-function M.all_agents(session, cmd, payload_of, timeout)
-  local results, failed, err = loop.all(#session.agents, function(index)
-    return session.agents[index].peer:request(cmd, payload_of(index - 1), timeout)
-  end)
-  if failed then
-    local message = errors.is(err) and err.message or tostring(err)
-    fail(errors.is(err) and err.code or "AGENT_FAILED", string.format("trainer rank %d: %s", failed - 1, message),
-      { rank = failed - 1, phase = cmd })
-  end
-  return results
-end
-
 -- Preflight --------------------------------------------------------------------
 
 --- Checks, before anything moves, everything DESIGN.md section 5.1 lists.
---- Raises PREFLIGHT naming the rank, tensor or byte count.
-function M.preflight(session)
-  local plan, agents = session.plan, session.agents
-  local tp = session.topology.tp
+--- Raises PREFLIGHT naming the rank, tensor or byte count. `context` is a
+--- publication's (M.new).
+function M.preflight(context)
+  local plan, ranks, tp = context.plan, context.ranks, context.topology.tp
+  local agents = ranks.agents
   local function refuse(message, fields)
     fail("PREFLIGHT", message, fields)
   end
@@ -62,15 +49,14 @@ function M.preflight(session)
   end
   local hostname = uv.os_gethostname()
   local seen_uuid = {}
-  local workers = session.runtime_info.workers
+  local workers = context.rollout:workers()
   -- Free memory as it is now, after the schedule's steps, while the buffers
   -- do not exist yet (once they do, they are part of what is in use).
   local memory = {}
-  if not session.runtime_initialized then
-    memory = M.all_agents(session, "memory", function()
-      return {}
-    end, session.timeouts.start)
+  if not ranks.descriptors then
+    memory = ranks:memory(context.timeouts.start)
   end
+  local needed = plan.buffer_bytes * plan.buffer_count + plan.largest.bytes + (context.headroom_bytes or 0)
   for index, agent in ipairs(agents) do
     local rank = index - 1
     local info = agent.info
@@ -89,7 +75,6 @@ function M.preflight(session)
       refuse(string.format("trainer rank %d is on device %s but TP worker %d is on %s", rank, uuid, rank,
         worker and worker.device.uuid or "nothing"), { rank = rank })
     end
-    local needed = plan.buffer_bytes * plan.buffer_count + plan.largest.bytes + (session.headroom_bytes or 0)
     local free = memory[index] and memory[index].free_bytes
     if memory[index] and type(free) ~= "number" then
       refuse(string.format("trainer rank %d's device reports no free memory: the preflight cannot check it", rank),
@@ -98,245 +83,31 @@ function M.preflight(session)
     if free and free < needed then
       refuse(string.format("trainer rank %d's device has %d bytes free; the buffers need %d (%d x %d + largest "
         .. "tensor %d + headroom %d)", rank, free, needed, plan.buffer_count, plan.buffer_bytes,
-        plan.largest.bytes, session.headroom_bytes or 0), { rank = rank })
+        plan.largest.bytes, context.headroom_bytes or 0), { rank = rank })
     end
   end
-  M.check_registration(session)
-end
-
---- Checks that what every rank registered is the plan's trainer layout: every
---- tensor present with the plan's dtype and global shape, and the ranks' dim-0
---- rows covering it exactly once. Names the rank and the tensor.
-function M.check_registration(session)
-  local plan = session.plan
-  local expected = {}
-  for _, tensor in ipairs(plan.layout) do
-    expected[tensor.name] = tensor
-  end
-  local covered = {}
-  for index, agent in ipairs(session.agents) do
-    local rank = index - 1
-    local registered = {}
-    for _, tensor in ipairs(agent.info.tensors) do
-      local want = expected[tensor.name]
-      if not want then
-        fail("PREFLIGHT", string.format("trainer rank %d registered %s, which the %s plan does not export", rank,
-          tensor.name, plan.family), { rank = rank, tensor = tensor.name })
-      end
-      local same = tensor.dtype == want.dtype and #tensor.shape == #want.shape
-      for d = 1, #want.shape do
-        same = same and tensor.shape[d] == want.shape[d]
-      end
-      if not same then
-        fail("PREFLIGHT", string.format("trainer rank %d registered %s as %s %s; the model config says %s %s", rank,
-          tensor.name, tostring(tensor.dtype), table.concat(tensor.shape, "x"), want.dtype,
-          table.concat(want.shape, "x")), { rank = rank, tensor = tensor.name })
-      end
-      registered[tensor.name] = true
-      local rows = covered[tensor.name] or {}
-      covered[tensor.name] = rows
-      rows[#rows + 1] = { first = tensor.rows[1], count = tensor.rows[2], rank = rank }
-    end
-    for _, tensor in ipairs(plan.layout) do
-      if not registered[tensor.name] then
-        fail("PREFLIGHT", string.format("trainer rank %d did not register %s", rank, tensor.name),
-          { rank = rank, tensor = tensor.name })
-      end
-    end
-  end
-  for _, tensor in ipairs(plan.layout) do
-    local rows = covered[tensor.name]
-    table.sort(rows, function(a, b)
-      return a.first < b.first
-    end)
-    local next_row = 0
-    for _, range in ipairs(rows) do
-      if range.count > 0 then
-        if range.first ~= next_row then
-          fail("PREFLIGHT", string.format("%s: rank %d's rows start at %d, expected %d (shards must cover dim 0 "
-            .. "exactly once)", tensor.name, range.rank, range.first, next_row), { rank = range.rank,
-            tensor = tensor.name })
-        end
-        next_row = range.first + range.count
-      end
-    end
-    if next_row ~= tensor.shape[1] then
-      fail("PREFLIGHT", string.format("%s: the ranks' shards cover %d of %d rows", tensor.name, next_row,
-        tensor.shape[1]), { tensor = tensor.name })
-    end
-  end
-end
-
--- Init ---------------------------------------------------------------------------
-
---- Creates and exports the agents' packed buffers (once per session), has
---- every agent map every rank's buffers, and has the runtime map each TP
---- worker's rank buffers and size its resident storage (once per runtime).
-function M.init(session)
-  local plan = session.plan
-  local timeout = session.timeouts.init
-  if not session.buffer_names then
-    local results = M.all_agents(session, "init_buffers", function()
-      return { count = plan.buffer_count, bytes = plan.buffer_bytes }
-    end, timeout)
-    local names = {}
-    for index, result in ipairs(results) do
-      names[index] = result.names
-    end
-    M.all_agents(session, "attach", function()
-      return { buffers = names }
-    end, timeout)
-    session.buffer_names = names
-  end
-  if not session.runtime_initialized then
-    session.runtime:request("init_weights", {
-      family = plan.family, config = plan.config, tp = session.topology.tp, transport = "shm",
-      buffers = session.buffer_names,
-    })
-    session.runtime_initialized = true
-    session.chunk_metadata_sent = {}
-  end
+  ranks:check_registration(plan)
 end
 
 --- The buffer slot that chunk `k` travels in (chunks take the buffers in turn).
-function M.buffer_of(session, k)
-  return (k - 1) % session.plan.buffer_count + 1
-end
-
---- Every agent fills chunk `k` into its buffer slot; returns their reports
---- once all succeeded (the consensus gate).
-function M.fill_chunk(session, k)
-  local slots = M.fill_slots(session.plan.chunks[k])
-  local buffer = M.buffer_of(session, k)
-  return M.all_agents(session, "fill", function()
-    return { chunk = k, buffer = buffer, slots = slots }
-  end, session.timeouts.fill)
-end
-
---- The runtime loads chunk `k` from its buffer slot. A chunk's tensor
---- metadata goes to a runtime once after its init_weights: its TP workers keep
---- it by chunk number and check it on every load as when it came, so later
---- publications send no per-tensor JSON. A worker asked to load a chunk whose
---- metadata it never got fails the publication.
-function M.load_chunk(session, k)
-  session.chunk_metadata_sent = session.chunk_metadata_sent or {}
-  local payload = { chunk = k, buffer = M.buffer_of(session, k) }
-  if not session.chunk_metadata_sent[k] then
-    payload.tensors = session.plan.chunks[k].tensors
-  end
-  local answer = session.runtime:request("load_chunk", payload)
-  session.chunk_metadata_sent[k] = true
-  return answer
+---@param plan wsync.Plan
+---@param k integer
+function M.buffer_of(plan, k)
+  return (k - 1) % plan.buffer_count + 1
 end
 
 -- Chunks ---------------------------------------------------------------------------
 
--- A tiny condition: `wait(predicate)` suspends until `predicate()` holds,
--- re-checked on every `notify()`.
-local function condition()
-  local waiters = {}
-  local self = {}
-  function self.wait(predicate)
-    while not predicate() do
-      loop.await(function(resume)
-        waiters[#waiters + 1] = resume
-      end)
-    end
+-- The longest copy of a chunk's fill among the ranks (they fill at once).
+local function fill_copy_seconds(reports)
+  local longest = 0
+  for _, report in ipairs(reports) do
+    longest = math.max(longest, tonumber(report.copy_seconds) or 0)
   end
-  function self.notify()
-    local current = waiters
-    waiters = {}
-    for _, resume in ipairs(current) do
-      resume()
-    end
-  end
-  return self
-end
-
---- What the agents get to fill a chunk: its slots' names and offsets.
-function M.fill_slots(chunk)
-  if not chunk.fill_payload then
-    local slots = {}
-    for i, slot in ipairs(chunk.slots) do
-      slots[i] = { name = slot.name, offset = slot.offset }
-    end
-    chunk.fill_payload = slots
-  end
-  return chunk.fill_payload
-end
-
---- Moves chunks `first`..last: agents fill chunk k into buffer k mod B; when
---- every rank reported success (the consensus gate) the runtime loads it;
---- only after the load may that buffer be refilled. With two buffers, chunk
---- k+1 fills while chunk k loads. Returns {fill = seconds, load = seconds}.
-function M.move_chunks(session, first)
-  local plan = session.plan
-  local count, buffers = #plan.chunks, plan.buffer_count
-  local filled, loaded = first - 1, first - 1
-  local failure = nil
-  local fill_seconds, load_seconds = 0, 0
-  local changed = condition()
-
-  local function guarded(work)
-    return function()
-      local ok, err = pcall(work)
-      if not ok and failure == nil then
-        failure = err
-      end
-      changed.notify()
-    end
-  end
-  local filler = guarded(function()
-    for k = first, count do
-      changed.wait(function()
-        return failure ~= nil or loaded >= k - buffers
-      end)
-      if failure then
-        return
-      end
-      local started = now()
-      M.fill_chunk(session, k)
-      fill_seconds = fill_seconds + (now() - started)
-      filled = k -- every rank succeeded: chunk k may load
-      changed.notify()
-    end
-  end)
-  local loader = guarded(function()
-    for k = first, count do
-      changed.wait(function()
-        return failure ~= nil or filled >= k
-      end)
-      if failure then
-        return
-      end
-      local started = now()
-      M.load_chunk(session, k)
-      load_seconds = load_seconds + (now() - started)
-      loaded = k
-      changed.notify()
-    end
-  end)
-  local roles = { filler, loader }
-  loop.all(#roles, function(i)
-    roles[i]()
-  end)
-  if failure then
-    error(failure, 0)
-  end
-  return { fill = fill_seconds, load = load_seconds }
-end
-
--- The whole publication ------------------------------------------------------------------
-
-local function random_id()
-  local bytes = uv.random(16)
-  return (bytes:gsub(".", function(c)
-    return string.format("%02x", c:byte())
-  end))
+  return longest
 end
 
 ---@class wsync.Publication
----@field session table
 ---@field header table        the publication header (DESIGN.md 5.2)
 ---@field phase string        the phase running or last done
 ---@field timings table<string, number>
@@ -347,16 +118,113 @@ end
 local Publication = {}
 Publication.__index = Publication
 
---- Starts a publication of trainer step `step`: nothing moves until its
---- phases run (`run()` runs them all; the REPL steps through them).
----@param session table
----@param step integer
+---@class wsync.PublicationContext
+---@field plan wsync.Plan
+---@field topology {world: integer, tp: integer}
+---@field ranks wsync.Ranks
+---@field rollout wsync.Rollout
+---@field versions wsync.Versions
+---@field timeouts table<string, number>
+---@field transport string
+---@field headroom_bytes integer?
+---@field step integer
+
+--- Starts a publication of trainer step `context.step`: nothing moves until
+--- its phases run (`run()` runs them all; the REPL steps through them).
+---@param context wsync.PublicationContext
 ---@return wsync.Publication
-function M.new(session, step)
+function M.new(context)
   return setmetatable({
-    session = session, step = step, phase = "new", timings = {}, next_chunk = 1, fills = {}, loads = {},
+    plan = context.plan, topology = context.topology, ranks = context.ranks, rollout = context.rollout,
+    versions = context.versions, timeouts = context.timeouts, transport = context.transport,
+    headroom_bytes = context.headroom_bytes, step = context.step,
+    phase = "new", timings = { fill_copy = 0, load_copy = 0 }, next_chunk = 1, fills = {}, loads = {},
     started = now(), completed = {},
   }, Publication)
+end
+
+-- Chunk `k` once: every rank fills it (the consensus gate), then the runtime
+-- loads it. Adds the phases' times and the copies' own times.
+function Publication:_fill(k)
+  local started = now()
+  local reports = self.ranks:fill(self.plan, k, M.buffer_of(self.plan, k), self.timeouts.fill)
+  self.timings.fill = (self.timings.fill or 0) + (now() - started)
+  self.timings.fill_copy = self.timings.fill_copy + fill_copy_seconds(reports)
+  self.fills[k] = reports
+  return reports
+end
+
+function Publication:_load(k)
+  local started = now()
+  local answer = self.rollout:load_chunk(self.plan, k, M.buffer_of(self.plan, k))
+  self.timings.load = (self.timings.load or 0) + (now() - started)
+  self.timings.load_copy = self.timings.load_copy + (tonumber(answer.copy_seconds) or 0)
+  self.loads[k] = answer
+  return answer
+end
+
+--- Moves chunks `first`..last: the ranks fill chunk k into buffer k mod B;
+--- when every rank reported success (the consensus gate) the runtime loads
+--- it; only after the load may that buffer be refilled. With two buffers,
+--- chunk k+1 fills while chunk k loads.
+function Publication:_move_chunks(first)
+  local plan = self.plan
+  local count, buffers = #plan.chunks, plan.buffer_count
+  local filled, loaded = first - 1, first - 1
+  local failure = nil
+  local changed = loop.condition()
+
+  local function guarded(work)
+    return function()
+      local ok, err = pcall(work)
+      if not ok and failure == nil then
+        failure = err
+      end
+      changed:notify()
+    end
+  end
+  local filler = guarded(function()
+    for k = first, count do
+      changed:wait(function()
+        return failure ~= nil or loaded >= k - buffers
+      end)
+      if failure then
+        return
+      end
+      self:_fill(k)
+      filled = k -- every rank succeeded: chunk k may load
+      changed:notify()
+    end
+  end)
+  local loader = guarded(function()
+    for k = first, count do
+      changed:wait(function()
+        return failure ~= nil or filled >= k
+      end)
+      if failure then
+        return
+      end
+      self:_load(k)
+      loaded = k
+      changed:notify()
+    end
+  end)
+  local roles = { filler, loader }
+  loop.all(#roles, function(i)
+    roles[i]()
+  end)
+  if failure then
+    error(failure, 0)
+  end
+end
+
+-- The whole publication ------------------------------------------------------------------
+
+local function random_id()
+  local bytes = uv.random(16)
+  return (bytes:gsub(".", function(c)
+    return string.format("%02x", c:byte())
+  end))
 end
 
 -- The phase each phase needs completed before it: the REPL may call them in
@@ -369,9 +237,9 @@ local NEEDS = { init = "preflight", start = "init", chunks = "start", verify = "
 function Publication:_check_order(name)
   local needed = NEEDS[name]
   local done = self.completed
-  if needed == "chunks" and self.next_chunk <= #self.session.plan.chunks then
+  if needed == "chunks" and self.next_chunk <= #self.plan.chunks then
     errors.raise("PHASE_ORDER", string.format("%s needs every chunk moved first (%d of %d moved)", name,
-      self.next_chunk - 1, #self.session.plan.chunks), { phase = name })
+      self.next_chunk - 1, #self.plan.chunks), { phase = name })
   elseif needed and needed ~= "chunks" and not done[needed] then
     errors.raise("PHASE_ORDER", string.format("%s needs %s first", name, needed), { phase = name })
   elseif name ~= "chunks" and done[name] then
@@ -404,7 +272,7 @@ function Publication:_fail(err)
     self.failed = err
     error(err, 0) -- before start nothing moved: no poison
   end
-  M.poison(self.session, err)
+  self.rollout:destroy(err)
   local fields = { phase = self.phase, rank = errors.is(err) and err.rank or nil,
     cause = errors.is(err) and err.code or "LUA_ERROR" }
   local message = string.format("publication of model version %d failed in %s: %s", self.header.model_version,
@@ -415,23 +283,15 @@ end
 
 --- Preflight (nothing moves) and the header.
 function Publication:preflight()
-  local session = self.session
   self:_phase("preflight", function()
-    M.preflight(session)
+    M.preflight(self)
   end)
-  local plan = session.plan
-  local uuids, resident = {}, {}
-  for index, agent in ipairs(session.agents) do
-    uuids[index] = agent.info.device.uuid
-  end
-  local family = plan_module.family(plan.family)
-  for rank = 0, session.topology.tp - 1 do
-    resident[rank + 1] = #family.loader_plan(plan.config, session.topology.tp, rank).tensors
-  end
+  local _, uuids = self.ranks:devices()
+  local tp = self.topology.tp
   self.header = {
-    protocol = protocol.VERSION, transport = "shm", publication_id = random_id(),
-    model_version = M.next_version(session), tp_world = session.topology.tp, manifest = plan.manifest,
-    uuids = uuids, resident_tensors = resident, step = self.step,
+    protocol = protocol.VERSION, transport = self.transport, publication_id = random_id(),
+    model_version = self.versions:next(), tp_world = tp, manifest = self.plan.manifest,
+    uuids = uuids, resident_tensors = rollout_module.resident_counts(self.plan, tp), step = self.step,
   }
   return self.header
 end
@@ -439,36 +299,33 @@ end
 --- Buffers created, exported and mapped (once per session and runtime).
 function Publication:init()
   self:_phase("init", function()
-    M.init(self.session)
+    local descriptors = self.ranks:init_buffers(self.plan, self.timeouts.init)
+    self.rollout:init_weights(self.plan, self.topology.tp, self.transport, descriptors)
   end)
 end
 
 --- The runtime enters update mode; the agents start their consumed manifests.
 function Publication:start()
-  local session, header = self.session, self.header
+  local header = self.header
   self:_phase("start", function()
     self.started_update = true -- from here on, a failure poisons
-    session.runtime:request("start_update", { header = header })
-    M.all_agents(session, "begin", function()
-      return { family = session.plan.family, publication_id = header.publication_id }
-    end, session.timeouts.start)
+    self.rollout:request("start_update", { header = header })
+    self.ranks:all("begin", function()
+      return { family = self.plan.family, publication_id = header.publication_id }
+    end, self.timeouts.start)
   end)
 end
 
 --- Moves the next chunk alone (fill by every rank, consensus, load): the
 --- REPL's single step. Returns the chunk's number and reports.
 function Publication:chunk()
-  local session, k = self.session, self.next_chunk
-  if not session.plan.chunks[k] then
-    error(string.format("all %d chunks have moved", #session.plan.chunks), 2)
+  local k = self.next_chunk
+  if not self.plan.chunks[k] then
+    error(string.format("all %d chunks have moved", #self.plan.chunks), 2)
   end
   self:_phase("chunks", function()
-    local started = now()
-    self.fills[k] = M.fill_chunk(session, k)
-    self.timings.fill = (self.timings.fill or 0) + (now() - started)
-    started = now()
-    self.loads[k] = M.load_chunk(session, k)
-    self.timings.load = (self.timings.load or 0) + (now() - started)
+    self:_fill(k)
+    self:_load(k)
   end)
   self.next_chunk = k + 1
   return { chunk = k, fills = self.fills[k], load = self.loads[k] }
@@ -476,21 +333,19 @@ end
 
 --- Moves every remaining chunk, double-buffered.
 function Publication:chunks()
-  local moved = self:_phase("chunks", function()
-    return M.move_chunks(self.session, self.next_chunk)
+  self:_phase("chunks", function()
+    self:_move_chunks(self.next_chunk)
   end)
-  self.timings.fill = (self.timings.fill or 0) + moved.fill
-  self.timings.load = (self.timings.load or 0) + moved.load
-  self.next_chunk = #self.session.plan.chunks + 1
+  self.next_chunk = #self.plan.chunks + 1
 end
 
 --- Every agent's consumed manifest must equal the expected one.
 function Publication:verify()
-  local plan = self.session.plan
+  local plan = self.plan
   self.consumed = self:_phase("verify", function()
-    local results = M.all_agents(self.session, "verify", function()
+    local results = self.ranks:all("verify", function()
       return {}
-    end, self.session.timeouts.verify)
+    end, self.timeouts.verify)
     for index, result in ipairs(results) do
       if result.manifest ~= plan.manifest then
         fail("VERIFY_FAILED", string.format("trainer rank %d exported manifest %s (%d tensors); expected %s (%d)",
@@ -507,11 +362,11 @@ end
 function Publication:finish()
   local header = self.header
   self.result = self:_phase("finish", function()
-    if self.next_chunk <= #self.session.plan.chunks then
+    if self.next_chunk <= #self.plan.chunks then
       fail("NOT_ALL_CHUNKS", string.format("finish with chunk %d of %d not moved", self.next_chunk,
-        #self.session.plan.chunks))
+        #self.plan.chunks))
     end
-    local result = self.session.runtime:request("finish_update", {
+    local result = self.rollout:request("finish_update", {
       publication_id = header.publication_id, model_version = header.model_version,
     })
     if result.model_version ~= header.model_version then
@@ -533,16 +388,18 @@ end
 --- then the host counts the version as committed.
 function Publication:release()
   self:_phase("release", function()
-    self.session.runtime:request("release", { publication_id = self.header.publication_id })
+    self.rollout:request("release", { publication_id = self.header.publication_id })
   end)
-  self.session.version = self.header.model_version
+  self.versions:commit(self.header.model_version)
   self.phase = "done"
   return self:report()
 end
 
---- The publication's report (after release).
+--- The publication's report (after release). `timings` holds each phase's
+--- seconds, and `fill_copy` / `load_copy`: the seconds the copies themselves
+--- took (the slowest rank's per chunk, the runtime's slowest TP worker's).
 function Publication:report()
-  local plan = self.session.plan
+  local plan = self.plan
   self.timings.total = now() - self.started
   return {
     model_version = self.header.model_version,
@@ -568,34 +425,6 @@ function Publication:run()
   self:verify()
   self:finish()
   return self:release()
-end
-
---- Runs one publication of trainer step `step` (see Publication:run).
----@param session table
----@param step integer
-function M.run(session, step)
-  return M.new(session, step):run()
-end
-
---- The model version for a new header: above every version committed or
---- given to a header before, so that a publication that failed after its
---- runtime committed (or one abandoned in the REPL) never shares its number.
----@param session table
----@return integer
-function M.next_version(session)
-  session.issued_version = math.max(session.issued_version or 0, session.version) + 1
-  return session.issued_version
-end
-
---- Destroys the runtime's process tree after a failed publication; the
---- session needs a new runtime before it can publish again.
-function M.poison(session, cause)
-  session.poisoned = cause
-  if session.runtime and session.runtime.state ~= "CLOSED" then
-    session.runtime:destroy("poisoned: " .. (errors.is(cause) and cause.message or tostring(cause)))
-    session.runtime:wait_dead()
-  end
-  session.runtime_initialized = false
 end
 
 return M

@@ -10,10 +10,14 @@ local errors = require("wsync.errors")
 local loop = require("wsync.loop")
 local messages = require("wsync.control.messages")
 local plan_module = require("wsync.plan")
-local publish = require("wsync.publish.publication")
-local runtime_module = require("wsync.runtime")
+local publication_module = require("wsync.publish.publication")
+local ranks_module = require("wsync.publish.ranks")
+local rollout_module = require("wsync.publish.rollout")
+local transport_module = require("wsync.transport")
+local versions_module = require("wsync.publish.versions")
+local prepare_module = require("wsync.recipe.prepare")
 local schedule_module = require("wsync.plan.schedule")
-local shm = require("wsync.native.shm")
+local timeouts_module = require("wsync.control.timeouts")
 local verify = require("wsync.publish.verify")
 local process = require("wsync._process")
 
@@ -21,104 +25,29 @@ local M = {}
 
 local format_bytes = plan_module.format_bytes
 
--- Seconds. Agent commands (init, start, fill, verify, callback), the wait
--- for every rank to register (startup), for every rank to call publish once
--- the first did (publish), for the first call of the next publication after
--- an answer (train_step: the trainers' step between two publications), and
--- for the ranks to leave once the session's work is done (shutdown).
-local DEFAULT_TIMEOUTS = {
-  startup = 60, init = 120, start = 60, fill = 120, verify = 60, callback = 120, publish = 300,
-  train_step = 3600, shutdown = 10,
-}
-
 local function say(format, ...)
   io.stdout:write("wsync: ", string.format(format, ...), "\n")
   io.stdout:flush()
 end
 
--- Checks the recipe's bootstrap and schedule against the plan and the
--- trainer callbacks (nil: not known yet); returns the memory report and the
--- normalized bootstrap and schedule steps.
-local function check_schedule(recipe, plan, topology, callbacks)
-  return schedule_module.check({
-    plan = plan, topology = topology, memory = recipe.memory, bootstrap = recipe.bootstrap,
-    schedule = recipe.schedule, budget = recipe.memory.device_bytes, callbacks = callbacks,
-  })
-end
+local check_schedule = prepare_module.check_schedule
 
---- Builds what `wsync check` shows and `run` needs: the plan and the schedule
---- report (then the normalized bootstrap and schedule steps). Raises with the
---- recipe's field named. Unless `options.plan_only`, refuses first what this
---- build or this machine cannot serve (RECIPE_INVALID, wsync.recipe
---- check_serve and check_machine), so that nothing starts for it.
----@param recipe table  validated recipe with a model
----@param options {plan_only: boolean?}?
-function M.prepare(recipe, options)
-  local serve = not (options and options.plan_only)
-  local recipe_module = require("wsync.recipe")
-  if serve then
-    recipe_module.check_serve(recipe)
-  end
-  local model = recipe.model
-  local plan = plan_module.build({ family = model.family, config = model.preset or model.config }, recipe.buffers)
-  local topology = { world = recipe.trainer.ranks, tp = recipe.runtime.tp }
-  plan_module.family(plan.family).check_tp(plan.config, topology.tp)
-  local memory_report, bootstrap, steps = check_schedule(recipe, plan, topology, M.known_callbacks(recipe))
-  if serve then
-    recipe_module.check_machine(recipe, plan, topology, memory_report)
-  end
-  return plan, topology, memory_report, bootstrap, steps
-end
-
---- The trainer callbacks a recipe's ranks are known to have before they
---- register: the synthetic trainer's four; nil (not known yet) for external
---- ranks, whose registrations are checked when they arrive.
----@param recipe table
----@return table<string, boolean>?
-function M.known_callbacks(recipe)
-  if recipe.trainer.kind ~= "synthetic" then
-    return nil
-  end
-  local names = {}
-  for name in pairs(schedule_module.TRAINER_EFFECTS) do
-    names[name] = true
-  end
-  return names
-end
-
+-- Every wait of a session is on its condition: `changed` wakes them all to
+-- check again.
 local function changed(session)
-  local waiters = session.waiters
-  session.waiters = {}
-  for _, resume in ipairs(waiters) do
-    resume()
-  end
+  session.condition:notify()
 end
 
--- Waits until `predicate()` holds, re-checked whenever session:changed() runs.
+-- Waits until `predicate()` holds, re-checked whenever changed() runs.
 local function wait_until(session, predicate)
-  while not predicate() do
-    loop.await(function(resume)
-      session.waiters[#session.waiters + 1] = resume
-    end)
-  end
+  session.condition:wait(predicate)
 end
 
 -- Waits until `predicate()` holds or `seconds` have passed; returns whether
 -- it holds.
 local function wait_for(session, seconds, predicate)
-  local expired = false
-  local timer = uv.new_timer()
-  timer:start(math.floor(seconds * 1000), 0, function()
-    expired = true
-    changed(session)
-  end)
-  wait_until(session, function()
-    return expired or predicate()
-  end)
-  timer:close()
-  return predicate()
+  return session.condition:wait_for(seconds, predicate)
 end
-
 
 local function count(table_value)
   local n = 0
@@ -225,7 +154,7 @@ local function agent_handlers(session, peer)
       if session.stopped then
         error(session.stopped, 0)
       end
-      return { plan = plan_module.summary(session.plan), model_version = session.version }
+      return { plan = plan_module.summary(session.plan), model_version = session.versions.committed }
     end,
     state = function()
       return session:state()
@@ -300,8 +229,8 @@ local function spawn_trainers(session)
   local program = uv.exepath()
   local model = recipe.model.preset or require("cjson").encode(recipe.model.config)
   for rank = 0, session.topology.world - 1 do
-    local process, pid
-    process, pid = uv.spawn(program, {
+    local handle, pid
+    handle, pid = uv.spawn(program, {
       args = {
         "trainer", "--endpoint", session.endpoint.path, "--rank", tostring(rank),
         "--world", tostring(session.topology.world), "--model", model,
@@ -310,13 +239,13 @@ local function spawn_trainers(session)
       stdio = { nil, 1, 2 },
     }, function(code, signal)
       session.trainers[rank] = { code = code, signal = signal }
-      process:close()
+      handle:close()
       changed(session)
     end)
-    if not process then
-      errors.raise("TRAINER_START", "cannot start synthetic trainer rank " .. rank)
+    if not handle then
+      errors.raise("TRAINER_START", string.format("cannot start synthetic trainer rank %d: %s", rank, tostring(pid)))
     end
-    session.trainer_handles[rank] = process
+    session.trainer_handles[rank] = handle
     session.trainer_pids[pid] = true
   end
 end
@@ -324,7 +253,7 @@ end
 local function run_step(session, step)
   session.phase = schedule_module.describe(step)
   if step.kind == "trainer" then
-    publish.all_agents(session, "callback", function()
+    session.ranks:all("callback", function()
       return { name = step.name }
     end, session.timeouts.callback)
     local effect = schedule_module.TRAINER_EFFECTS[step.name]
@@ -332,11 +261,11 @@ local function run_step(session, step)
       session.trainer_resident[effect.part] = effect.to
     end
   elseif step.kind == "sleep" then
-    session.runtime:sleep(step.level)
+    session.rollout:request("sleep", { level = step.level })
   elseif step.kind == "wake" then
-    session.runtime:request("wake", { tags = step.tags })
+    session.rollout:request("wake", { tags = step.tags })
   elseif step.kind == "generate" then
-    session.runtime:request("generate", {})
+    session.rollout:request("generate", {})
   end
 end
 
@@ -353,15 +282,73 @@ end
 local Session = {}
 Session.__index = Session
 
-local function spawn_runtime(session)
+-- Spawns the session's runtime on the ranks' devices, in rank order.
+local function spawn_rollout(session)
   local recipe = session.recipe
-  session.runtime = runtime_module.spawn({
-    kind = recipe.runtime.kind, tp = session.topology.tp, backend = recipe.backend, devices = session.devices,
+  local devices = session.ranks:devices()
+  return rollout_module.spawn({
+    kind = recipe.runtime.kind, tp = session.topology.tp, backend = recipe.backend, devices = devices,
     kv_bytes = math.max(recipe.memory.kv_bytes, 1), timeouts = recipe.timeouts, grace_ms = recipe.runtime.grace_ms,
   })
-  session.runtime_info = session.runtime:info()
-  session.runtime_initialized = false
-  session.poisoned = nil
+end
+
+-- Opening, step 1: the endpoint, and the synthetic trainers (external ones
+-- are waited for).
+local function listen(session)
+  session.endpoint = endpoint_module.listen(endpoint_options(session))
+  say("control endpoint %s", session.endpoint.path)
+  if session.recipe.trainer.kind == "synthetic" then
+    spawn_trainers(session)
+  else
+    say("waiting for %d external trainer ranks on %s", session.topology.world, session.endpoint.path)
+  end
+end
+
+-- Opening, step 2: every rank registers (a dead trainer, a lost rank or a
+-- failure ends the wait early); then the schedule is checked again, against
+-- the callbacks that every rank registered, so that a step no rank can run
+-- is refused now, not after a publication committed.
+local function await_registration(session)
+  local world, timeouts = session.topology.world, session.timeouts
+  session.phase = "registration"
+  wait_for(session, timeouts.registration, function()
+    return count(session.registered) == world or count(session.trainers) > 0 or session.stopped ~= nil
+  end)
+  if session.stopped then
+    error(session.stopped, 0)
+  end
+  if count(session.registered) ~= world then
+    errors.raise("STARTUP", string.format("%d of %d trainer ranks registered within %g s "
+      .. "(timeouts.registration)%s", count(session.registered), world, timeouts.registration,
+      count(session.trainers) > 0 and " (a trainer process exited)" or ""))
+  end
+  session.ranks = ranks_module.new(session.registered, world)
+  local common = nil
+  for rank = 0, world - 1 do
+    local names = {}
+    for _, name in ipairs(session.registered[rank].info.callbacks or {}) do
+      if common == nil or common[name] then
+        names[name] = true
+      end
+    end
+    common = names
+  end
+  check_schedule(session.recipe, session.plan, session.topology, common or {})
+end
+
+-- Opening, step 3: the runtime on the ranks' devices, then the bootstrap.
+local function start_rollout(session)
+  local recipe = session.recipe
+  say("%d trainer ranks registered; starting the %s runtime (TP%d) on their devices in rank order",
+    session.topology.world, recipe.runtime.kind, session.topology.tp)
+  session.phase = "runtime start"
+  session.rollout = spawn_rollout(session)
+  for _, step in ipairs(session.bootstrap) do
+    run_step(session, step)
+  end
+  if #session.bootstrap > 0 then
+    say("bootstrap done: rollout weights %s", session.rollout:request("info").state.weights)
+  end
 end
 
 --- Opens a session: checks the plan and schedule, opens the endpoint,
@@ -372,86 +359,29 @@ end
 ---@return wsync.Session
 ---@param options {on_open: fun(session: table)?}?  on_open sees the session before anything starts
 function M.open(recipe, options)
-  local plan, topology, memory_report, bootstrap, steps = M.prepare(recipe)
-  local timeouts = {}
-  for key, value in pairs(DEFAULT_TIMEOUTS) do
-    timeouts[key] = value
-  end
-  for key, value in pairs(recipe.timeouts) do
-    timeouts[key] = value
-  end
+  local plan, topology, memory_report, bootstrap, steps = prepare_module.prepare(recipe)
   local session = setmetatable({
-    recipe = recipe, plan = plan, topology = topology, timeouts = timeouts, version = 0, phase = "opening",
-    registered = {}, publishing = {}, reports = {}, published = 0, rounds = 0, waiters = {}, trainers = {},
-    trainer_handles = {}, trainer_pids = {}, lost = {}, headroom_bytes = recipe.memory.headroom_bytes,
-    memory_report = memory_report,
-    trainer_resident = { actor = true, optimizer = true },
+    recipe = recipe, plan = plan, topology = topology, timeouts = timeouts_module.with(recipe.timeouts),
+    phase = "opening",
+    transport = transport_module.for_backend(recipe.backend), versions = versions_module.new(),
+    registered = {}, publishing = {}, reports = {}, published = 0, rounds = 0, condition = loop.condition(),
+    trainers = {},
+    trainer_handles = {}, trainer_pids = {}, lost = {}, memory_report = memory_report,
+    bootstrap = bootstrap, steps = steps, trainer_resident = { actor = true, optimizer = true },
   }, Session)
   M.open_sessions[session] = true
   if options and options.on_open then
     options.on_open(session)
   end
-  session.bootstrap, session.steps = bootstrap, steps
   say("recipe %s: %s, %d canonical tensors, %s in %d chunks (buffers %d x %s), manifest %s", recipe.name,
     plan.family, #plan.canonical, format_bytes(plan.bytes), #plan.chunks, plan.buffer_count,
     format_bytes(plan.buffer_bytes), plan.manifest)
   say("schedule checked: predicted peak %s per device at %s", format_bytes(memory_report.peak),
     memory_report.peak_step)
-
   local ok, err = pcall(function()
-    session.endpoint = endpoint_module.listen(endpoint_options(session))
-    say("control endpoint %s", session.endpoint.path)
-    if recipe.trainer.kind == "synthetic" then
-      spawn_trainers(session)
-    else
-      say("waiting for %d external trainer ranks on %s", topology.world, session.endpoint.path)
-    end
-
-    -- Every rank registers (a dead trainer, a lost rank or a failure ends
-    -- the wait).
-    session.phase = "registration"
-    wait_for(session, timeouts.startup, function()
-      return count(session.registered) == topology.world or count(session.trainers) > 0
-        or session.stopped ~= nil
-    end)
-    if session.stopped then
-      error(session.stopped, 0)
-    end
-    if count(session.registered) ~= topology.world then
-      errors.raise("STARTUP", string.format("%d of %d trainer ranks registered within %g s%s",
-        count(session.registered), topology.world, timeouts.startup,
-        count(session.trainers) > 0 and " (a trainer process exited)" or ""))
-    end
-    session.agents, session.devices = {}, {}
-    for rank = 0, topology.world - 1 do
-      local registered = session.registered[rank]
-      session.agents[rank + 1] = { peer = registered.peer, info = registered.info }
-      session.devices[rank + 1] = registered.info.device.index
-    end
-    -- The schedule again, against the callbacks that every rank registered,
-    -- before anything starts: a step no rank can run is refused now, not
-    -- after a publication committed.
-    local common = nil
-    for rank = 0, topology.world - 1 do
-      local names = {}
-      for _, name in ipairs(session.registered[rank].info.callbacks or {}) do
-        if common == nil or common[name] then
-          names[name] = true
-        end
-      end
-      common = names
-    end
-    check_schedule(recipe, plan, topology, common or {})
-    say("%d trainer ranks registered; starting the %s runtime (TP%d) on their devices in rank order",
-      topology.world, recipe.runtime.kind, topology.tp)
-    session.phase = "runtime start"
-    spawn_runtime(session)
-    for _, step in ipairs(session.bootstrap) do
-      run_step(session, step)
-    end
-    if #session.bootstrap > 0 then
-      say("bootstrap done: rollout weights %s", session.runtime:info().state.weights)
-    end
+    listen(session)
+    await_registration(session)
+    start_rollout(session)
     if session.stopped then -- a rank lost, or a malformed message, meanwhile
       error(session.stopped, 0)
     end
@@ -482,10 +412,10 @@ function Session:wait_publish()
   local world, timeouts = self.topology.world, self.timeouts
   local started, first_call = uv.now(), nil
   local expired = nil
-  local timer = uv.new_timer()
+  local timer = nil
   local function arm(seconds)
-    timer:stop()
-    timer:start(math.floor(seconds * 1000), 0, function()
+    loop.cancel(timer)
+    timer = loop.after(seconds * 1000, function()
       changed(self)
     end)
   end
@@ -506,7 +436,7 @@ function Session:wait_publish()
     end
     return expired ~= nil
   end)
-  timer:close()
+  loop.cancel(timer)
   if count(self.publishing) == world and not self.stopped then
     return true
   end
@@ -542,7 +472,7 @@ function Session:publishing_step()
         tostring(step), tostring(waiter.step)), { rank = rank })
     end
   end
-  return step or (self.version + 1)
+  return step or (self.versions.committed + 1)
 end
 
 --- Runs the schedule steps before "publish" and returns the publication,
@@ -550,13 +480,14 @@ end
 --- a poisoned runtime when the recipe says so.
 ---@return wsync.Publication
 function Session:begin_round()
-  if self.poisoned then
+  local poisoned = self.rollout.poisoned
+  if poisoned then
     if not self.recipe.runtime.respawn then
       errors.raise("POISONED", "the runtime was destroyed by a failed publication and the recipe does not respawn "
-        .. "it: " .. tostring(self.poisoned.message or self.poisoned))
+        .. "it: " .. tostring(poisoned.message or poisoned))
     end
     say("respawning the runtime after the failed publication")
-    spawn_runtime(self)
+    self.rollout = spawn_rollout(self)
   end
   self.in_round = true
   local step = self:publishing_step()
@@ -568,7 +499,11 @@ function Session:begin_round()
     run_step(self, schedule_step)
   end
   self.phase = "publish"
-  self.publication = publish.new(self, step)
+  self.publication = publication_module.new({
+    plan = self.plan, topology = self.topology, ranks = self.ranks, rollout = self.rollout, versions = self.versions,
+    timeouts = self.timeouts, transport = self.transport.NAME, headroom_bytes = self.recipe.memory.headroom_bytes,
+    step = step,
+  })
   return self.publication
 end
 
@@ -579,7 +514,7 @@ function Session:end_round(publication)
   local report = publication:report()
   if self.recipe.verify then
     local started = uv.hrtime()
-    local reported = self.runtime:request("resident_checksums", {})
+    local reported = self.rollout:request("resident_checksums", {})
     report.verified = verify.check(self.plan, self.topology.tp, publication.step, reported.workers)
     report.timings.resident_check = (uv.hrtime() - started) / 1e9
   end
@@ -645,14 +580,14 @@ function Session:round()
   say("publication failed: %s", tostring(result))
   -- Whatever failed (a schedule step, a check after the commit, a bug), the
   -- runtime's state is no longer known: fail-stop.
-  if not self.poisoned then
-    publish.poison(self, result)
+  if not self.rollout.poisoned then
+    self.rollout:destroy(result)
   end
   self.failure = self.failure or result
   -- A rank may go on to its next step only when a new runtime will take it,
   -- every rank is still there, and with its memory back: the failed round
   -- stopped mid-schedule.
-  if self.recipe.runtime.respawn and self.poisoned and count(self.lost) == 0 then
+  if self.recipe.runtime.respawn and self.rollout.poisoned and count(self.lost) == 0 then
     result.respawn = pcall(function()
       for _, part in ipairs({ "actor", "optimizer" }) do
         if not self.trainer_resident[part] then
@@ -678,45 +613,26 @@ function Session:state()
   table.sort(ranks, function(a, b)
     return a.rank < b.rank
   end)
-  local publication = self.publication
+  local publication, rollout = self.publication, self.rollout
+  local poisoned = rollout and rollout.poisoned
   return {
-    recipe = self.recipe.name, phase = self.phase, model_version = self.version,
+    recipe = self.recipe.name, phase = self.phase, model_version = self.versions.committed,
     plan = plan_module.summary(self.plan), ranks = ranks,
-    runtime = self.runtime and { state = self.runtime.state, pid = self.runtime.pid,
-      workers = self.runtime_info and #self.runtime_info.workers } or nil,
+    runtime = rollout and rollout:state() or nil,
     publication = publication and { phase = publication.phase, model_version = publication.header
       and publication.header.model_version, next_chunk = publication.next_chunk } or nil,
-    publications = self.published, poisoned = self.poisoned and tostring(self.poisoned.message or self.poisoned),
+    publications = self.published, poisoned = poisoned and tostring(poisoned.message or poisoned),
   }
 end
 
 -- Removes the names of the ranks' packed buffers (a mapping that still
--- exists stays valid): those the ranks reported, and any segment a synthetic
--- trainer created (its pid is in the name) before it could report it.
-local function unlink_buffers(session)
-  local names = {}
-  for _, reported in pairs(session.buffer_names or {}) do
-    for _, name in ipairs(reported) do
-      names[#names + 1] = name
-    end
-  end
-  local scanner = next(session.trainer_pids) and uv.fs_scandir("/dev/shm")
-  while scanner do
-    local entry = uv.fs_scandir_next(scanner)
-    if not entry then
-      break
-    end
-    local pid = tonumber(entry:match("^wsync%-(%d+)%-"))
-    if pid and session.trainer_pids[pid] then
-      names[#names + 1] = "/" .. entry
-    end
-  end
-  for _, name in ipairs(names) do
-    local buffer = shm.open(name)
-    if buffer then
-      buffer:unlink()
-      buffer:close()
-    end
+-- exists stays valid): those the ranks reported, and any buffer a synthetic
+-- trainer created before it could report it. Says what could not be removed.
+local function remove_buffers(session)
+  local descriptors = session.ranks and session.ranks.descriptors
+  local _, failures = session.transport.remove_leftovers(descriptors, session.trainer_pids)
+  for _, failure in ipairs(failures) do
+    say("cannot remove packed buffer %s: %s", failure.name, failure.message)
   end
 end
 
@@ -742,19 +658,22 @@ end
 function M.abort(session, signal_name)
   say("%s: stopping now; the runtime and the synthetic trainers are killed, nothing more is published",
     signal_name)
-  if session.runtime and session.runtime.group then
-    process.signal_group(session.runtime.group, "SIGKILL")
+  local client = session.rollout and session.rollout.client
+  if client and client.group then
+    process.signal_group(client.group, "SIGKILL")
   end
   for _, handle in pairs(session.trainer_handles) do
     if not handle:is_closing() then
       handle:kill("sigkill")
     end
   end
-  unlink_buffers(session)
+  remove_buffers(session)
   if session.endpoint then
     -- Not close(): that would fail the requests in flight and wake the
     -- coroutines waiting on them; the process exits instead.
-    session.endpoint:remove_files()
+    for _, failure in ipairs(session.endpoint:remove_files()) do
+      say("%s", failure)
+    end
   end
 end
 
@@ -809,17 +728,13 @@ end
 function M.close(session)
   session.phase = "closing"
   M.open_sessions[session] = nil
-  if session.runtime and session.runtime.state == "INFLIGHT" then
-    -- A request left waiting (a REPL chunk abandoned mid-publication): the
-    -- runtime's state is unknown, so it is destroyed, not shut down.
-    session.runtime:destroy("the session closed with " .. tostring(session.runtime.inflight.pending and
-      session.runtime.inflight.pending.cmd) .. " in flight")
-  end
-  if session.runtime and session.runtime.state ~= "CLOSED" then
-    session.runtime:close()
+  if session.rollout then
+    session.rollout:close()
   end
   if session.endpoint then
-    session.endpoint:close()
+    for _, failure in ipairs(session.endpoint:close()) do
+      say("%s", failure)
+    end
   end
   -- The ranks heard the end (their connections closed): a moment to exit by
   -- themselves unless the session already waited, then SIGKILL. A rank lost
@@ -852,7 +767,7 @@ function M.close(session)
   -- A rank killed mid-publication never unlinks its packed buffers. Synthetic
   -- ranks have exited by now and external ones are disconnected: a name still
   -- there is a leftover.
-  unlink_buffers(session)
+  remove_buffers(session)
   session.phase = "closed"
 end
 Session.close = M.close

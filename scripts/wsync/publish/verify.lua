@@ -3,8 +3,8 @@
 --- generator and the loader plan say it must hold, computed here from the
 --- synthetic values of the full canonical tensors (no shards, no buffers, no
 --- transfer), compared with the checksums the workers report.
-local ffi = require("ffi")
-local C = require("wsync.native.ffi")
+local copy_module = require("wsync.native.copy")
+local synth = require("wsync.native.synth")
 local errors = require("wsync.errors")
 local plan_module = require("wsync.plan")
 local shm = require("wsync.native.shm")
@@ -26,25 +26,17 @@ function M.expected(plan, tp, rank, step)
     largest = math.max(largest, tensor.bytes)
   end
   local scratch = assert(shm.anonymous(math.max(largest, 1)))
-  local resident_pointer = ffi.cast("void *", resident:pointer())
-  local scratch_pointer = ffi.cast("void *", scratch:pointer())
-  local ops = ffi.new("ws_copy_op[8]")
   local ok, err = pcall(function()
     for _, tensor in ipairs(plan.canonical) do
       local copies = loader.copies[tensor.name]
       if copies then
-        local status = C.ws_synth_fill(scratch_pointer, C.WS_DTYPE_BFLOAT16, C.ws_synth_seed(tensor.source,
-          #tensor.source), tensor.source_offset / 2, tensor.bytes / 2, step)
-        assert(status == 0, ffi.string(C.ws_error_detail()))
-        assert(#copies <= 8)
-        for i, copy in ipairs(copies) do
-          local op = ops[i - 1]
-          op.target_offset, op.source_offset = copy.dst, copy.src
-          op.rows, op.width = copy.rows, copy.width
-          op.target_pitch, op.source_pitch = copy.dst_pitch, copy.src_pitch
+        assert(synth.fill(scratch, 0, tensor.source, tensor.source_offset / 2, tensor.bytes / 2, step))
+        local batch = copy_module.batch(#copies)
+        for _, copy in ipairs(copies) do
+          batch:add(copy.dst, copy.src, copy.rows, copy.width, copy.dst_pitch, copy.src_pitch)
         end
-        status = C.ws_copy_run(resident_pointer, resident:size(), scratch_pointer, tensor.bytes, ops, #copies)
-        assert(status == 0, ffi.string(C.ws_error_detail()))
+        assert(copy_module.run(resident, { pointer = scratch:pointer(), size = tensor.bytes }, batch,
+          "expected values of " .. tensor.name))
       end
     end
   end)

@@ -31,12 +31,12 @@ local rank_count = integer(1)
 local byte_count = integer(0)
 local seconds = schema.number({ min = 0.001, max = M.MAX_SECONDS, max_why = "a week" })
 
---- Per-command timeouts in seconds (runtime commands and agent commands).
-M.TIMEOUT_KEYS = {
-  "startup", "info", "sleep", "wake", "shutdown", "checksum", "generate", "init", "start", "fill", "verify",
-  "default", "init_weights", "start_update", "load_chunk", "finish_update", "resident_checksums", "callback",
-  "publish", "release", "train_step",
-}
+--- The keys a recipe's `timeouts` may set (wsync.control.timeouts says what
+--- each bounds).
+M.TIMEOUT_KEYS = {}
+for index, entry in ipairs(require("wsync.control.timeouts").KEYS) do
+  M.TIMEOUT_KEYS[index] = entry.key
+end
 
 local timeout_fields = {}
 for _, key in ipairs(M.TIMEOUT_KEYS) do
@@ -395,8 +395,13 @@ function load_table(path, loading)
   end
   file:close()
 
-  local chunk, load_message = loadfile(path)
+  -- Source text only: LuaJIT loads bytecode unchecked, and a damaged
+  -- bytecode file crashes the host (found with tests/fuzz).
+  local chunk, load_message = loadfile(path, "t")
   if not chunk then
+    if load_message:find("wrong mode", 1, true) then
+      invalid(path, "the file is compiled Lua bytecode; a recipe must be Lua source text")
+    end
     local line, message = split_location(load_message, path)
     invalid(path, "syntax error: " .. message, { line = line })
   end
@@ -451,13 +456,13 @@ end
 
 --- Builds the plan and checks the memory schedule of a recipe with a model,
 --- and (unless `options.plan_only`) that this build and this machine can
---- serve it (wsync.publish.session.prepare). Failures become RECIPE_INVALID naming
+--- serve it (wsync.recipe.prepare). Failures become RECIPE_INVALID naming
 --- the file, the line and the field.
 ---@param recipe table  validated, with `path`
 ---@param options {plan_only: boolean?}?
 ---@return wsync.Plan plan, table topology, table memory_report
 function M.check_plan(recipe, options)
-  local ok, plan, topology, memory = pcall(require("wsync.publish.session").prepare, recipe, options)
+  local ok, plan, topology, memory = pcall(require("wsync.recipe.prepare").prepare, recipe, options)
   if ok then
     return plan, topology, memory
   end

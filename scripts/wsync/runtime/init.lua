@@ -7,12 +7,23 @@ local client = require("wsync.control.client")
 
 local M = {}
 
-M.DEFAULT_TIMEOUTS = client.DEFAULT_TIMEOUTS
+---@class wsync.RuntimeSpawnOptions
+---@field kind "reference"?
+---@field tp integer?
+---@field backend string?
+---@field devices integer[]?
+---@field weights_bytes integer?
+---@field kv_bytes integer?
+---@field timeouts table?
+---@field grace_ms integer?
+---@field fault string?
+---@field program string?
+---@field env string[]?
 
 --- Spawns a runtime.
 --- `env` adds "NAME=value" entries to the runtime's environment; `fault` is
 --- a test-only fault spec (wsync.control.fault).
----@param options {kind: "reference"?, tp: integer?, backend: string?, devices: integer[]?, weights_bytes: integer?, kv_bytes: integer?, timeouts: table?, grace_ms: integer?, fault: string?, program: string?, env: string[]?}
+---@param options wsync.RuntimeSpawnOptions
 ---@return wsync.RuntimeClient
 function M.spawn(options)
   options = options or {}
@@ -29,13 +40,7 @@ function M.spawn(options)
   local program = options.program or uv.exepath()
   -- The host's timeout of each command, which the runtime's main process
   -- shortens for its own hop to the TP workers (client.inner_timeouts).
-  local timeouts = {}
-  for key, value in pairs(client.DEFAULT_TIMEOUTS) do
-    timeouts[key] = value
-  end
-  for key, value in pairs(options.timeouts or {}) do
-    timeouts[key] = value
-  end
+  local timeouts = require("wsync.control.timeouts").with(options.timeouts)
   return client.spawn({
     name = "reference runtime",
     argv = {

@@ -57,11 +57,6 @@ function Runtime:check_workers()
   end
 end
 
--- Like broadcast, with a payload per worker: payload_of(rank) (1-based).
-function Runtime:broadcast_each(cmd, payload_of)
-  return self:broadcast(cmd, nil, payload_of)
-end
-
 -- A header must match this runtime: protocol, transport, a 128-bit id, a
 -- version above the committed one, a manifest, TP world and the workers'
 -- devices in order.
@@ -178,7 +173,7 @@ function Runtime:handlers()
       return {}
     end,
     init_weights = function(payload)
-      local results = self:broadcast_each("init_weights", function(rank)
+      local results = self:broadcast("init_weights", nil, function(rank)
         return {
           family = payload.family, config = payload.config, tp = payload.tp,
           transport = payload.transport, buffers = payload.buffers[rank],
@@ -198,11 +193,13 @@ function Runtime:handlers()
         errors.raise("NOT_UPDATING", "load_chunk outside an update", { fatal = true })
       end
       local results = self:broadcast("load_chunk", payload)
-      local bytes = 0
+      local bytes, copy_seconds = 0, 0
       for _, result in ipairs(results) do
         bytes = bytes + result.bytes
+        copy_seconds = math.max(copy_seconds, tonumber(result.copy_seconds) or 0)
       end
-      return { chunk = payload.chunk, bytes = bytes }
+      -- (copy_seconds: the slowest worker's copy; they load at once.)
+      return { chunk = payload.chunk, bytes = bytes, copy_seconds = copy_seconds }
     end,
     finish_update = function(payload)
       local header = self.update
@@ -312,11 +309,22 @@ function Runtime:start_workers(options, faults)
   return nil
 end
 
+---@class wsync.ReferenceRuntimeOptions
+---@field tp integer
+---@field backend string
+---@field devices integer[]
+---@field weights_bytes integer
+---@field kv_bytes integer
+---@field timeouts table<string, number>
+---@field fault string?
+---@field program string
+---@field grace_ms integer?
+
 --- Runs the main process: serves the host at once, spawns the workers, and
 --- answers the host's startup handshake (`info`) once every worker answered
 --- its own, or with the worker that did not. `timeouts` are the host's, by
 --- command; this process's hop to its workers uses a little less of each.
----@param options {tp: integer, backend: string, devices: integer[], weights_bytes: integer, kv_bytes: integer, timeouts: table<string, number>, fault: string?, program: string, grace_ms: integer?}
+---@param options wsync.ReferenceRuntimeOptions
 function M.main(options)
   -- The host's channel must be served before any worker is spawned: a
   -- worker's pipe would otherwise take the free fd 3.
@@ -331,14 +339,7 @@ function M.main(options)
     errors.raise("RUNTIME_START", "the process that started this one is gone: " .. tostring(parent_gone))
   end
   local faults = fault_module.parse(options.fault)
-  local defaults = {}
-  for key, value in pairs(client_module.DEFAULT_TIMEOUTS) do
-    defaults[key] = value
-  end
-  for key, value in pairs(options.timeouts or {}) do
-    defaults[key] = value
-  end
-  options.timeouts = defaults
+  options.timeouts = require("wsync.control.timeouts").with(options.timeouts)
   local self = setmetatable({
     backend = options.backend,
     workers = {},

@@ -2,20 +2,25 @@
 --- per TP rank as in vLLM's executor. It owns the rank's resident weights and
 --- KV arena and answers the main process over its control channel.
 ---
---- Memory on the host backend: "device" memory is private anonymous memory of
---- the worker; sleep level 1 moves the weights into a separate host copy and
+--- Memory: the resident weights and the KV arena are the backend's device
+--- memory, from the transport (wsync.transport: private anonymous memory on
+--- the host backend); sleep level 1 moves the weights into a host copy and
 --- frees the device copy; level 2 discards them; wake(weights) restores or
 --- re-allocates (zeroed). The weights start as deterministic dummy bytes, like
 --- vLLM's dummy load format, until a publication writes real ones.
-local ffi = require("ffi")
+---
+--- Weight transfer: the packed buffers are imported once per init_weights;
+--- each chunk's loads and its part of the manifest are planned at its first
+--- load (when its tensor metadata comes) and kept, so a publication runs one
+--- transport call and one digest update per chunk.
 local uv = require("luv")
-local C = require("wsync.native.ffi")
 local errors = require("wsync.errors")
-local manifest_module = require("wsync._manifest")
+local manifest_module = require("wsync.native.manifest")
 local plan_module = require("wsync.plan")
 local process = require("wsync._process")
 local server_module = require("wsync.control.server")
 local shm = require("wsync.native.shm")
+local transport_module = require("wsync.transport")
 local util = require("wsync.util")
 local device = require("wsync.native.device")
 
@@ -25,26 +30,27 @@ local function refuse(message)
   errors.raise("STATE_REFUSED", message)
 end
 
-local function allocate(bytes, what)
-  local buffer, message = shm.anonymous(bytes)
+local function fatal(code, message)
+  errors.raise(code, message, { fatal = true })
+end
+
+-- Host memory (the level-1 copy of the weights).
+local function allocate_host(bytes, what)
+  local buffer, message = shm.anonymous(math.max(bytes, 1))
   if not buffer then
-    errors.raise("OUT_OF_MEMORY", string.format("cannot allocate %d bytes of %s: %s", bytes, what, message),
-      { fatal = true })
+    fatal("OUT_OF_MEMORY", string.format("cannot allocate %d bytes of %s: %s", bytes, what, message))
   end
   return buffer
 end
 
--- Resident weights are faulted in when allocated, as a device allocation is
--- backed at once: a publication's loads then take no page fault per page.
-local function allocate_resident(bytes)
-  local buffer = allocate(bytes, "resident weights")
-  if C.ws_copy_prefault(ffi.cast("void *", buffer:pointer()), buffer:size()) ~= 0 then
-    local message = ffi.string(C.ws_error_detail())
-    buffer:close()
-    errors.raise("OUT_OF_MEMORY", string.format("cannot back %d bytes of resident weights: %s", bytes, message),
-      { fatal = true })
+-- Copies `bytes` from `source` into `target` (both local memories), or a
+-- fatal error naming `what` (whatever failed: the worker's memory state is
+-- no longer known).
+local function copy_all(target, source, bytes, what)
+  local called, ok, message = pcall(target.copy_from, target, source, 0, 0, bytes)
+  if not called or not ok then
+    fatal("COPY_FAILED", string.format("%s: %s", what, tostring(called and message or ok)))
   end
-  return buffer
 end
 
 -- Fills a buffer with the dummy pattern of a rank, 64 KiB at a time.
@@ -64,6 +70,16 @@ end
 local Worker = {}
 Worker.__index = Worker
 M.Worker = Worker -- its methods, for tests
+
+-- Device memory from the transport, its pages backed at once: a
+-- publication's loads then take no page fault per page.
+function Worker:_allocate(bytes, what)
+  local memory, message = self.transport.allocate(bytes, what)
+  if not memory then
+    fatal("OUT_OF_MEMORY", string.format("TP worker %d: %s", self.rank, message))
+  end
+  return memory
+end
 
 function Worker:state()
   return { weights = self.weights_state, kv_cache = self.kv and "reserved" or "free" }
@@ -105,8 +121,8 @@ function Worker:sleep(payload)
   self.kv = release(self.kv)
   if self.weights_state == "awake" then
     if level == 1 then
-      self.host_copy = allocate(self.weights:size(), "host memory for the level-1 weight copy")
-      assert(self.host_copy:copy_from(self.weights, 0, 0, self.weights:size()))
+      self.host_copy = allocate_host(self.weights:size(), "host memory for the level-1 weight copy")
+      copy_all(self.host_copy, self.weights, self.weights:size(), "the level-1 copy of the weights")
       self.weights_state = "offloaded"
     else
       self.weights_state = "discarded"
@@ -134,9 +150,9 @@ function Worker:wake(payload)
     wanted[tag] = true
   end
   if wanted.weights and self.weights_state ~= "awake" then
-    local weights = allocate_resident(self.weights_bytes)
+    local weights = self:_allocate(self.weights_bytes, "resident weights")
     if self.weights_state == "offloaded" then
-      assert(weights:copy_from(self.host_copy, 0, 0, self.weights_bytes))
+      copy_all(weights, self.host_copy, self.weights_bytes, "the weights back from their level-1 copy")
       self.host_copy = release(self.host_copy)
     end
     self.weights = weights
@@ -147,7 +163,7 @@ function Worker:wake(payload)
       refuse(string.format("cannot wake kv_cache while the weights are %s: wake weights first",
         self.weights_state))
     end
-    self.kv = allocate(self.kv_bytes, "the KV cache arena")
+    self.kv = self:_allocate(self.kv_bytes, "the KV cache arena")
   end
   return self:info()
 end
@@ -162,37 +178,49 @@ end
 
 -- Weight transfer --------------------------------------------------------------
 
-local function fatal(code, message)
-  errors.raise(code, message, { fatal = true })
+-- Drops the chunks' load plans (a new init_weights).
+function Worker:_forget_chunks()
+  for _, chunk in pairs(self.chunks or {}) do
+    chunk.segment:close()
+  end
+  self.chunks, self.segments = {}, {}
+  self.digests = self.digests or manifest_module.digest_cache()
+  self.digests:clear()
 end
 
---- init_weights{family, config, tp, buffers}: once per session. Computes this
---- rank's loader plan, sizes the resident storage to it (zeroed while awake),
---- and maps the rank's packed buffers once; the mappings are kept and reused.
+--- init_weights{family, config, tp, transport, buffers}: once per runtime
+--- (and again only with a new session's buffers). Computes this rank's
+--- loader plan, sizes the resident storage to it (zeroed while awake), and
+--- imports the rank's packed buffers once; the mappings are kept and reused.
 function Worker:init_weights(payload)
   local family = plan_module.family(payload.family)
   local config = family.config(payload.config)
   if payload.tp ~= self.world then
     fatal("TOPOLOGY", string.format("init_weights for TP %d sent to a worker of TP %d", payload.tp, self.world))
   end
+  if payload.transport ~= self.transport.NAME then
+    fatal("TRANSPORT", string.format("init_weights for transport %s; TP worker %d moves weights over %s",
+      tostring(payload.transport), self.rank, self.transport.NAME))
+  end
   local plan = family.loader_plan(config, self.world, self.rank)
-  for _, buffer in pairs(self.imported or {}) do
-    buffer:close()
-  end
+  self.transport.close_imported(self.imported)
   self.imported = {}
-  for slot, name in ipairs(payload.buffers) do
-    local buffer, message = shm.open(name)
-    if not buffer then
-      fatal("IMPORT_FAILED", string.format("TP worker %d cannot map buffer %s: %s", self.rank, name, message))
-    end
-    self.imported[slot] = buffer
+  local imported, message = self.transport.import(payload.buffers)
+  if not imported then
+    fatal("IMPORT_FAILED", string.format("TP worker %d cannot map its rank's packed buffers: %s", self.rank, message))
   end
+  self.imported = imported
   self.plan = plan
-  self.chunk_tensors = {}
+  self:_forget_chunks()
+  -- Resident tensors by index, for the receipts' count of those filled.
+  self.resident_index = {}
+  for index, tensor in ipairs(plan.tensors) do
+    self.resident_index[tensor.name] = index
+  end
   self.weights_bytes = plan.bytes
   if self.weights_state == "awake" then
     self.weights = release(self.weights)
-    self.weights = allocate_resident(plan.bytes)
+    self.weights = self:_allocate(plan.bytes, "resident weights")
   else
     self.host_copy = release(self.host_copy)
     self.weights_state = "discarded"
@@ -208,19 +236,71 @@ function Worker:start_update(payload)
   if self.weights_state ~= "awake" then
     refuse(string.format("cannot update weights that are %s: wake weights first", self.weights_state))
   end
-  if self.update then
-    self.update.manifest:close()
-  end
-  self.update = { header = payload.header, manifest = assert(manifest_module.new()), tensors = 0, bytes = 0,
-    touched = {} }
+  self.epoch = (self.epoch or 0) + 1
+  self.filled = self.filled or {}
+  -- `loaded`: the chunks loaded, in order; the receipt's manifest is the
+  -- manifest of their segments (wsync.native.manifest.digest_cache).
+  self.update = { header = payload.header, loaded = {}, tensors = 0, bytes = 0, touched = 0, epoch = self.epoch }
   return {}
+end
+
+-- Plans chunk `k`'s loads from its tensor metadata (`{name, dtype, shape,
+-- offset, bytes}`, where each canonical tensor lies in the buffer): this TP
+-- rank's slice copies of each, checked against the metadata, the chunk's part
+-- of the manifest, and the resident tensors it fills.
+function Worker:_plan_chunk(k, tensors)
+  local copies_by_name = self.plan.copies
+  local copies, residents = {}, {}
+  local segment, message = manifest_module.segment()
+  if not segment then
+    fatal("MANIFEST", string.format("TP worker %d: %s", self.rank, tostring(message)))
+  end
+  local ok, err = pcall(function()
+    for _, tensor in ipairs(tensors) do
+      if type(tensor) ~= "table" or type(tensor.name) ~= "string" or type(tensor.offset) ~= "number"
+          or type(tensor.bytes) ~= "number" then
+        fatal("BAD_METADATA", string.format("chunk %s: a tensor is not {name, dtype, shape, offset, bytes}",
+          tostring(k)))
+      end
+      local slices = copies_by_name[tensor.name]
+      if not slices then
+        fatal("UNKNOWN_TENSOR", string.format("TP worker %d has no loader plan for %s", self.rank, tensor.name))
+      end
+      local added, reason = segment:add(tensor.name, tensor.dtype, tensor.shape)
+      if not added then
+        fatal("BAD_METADATA", string.format("chunk %s, %s: %s", tostring(k), tensor.name, reason))
+      end
+      for _, slice in ipairs(slices) do
+        local span = slice.src + (slice.rows - 1) * slice.src_pitch + slice.width
+        if span > tensor.bytes then
+          fatal("BAD_METADATA", string.format("%s holds %d bytes; its TP slice for rank %d needs %d", tensor.name,
+            tensor.bytes, self.rank, span))
+        end
+        copies[#copies + 1] = { target_offset = slice.dst, source_offset = tensor.offset + slice.src,
+          rows = slice.rows, width = slice.width, target_pitch = slice.dst_pitch, source_pitch = slice.src_pitch }
+        residents[#residents + 1] = self.resident_index[slice.resident]
+      end
+    end
+  end)
+  if not ok then
+    segment:close()
+    error(err, 0)
+  end
+  local chunk = { plan = self.transport.plan_load(copies), segment = segment, tensors = #tensors,
+    residents = residents }
+  if self.chunks[k] then
+    self.chunks[k].segment:close()
+  end
+  self.chunks[k], self.segments[k] = chunk, segment
+  self.digests:clear()
+  return chunk
 end
 
 --- load_chunk{chunk, buffer, tensors}: copies this rank's TP slice of every
 --- canonical tensor of the chunk from the packed buffer into resident storage,
---- in one batch of strided copies. `tensors` comes with a chunk's first load
---- after init_weights and is kept by chunk number; later loads of the chunk
---- omit it and are checked against the kept metadata in the same way.
+--- in one transport call. `tensors` comes with a chunk's first load after
+--- init_weights; the chunk's plan is made from it then and kept by chunk
+--- number, and later loads omit it.
 function Worker:load_chunk(payload)
   local update = self.update
   if not update then
@@ -231,56 +311,31 @@ function Worker:load_chunk(payload)
     fatal("NO_BUFFER", string.format("load_chunk names buffer %s; %d are mapped", tostring(payload.buffer),
       #self.imported))
   end
-  local tensors = payload.tensors
-  if tensors then
-    self.chunk_tensors[payload.chunk] = tensors
-  else
-    tensors = self.chunk_tensors[payload.chunk]
-    if not tensors then
-      fatal("BAD_METADATA", string.format("chunk %s comes without tensor metadata, and none came before",
-        tostring(payload.chunk)))
+  local k = payload.chunk
+  local chunk = self.chunks[k]
+  if payload.tensors then
+    chunk = self:_plan_chunk(k, payload.tensors)
+  elseif not chunk then
+    fatal("BAD_METADATA", string.format("chunk %s comes without tensor metadata, and none came before", tostring(k)))
+  end
+  local bytes, seconds = self.transport.load(self.weights, buffer, chunk.plan,
+    string.format("TP worker %d, chunk %s", self.rank, tostring(k)))
+  if not bytes then
+    fatal("LOAD_FAILED", seconds)
+  end
+  update.loaded[#update.loaded + 1] = k
+  -- Resident tensors filled in this update: each counted once.
+  local filled, epoch, touched = self.filled, update.epoch, update.touched
+  for _, index in ipairs(chunk.residents) do
+    if filled[index] ~= epoch then
+      filled[index] = epoch
+      touched = touched + 1
     end
   end
-  local copies_by_name = self.plan.copies
-  local total = 0
-  for _, tensor in ipairs(tensors) do
-    local copies = copies_by_name[tensor.name]
-    if not copies then
-      fatal("UNKNOWN_TENSOR", string.format("TP worker %d has no loader plan for %s", self.rank, tensor.name))
-    end
-    total = total + #copies
-  end
-  local ops = ffi.new("ws_copy_op[?]", math.max(total, 1))
-  local count = 0
-  for _, tensor in ipairs(tensors) do
-    local ok, message = update.manifest:add(tensor.name, tensor.dtype, tensor.shape)
-    if not ok then
-      fatal("BAD_METADATA", string.format("chunk %s, %s: %s", tostring(payload.chunk), tensor.name, message))
-    end
-    for _, copy in ipairs(copies_by_name[tensor.name]) do
-      local span = copy.src + (copy.rows - 1) * copy.src_pitch + copy.width
-      if span > tensor.bytes then
-        fatal("BAD_METADATA", string.format("%s holds %d bytes; its TP slice for rank %d needs %d", tensor.name,
-          tensor.bytes, self.rank, span))
-      end
-      local op = ops[count]
-      op.target_offset, op.source_offset = copy.dst, tensor.offset + copy.src
-      op.rows, op.width = copy.rows, copy.width
-      op.target_pitch, op.source_pitch = copy.dst_pitch, copy.src_pitch
-      count = count + 1
-      update.touched[copy.resident] = true
-    end
-  end
-  local status = C.ws_copy_run(ffi.cast("void *", self.weights:pointer()), self.weights:size(),
-    ffi.cast("void *", buffer:pointer()), buffer:size(), ops, count)
-  if status ~= 0 then
-    fatal("LOAD_FAILED", string.format("TP worker %d, chunk %s: %s", self.rank, tostring(payload.chunk),
-      ffi.string(C.ws_error_detail())))
-  end
-  local bytes = tonumber(C.ws_copy_bytes(ops, count))
-  update.tensors = update.tensors + #tensors
+  update.touched = touched
+  update.tensors = update.tensors + chunk.tensors
   update.bytes = update.bytes + bytes
-  return { rank = self.rank, tensors = #tensors, bytes = bytes }
+  return { rank = self.rank, tensors = chunk.tensors, bytes = bytes, copy_seconds = seconds }
 end
 
 --- finish_update{publication_id, model_version}: ends the update and returns
@@ -298,12 +353,11 @@ function Worker:finish_update(payload)
       tostring(header.publication_id), tostring(header.model_version)))
   end
   self.update = nil
-  local digest = assert(update.manifest:finish())
-  update.manifest:close()
-  local touched = 0
-  for _ in pairs(update.touched) do
-    touched = touched + 1
+  local manifest, message = self.digests:of(update.loaded, self.segments)
+  if not manifest then
+    fatal("MANIFEST", string.format("TP worker %d: %s", self.rank, tostring(message)))
   end
+  local digest = manifest.digest
   return {
     publication_id = header.publication_id,
     model_version = header.model_version,
@@ -313,7 +367,7 @@ function Worker:finish_update(payload)
     manifest = digest,
     tensors = update.tensors,
     bytes = update.bytes,
-    resident_tensors = touched,
+    resident_tensors = update.touched,
   }
 end
 
@@ -324,21 +378,21 @@ function Worker:resident_checksums()
   end
   local sums = {}
   for _, tensor in ipairs(self.plan.tensors) do
-    sums[tensor.name] = assert(self.weights:sha256(tensor.offset, tensor.bytes))
+    local sum, message = self.weights:sha256(tensor.offset, tensor.bytes)
+    if not sum then
+      fatal("CHECKSUM_FAILED", string.format("TP worker %d, %s: %s", self.rank, tensor.name, tostring(message)))
+    end
+    sums[tensor.name] = sum
   end
   return { rank = self.rank, tensors = sums }
 end
 
 -- Unmaps and frees every buffer this worker holds.
 function Worker:release_all()
-  for _, buffer in pairs(self.imported or {}) do
-    buffer:close()
-  end
+  self.transport.close_imported(self.imported)
   self.imported = {}
-  if self.update then
-    self.update.manifest:close()
-    self.update = nil
-  end
+  self:_forget_chunks()
+  self.update = nil
   self.weights = release(self.weights)
   self.host_copy = release(self.host_copy)
   self.kv = release(self.kv)
@@ -349,8 +403,17 @@ function Worker:close()
   self.server:close()
 end
 
+---@class wsync.ReferenceWorkerOptions
+---@field rank integer
+---@field world integer
+---@field backend string
+---@field device_index integer
+---@field weights_bytes integer
+---@field kv_bytes integer
+---@field fault string?
+
 --- Runs a worker until its main process shuts it down or goes away.
----@param options {rank: integer, world: integer, backend: string, device_index: integer, weights_bytes: integer, kv_bytes: integer, fault: string?}
+---@param options wsync.ReferenceWorkerOptions
 function M.main(options)
   -- Die with the process that started this one; refuse to run on when it
   -- is already gone (nobody would ever stop this process).
@@ -375,7 +438,8 @@ function M.main(options)
     device = { backend = options.backend, index = info.index, uuid = info.uuid, name = info.name },
     weights_state = "awake",
   }, Worker)
-  self.weights = allocate(self.weights_bytes, "resident weights")
+  self.transport = transport_module.for_backend(options.backend)
+  self.weights = self:_allocate(self.weights_bytes, "resident weights")
   fill_dummy(self.weights, self.rank)
 
   local handlers = {
@@ -426,6 +490,10 @@ function M.main(options)
   }
   self.server = server_module.serve({
     name = string.format("TP worker %d", self.rank),
+    -- No polling after an answer: the TP workers answer one main process at
+    -- once, and polling together they would take its cores ($WSYNC_WORKER_SPIN_US
+    -- turns it on).
+    spin_us = tonumber(os.getenv("WSYNC_WORKER_SPIN_US") or "") or 0,
     handlers = handlers,
     fault = options.fault,
     on_close = function()

@@ -1,22 +1,24 @@
 --- The agent: wsync's part inside one trainer rank. It registers the rank's
 --- tensors (name, dtype, global shape, where its dim-0 shard lives and which
 --- rows it holds) and step callbacks, then joins collective publications: on
---- the host's command it allocates and exports its packed buffers, runs
---- callbacks, and fills chunks by copying its shard rows into every rank's
---- buffer (the host backend's all-gather through shared memory).
+--- the host's command it creates and exports its packed buffers, runs
+--- callbacks, and fills chunks into every rank's buffer through the
+--- backend's transport (wsync.transport). Each chunk's fill and its part of
+--- the consumed manifest are planned once per session, at the chunk's first
+--- fill; a publication then runs one transport call per chunk.
 ---
 --- Everything here runs in coroutines on the host loop of the trainer's own
 --- wsync host (the synthetic trainer, or libwsync embedded in a trainer).
-local ffi = require("ffi")
 local uv = require("luv")
-local C = require("wsync.native.ffi")
+local copy = require("wsync.native.copy")
+local dtype_module = require("wsync.native.dtype")
 local errors = require("wsync.errors")
 local loop = require("wsync.loop")
-local manifest_module = require("wsync._manifest")
+local manifest_module = require("wsync.native.manifest")
 local messages = require("wsync.control.messages")
 local peer_module = require("wsync.control.peer")
 local plan_module = require("wsync.plan")
-local shm = require("wsync.native.shm")
+local transport_module = require("wsync.transport")
 
 local M = {}
 
@@ -32,8 +34,16 @@ local function check(condition, message, level)
   end
 end
 
+---@class wsync.AgentOptions
+---@field endpoint string
+---@field rank integer
+---@field world integer
+---@field backend string?
+---@field device_index integer?
+---@field timeout number?
+
 --- Connects to the host's control endpoint. Must run in a spawned coroutine.
----@param options {endpoint: string, rank: integer, world: integer, backend: string?, device_index: integer?, timeout: number?}
+---@param options wsync.AgentOptions
 ---@return wsync.Agent
 function M.connect(options)
   check(type(options.endpoint) == "string", "agent.connect: endpoint (socket path) required", 2)
@@ -48,9 +58,15 @@ function M.connect(options)
     tensors = {},
     by_name = {},
     callbacks = {},
-    buffers = {},
-    targets = nil,
+    memories = {},      -- the objects holding the shards, each once
+    memory_index = {},  -- memory object -> its index in memories
+    own = nil,          -- this rank's packed buffers (transport)
+    targets = nil,      -- every rank's buffers, as this rank fills them
+    fill_plans = {},    -- by chunk: {plan, segment, tensors}, once per session
+    fill_segments = {}, -- by chunk: the chunk's part of the consumed manifest
+    digests = manifest_module.digest_cache(),
   }, Agent)
+  self.transport = transport_module.for_backend(self.backend)
   local pipe = uv.new_pipe(false)
   local connected, message = loop.await(function(resume)
     pipe:connect(options.endpoint, function(err)
@@ -82,9 +98,11 @@ function Agent:unref()
   self.pipe:unref()
 end
 
---- Registers one tensor. `memory` is a wsync.native.shm buffer (or `{pointer =
---- lightuserdata, size = bytes}`) holding this rank's rows [first, first +
---- count) of dim 0, row-major, from byte `offset`.
+--- Registers one tensor. `memory` is a wsync.native.shm buffer (or
+--- `{pointer = lightuserdata, size = bytes}`) holding this rank's rows
+--- [first, first + count) of dim 0, row-major, from byte `offset`. The agent
+--- keeps `memory` referenced for as long as it lives, and reads its pointer
+--- again at every publication's start.
 ---@param tensor {name: string, dtype: string, shape: integer[], memory: any, offset: integer?, rows: integer[]}
 function Agent:register_tensor(tensor)
   check(type(tensor.name) == "string" and not self.by_name[tensor.name],
@@ -96,24 +114,26 @@ function Agent:register_tensor(tensor)
   for i = 2, #tensor.shape do
     row_elements = row_elements * tensor.shape[i]
   end
-  local element = C.ws_dtype_size(C.ws_dtype_from_name(tensor.dtype, #tensor.dtype))
-  check(element > 0, "register_tensor: unknown dtype " .. tostring(tensor.dtype), 2)
+  local element = dtype_module.size(tensor.dtype)
+  check(element ~= nil, "register_tensor: unknown dtype " .. tostring(tensor.dtype), 2)
   check(rows[1] >= 0 and rows[2] >= 0 and rows[1] + rows[2] <= tensor.shape[1],
     string.format("register_tensor %s: rows [%d, +%d) outside dim 0 of %d", tensor.name, rows[1], rows[2],
       tensor.shape[1]), 2)
-  local pointer, size
-  if type(tensor.memory) == "table" then
-    pointer, size = tensor.memory.pointer, tensor.memory.size
-  else
-    pointer, size = tensor.memory:pointer(), tensor.memory:size()
-  end
-  local row_bytes = row_elements * tonumber(element)
+  check(tensor.memory ~= nil, "register_tensor " .. tensor.name .. ": memory required", 2)
+  local _, size = copy.view(tensor.memory)
+  local row_bytes = row_elements * element
   local offset = tensor.offset or 0
   check(offset + rows[2] * row_bytes <= size, string.format("register_tensor %s: shard runs past its memory",
     tensor.name), 2)
+  local source = self.memory_index[tensor.memory]
+  if not source then
+    self.memories[#self.memories + 1] = tensor.memory
+    source = #self.memories
+    self.memory_index[tensor.memory] = source
+  end
   local entry = {
     name = tensor.name, dtype = tensor.dtype, shape = tensor.shape, rows = rows, row_bytes = row_bytes,
-    pointer = ffi.cast("char *", pointer), size = size, offset = offset,
+    memory = tensor.memory, source = source, offset = offset,
   }
   self.tensors[#self.tensors + 1] = entry
   self.by_name[tensor.name] = entry
@@ -182,135 +202,145 @@ end
 
 -- Host commands -------------------------------------------------------------
 
+-- Raises `code` for this rank in `phase` with `message` (and the transport's
+-- status code as the cause).
+local function refuse(self, code, phase, message, cause)
+  errors.raise(code, string.format("rank %d: %s", self.rank, message), { rank = self.rank, phase = phase,
+    cause = cause })
+end
+
+-- Closes the chunks' fill plans (a new session, or another family).
+function Agent:_forget_fill_plans()
+  for _, fill in pairs(self.fill_plans) do
+    fill.segment:close()
+  end
+  self.fill_plans, self.fill_segments = {}, {}
+  self.digests:clear()
+end
+
+-- Drops what the packed buffers of an earlier session left: mappings, the
+-- rank's own buffers, the chunks' fill plans.
+function Agent:_release_buffers()
+  self.transport.release(self.own, self.targets)
+  self.own, self.targets = nil, nil
+  self:_forget_fill_plans()
+end
+
 function Agent:_init_buffers(payload)
-  for _, buffer in ipairs(self.buffers) do
-    buffer:close()
+  self:_release_buffers()
+  local own, message, code = self.transport.create(payload.count, payload.bytes)
+  if not own then
+    refuse(self, "AGENT_MEMORY", "init", "cannot create its packed buffers: " .. message, code)
   end
-  self.buffers = {}
-  for slot = 1, payload.count do
-    local buffer, message, code = shm.create(payload.bytes)
-    if not buffer then
-      errors.raise("AGENT_MEMORY", string.format("rank %d cannot allocate packed buffer %d (%d bytes): %s",
-        self.rank, slot, payload.bytes, message), { rank = self.rank, phase = "init", cause = code })
-    end
-    self.buffers[slot] = buffer
-  end
-  local names = {}
-  for slot, buffer in ipairs(self.buffers) do
-    names[slot] = buffer:name()
-  end
-  return { names = names, uuid = self.device.uuid }
+  self.own = own
+  return { names = self.transport.descriptors(own), uuid = self.device.uuid }
 end
 
 function Agent:_attach(payload)
-  self:_close_targets()
-  self.targets = {}
-  for rank, names in ipairs(payload.buffers) do
-    local per_slot = {}
-    for slot, name in ipairs(names) do
-      if rank - 1 == self.rank then
-        per_slot[slot] = { buffer = self.buffers[slot], own = true }
-      else
-        local buffer, message = shm.open(name)
-        if not buffer then
-          errors.raise("AGENT_ATTACH", string.format("rank %d cannot map rank %d's buffer %s: %s", self.rank,
-            rank - 1, name, message), { rank = self.rank, phase = "init" })
-        end
-        per_slot[slot] = { buffer = buffer, own = false }
-      end
-    end
-    self.targets[rank] = per_slot
+  if not self.own then
+    refuse(self, "AGENT_STATE", "init", "attach before its buffers were created")
   end
+  self.transport.release(nil, self.targets) -- mappings of an attach before
+  self.targets = nil
+  local targets, message, code = self.transport.attach(self.own, payload.buffers, self.rank)
+  if not targets then
+    refuse(self, "AGENT_ATTACH", "init", "cannot map the ranks' buffers: " .. message, code)
+  end
+  self.targets = targets
+  self:_forget_fill_plans()
   return {}
 end
 
 function Agent:_begin(payload)
-  if self.consumed then
-    self.consumed:close()
+  local family = plan_module.family(payload.family)
+  if self.family and self.family ~= family then
+    self:_forget_fill_plans() -- another family's export makes other records
   end
-  self.family = plan_module.family(payload.family)
-  self.consumed = assert(manifest_module.new())
+  self.family = family
+  -- The chunks this publication fills, in order: the consumed manifest is
+  -- the manifest of their segments (wsync.native.manifest.digest_cache).
+  self.consumed = {}
   self.publication = payload.publication_id
+  -- The shards' pointers as they are now: memory moved by an offload and an
+  -- onload since the last publication is read where it is.
+  self.sources = copy.ends(self.memories)
   return {}
 end
 
--- Copies this rank's rows of each slot of a chunk into buffer `slot` of every
--- rank: one batch of copy ops for all destinations, run in C.
-function Agent:_fill(payload)
-  if not self.targets then
-    errors.raise("AGENT_STATE", "fill before the buffers were attached", { rank = self.rank, phase = "fill" })
-  end
-  local slots = payload.slots
-  local ops = ffi.new("ws_copy_op[?]", #slots)
-  local count, source_pointer, source_size = 0, nil, 0
-  local bytes = 0
-  for _, slot in ipairs(slots) do
-    if type(slot) ~= "table" or type(slot.name) ~= "string" or type(slot.offset) ~= "number" or slot.offset < 0
-        or slot.offset % 1 ~= 0 then
-      errors.raise("BAD_MESSAGE", string.format("rank %d: fill of chunk %d: a slot is not {name, offset}", self.rank,
-        payload.chunk), { rank = self.rank, phase = "fill" })
-    end
-    local tensor = self.by_name[slot.name]
-    if not tensor then
-      errors.raise("MISSING_TENSOR", string.format("rank %d has no tensor %s registered", self.rank, slot.name),
-        { rank = self.rank, phase = "fill" })
-    end
-    for _, record in ipairs(self.family.export(tensor.name, tensor.shape)) do
-      local ok, message = self.consumed:add(record.name, record.dtype, record.shape)
-      if not ok then
-        errors.raise("MANIFEST", message, { rank = self.rank, phase = "fill" })
+-- Plans chunk `k`'s fill from its slots (`{name, offset}`: the trainer
+-- tensors in the chunk and where each starts in the buffer): this rank's rows
+-- of each, and the canonical records the export makes of them (the chunk's
+-- part of the consumed manifest).
+function Agent:_plan_fill(k, slots)
+  local spans, segment = {}, assert(manifest_module.segment())
+  local ok, err = pcall(function()
+    for _, slot in ipairs(slots) do
+      if type(slot) ~= "table" or type(slot.name) ~= "string" or type(slot.offset) ~= "number" or slot.offset < 0
+          or slot.offset % 1 ~= 0 then
+        refuse(self, "BAD_MESSAGE", "fill", string.format("fill of chunk %d: a slot is not {name, offset}", k))
+      end
+      local tensor = self.by_name[slot.name]
+      if not tensor then
+        refuse(self, "MISSING_TENSOR", "fill", "has no tensor " .. slot.name .. " registered")
+      end
+      for _, record in ipairs(self.family.export(tensor.name, tensor.shape)) do
+        local added, message = segment:add(record.name, record.dtype, record.shape)
+        if not added then
+          refuse(self, "MANIFEST", "fill", message)
+        end
+      end
+      if tensor.rows[2] > 0 then
+        spans[#spans + 1] = { target_offset = slot.offset + tensor.rows[1] * tensor.row_bytes,
+          source = tensor.source, source_offset = tensor.offset, bytes = tensor.rows[2] * tensor.row_bytes }
       end
     end
-    if source_pointer == nil then
-      source_pointer, source_size = tensor.pointer, tensor.size
-    elseif source_pointer ~= tensor.pointer then
-      -- Shards in separate memories: run what is batched so far per source.
-      bytes = bytes + self:_run_ops(payload.buffer, ops, count, source_pointer, source_size)
-      count, source_pointer, source_size = 0, tensor.pointer, tensor.size
-    end
-    if tensor.rows[2] > 0 then
-      local op = ops[count]
-      op.target_offset = slot.offset + tensor.rows[1] * tensor.row_bytes
-      op.source_offset = tensor.offset
-      op.rows = 1
-      op.width = tensor.rows[2] * tensor.row_bytes
-      op.target_pitch = op.width
-      op.source_pitch = op.width
-      count = count + 1
-    end
+  end)
+  if not ok then
+    segment:close()
+    error(err, 0)
   end
-  if count > 0 then
-    bytes = bytes + self:_run_ops(payload.buffer, ops, count, source_pointer, source_size)
-  end
-  return { bytes = bytes, rank = self.rank }
+  local fill = { plan = self.transport.plan_fill(spans), segment = segment, tensors = #slots }
+  self.fill_plans[k], self.fill_segments[k] = fill, segment
+  self.digests:clear()
+  return fill
 end
 
--- Runs the ops into buffer `slot` of every rank in one C call, which reads
--- each source byte once (target i of the call is rank i's buffer).
-function Agent:_run_ops(slot, ops, count, source_pointer, source_size)
-  local world = #self.targets
-  local pointers, sizes = ffi.new("void *[?]", world), ffi.new("size_t[?]", world)
-  for rank, per_slot in ipairs(self.targets) do
-    local target = per_slot[slot].buffer
-    pointers[rank - 1], sizes[rank - 1] = ffi.cast("void *", target:pointer()), target:size()
+-- Fills chunk `k` into buffer slot `payload.buffer` of every rank: one
+-- transport call. A chunk's slots come with its first fill after attach;
+-- later fills name the chunk only.
+function Agent:_fill(payload)
+  if not self.targets or not self.consumed then
+    refuse(self, "AGENT_STATE", "fill", "fill before the buffers were attached and the publication began")
   end
-  local status = C.ws_copy_run_targets(pointers, sizes, world, source_pointer, source_size, ops, count)
-  if status ~= 0 then
-    errors.raise("FILL_FAILED", string.format("rank %d filling buffer %d of every rank (target i is rank i's): %s",
-      self.rank, slot, ffi.string(C.ws_error_detail())), { rank = self.rank, phase = "fill" })
+  local k = payload.chunk
+  local fill = self.fill_plans[k]
+  if payload.slots ~= nil then
+    if fill then
+      fill.segment:close()
+    end
+    fill = self:_plan_fill(k, payload.slots)
+  elseif not fill then
+    refuse(self, "BAD_METADATA", "fill", string.format("chunk %d comes without its slots, and none came before", k))
   end
-  return world * tonumber(C.ws_copy_bytes(ops, count))
+  local bytes, seconds, code = self.transport.fill(self.targets, payload.buffer, self.sources, fill.plan,
+    string.format("filling buffer %d of every rank", payload.buffer))
+  if not bytes then
+    refuse(self, "FILL_FAILED", "fill", seconds, code)
+  end
+  self.consumed[#self.consumed + 1] = k
+  return { bytes = bytes, rank = self.rank, copy_seconds = seconds }
 end
 
 function Agent:_verify()
   if not self.consumed then
-    errors.raise("AGENT_STATE", "verify before begin", { rank = self.rank, phase = "verify" })
+    refuse(self, "AGENT_STATE", "verify", "verify before begin")
   end
-  local digest = assert(self.consumed:finish())
-  local count, bytes = self.consumed:count(), self.consumed:bytes()
-  self.consumed:close()
+  local manifest, message = self.digests:of(self.consumed, self.fill_segments)
   self.consumed = nil
-  return { manifest = digest, tensors = count, bytes = bytes, rank = self.rank }
+  if not manifest then
+    refuse(self, "MANIFEST", "verify", message)
+  end
+  return { manifest = manifest.digest, tensors = manifest.count, bytes = manifest.bytes, rank = self.rank }
 end
 
 function Agent:_handlers()
@@ -363,28 +393,10 @@ function Agent:_handlers()
   }
 end
 
-function Agent:_close_targets()
-  for _, per_slot in ipairs(self.targets or {}) do
-    for _, target in ipairs(per_slot) do
-      if not target.own then
-        target.buffer:close()
-      end
-    end
-  end
-  self.targets = nil
-end
-
 --- Leaves the host and unmaps and frees every buffer this agent mapped.
 function Agent:close()
-  self:_close_targets()
-  for _, buffer in ipairs(self.buffers) do
-    buffer:close()
-  end
-  self.buffers = {}
-  if self.consumed then
-    self.consumed:close()
-    self.consumed = nil
-  end
+  self:_release_buffers()
+  self.consumed = nil
   self.peer:close("the agent closed")
 end
 

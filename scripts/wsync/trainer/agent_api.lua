@@ -33,9 +33,7 @@ local M = {}
 local Handle = {}
 Handle.__index = Handle
 
-local function pack(...)
-  return { n = select("#", ...), ... }
-end
+local pack = require("wsync.util").pack
 
 --- The text a C caller reads for an error value: an error object's context
 --- and message with its code (and its cause, when the error carries one); a
@@ -113,8 +111,16 @@ function Handle:_after_failure(err, stranded)
   end
 end
 
+---@class wsync.AgentOpenOptions
+---@field endpoint string
+---@field rank integer
+---@field world integer
+---@field backend string?
+---@field device_index integer?
+---@field timeout number?
+
 --- Connects a trainer rank to the host's control endpoint.
----@param options {endpoint: string, rank: integer, world: integer, backend: string?, device_index: integer?, timeout: number?}
+---@param options wsync.AgentOpenOptions
 ---@return wsync.AgentHandle|nil, string?, string?
 function M.open(options)
   local ok, agent = run(agent_module.connect, options)

@@ -23,13 +23,12 @@
 --- A failed publication ends the trainer with its error, unless the host says
 --- it respawns the runtime (`respawn` on the error): then the rank reports the
 --- failure on stderr and goes on to its next step.
-local ffi = require("ffi")
 local uv = require("luv")
-local C = require("wsync.native.ffi")
 local agent_module = require("wsync.trainer.agent")
 local errors = require("wsync.errors")
 local plan_module = require("wsync.plan")
 local shm = require("wsync.native.shm")
+local synth = require("wsync.native.synth")
 
 local M = {}
 
@@ -80,20 +79,27 @@ end
 
 --- Writes version `version`'s values into every shard.
 function M.generate(memory, shards, version)
-  local base = ffi.cast("char *", memory:pointer())
   for _, shard in ipairs(shards.tensors) do
     if shard.bytes > 0 then
-      local status = C.ws_synth_fill(base + shard.offset, C.WS_DTYPE_BFLOAT16,
-        C.ws_synth_seed(shard.name, #shard.name), shard.rows[1] * shard.row_elements,
-        shard.rows[2] * shard.row_elements, version)
-      assert(status == 0, ffi.string(C.ws_error_detail()))
+      assert(synth.fill(memory, shard.offset, shard.name, shard.rows[1] * shard.row_elements,
+        shard.rows[2] * shard.row_elements, version))
     end
   end
 end
 
+---@class wsync.SyntheticTrainerOptions
+---@field endpoint string
+---@field rank integer
+---@field world integer
+---@field family string
+---@field model string|table
+---@field versions integer
+---@field backend string?
+---@field device_index integer?
+
 --- Runs one synthetic trainer rank: connect, register, then for each version
 --- an optimizer step and a collective publish.
----@param options {endpoint: string, rank: integer, world: integer, family: string, model: string|table, versions: integer, backend: string?, device_index: integer?}
+---@param options wsync.SyntheticTrainerOptions
 function M.main(options)
   local faults = parse_faults(os.getenv("WSYNC_TRAINER_FAULT"), options.rank)
   local family = plan_module.family(options.family or "qwen3_moe")

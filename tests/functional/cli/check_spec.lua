@@ -50,14 +50,15 @@ describe("wsync check", function()
     local result = check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua", "--plan-only" })
     assert.are.equal(0, result.code, result.stderr)
     local out = result.stdout
-    assert.matches("^recipes/qwen3_30b_a3b_fsdp4_tp4.lua: plan ok: recipe qwen3%-30b%-a3b%-fsdp4%-tp4, backend cuda\n", out)
+    assert.matches("^recipes/qwen3_30b_a3b_fsdp4_tp4.lua: plan ok: recipe qwen3%-30b%-a3b%-fsdp4%-tp4, "
+      .. "backend cuda\n", out)
     assert.matches("\n  model +qwen3_moe %(qwen3%-30b%-a3b%), FSDP4 %-> TP4\n", out)
     assert.matches("\n  tensors +18867 canonical %(531 trainer tensors%)\n", out)
     assert.matches("\n  bytes +61064245248 %(56.87 GiB%)\n", out)
     assert.matches("\n  largest +model%.layers%.0%.mlp%.experts%.gate_up_proj, 805306368 bytes %(768%.00 MiB%)\n", out)
     assert.matches("\n  chunks +" .. json.chunks .. ", buffers 2 x 1073741824 bytes %(1%.00 GiB%)\n", out)
-    assert.matches("\n  peak memory +" .. string.format("%d", json.peak_device_bytes) .. " bytes %([%d.]+ GiB%) per device, at ",
-      out)
+    assert.matches("\n  peak memory +" .. string.format("%d", json.peak_device_bytes)
+      .. " bytes %([%d.]+ GiB%) per device, at ", out)
     assert.matches("\n  manifest +" .. json.manifest .. "\n", out)
     -- every schedule step with its bytes
     assert.matches("\n +schedule%[3%] +publish +%d+ %(", out)
@@ -183,7 +184,8 @@ describe("wsync check and wsync run agree", function()
     local refused = check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua" })
     assert.are.equal(3, refused.code)
     assert.matches("runtime.kind 'vllm' is not in this build", refused.stderr, 1, true)
-    local summary = cjson.decode(check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua", "--plan-only", "--json" }).stdout)
+    local summary = cjson.decode(check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua", "--plan-only",
+      "--json" }).stdout)
     assert.is_false(summary.runs_here)
     assert.are.equal("runtime.kind 'vllm' is not in this build (this build has: reference, on the host backend)",
       summary.not_runnable)

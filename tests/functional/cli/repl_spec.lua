@@ -463,7 +463,8 @@ describe("wsync.cli.repl.start in process", function()
 
   it("reads the given input and returns 0, closing what it opened", function()
     local output, errors = sink(), sink()
-    local code = require("wsync.cli.repl").start({ input = "1+1\nerror('e')\n'after'", output = output, errors = errors })
+    local code = require("wsync.cli.repl").start({ input = "1+1\nerror('e')\n'after'", output = output,
+      errors = errors })
     assert.are.equal(0, code)
     assert.are.equal('2\n"after"\n', output.text())
     assert.matches("^stdin:1: e\n", errors.text())

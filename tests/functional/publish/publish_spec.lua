@@ -146,7 +146,8 @@ describe("wsync run, a wrong value that only the resident check sees", function(
   -- and fails the run. The runtime that committed the wrong version is then
   -- destroyed, so it never serves it, and no rank is told it was published.
   it("fails with VERIFY_RESIDENT naming a TP worker and a tensor", function()
-    local result = leftovers.run({ "run", "recipes/demo.lua" }, { env = { "WSYNC_TRAINER_FAULT=rank1:stale@publish#2" } })
+    local result = leftovers.run({ "run", "recipes/demo.lua" },
+      { env = { "WSYNC_TRAINER_FAULT=rank1:stale@publish#2" } })
     leftovers.assert_clean(result)
     assert.are.equal(1, result.code)
     local failure = verdict(result.stdout):match("^FAILED: (.*)$")

@@ -8,7 +8,6 @@ local uv = require("luv")
 local async = require("tests.helpers.async")
 local shm_files = require("tests.helpers.shm")
 local fault = require("wsync.control.fault")
-local runtime = require("wsync.runtime")
 
 local run_async = async.run_async
 local runtime_helper = require("tests.helpers.runtime")

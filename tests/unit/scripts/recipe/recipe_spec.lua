@@ -45,9 +45,12 @@ describe("recipe.load", function()
   end
 
   it("explains each restriction", function()
-    assert.matches("sets the global 'counter': use a local", error_of(recipe.load, fixture("sets_global.lua").path).message, 1, true)
-    assert.matches("reads the undefined global", error_of(recipe.load, fixture("reads_undefined.lua").path).message, 1, true)
-    assert.matches("may only require wsync modules", error_of(recipe.load, fixture("requires_other.lua").path).message, 1, true)
+    local function message_of(file)
+      return error_of(recipe.load, fixture(file).path).message
+    end
+    assert.matches("sets the global 'counter': use a local", message_of("sets_global.lua"), 1, true)
+    assert.matches("reads the undefined global", message_of("reads_undefined.lua"), 1, true)
+    assert.matches("may only require wsync modules", message_of("requires_other.lua"), 1, true)
   end)
 
   it("reports a syntax error with its line", function()
@@ -92,6 +95,26 @@ describe("recipe.load", function()
     assert.is_nil(err.line)
     assert.are.equal("tests/fixtures/recipes/does_not_exist.lua: cannot open the recipe: No such file or directory",
       tostring(err))
+  end)
+
+  -- (Found with tests/fuzz: LuaJIT loads bytecode unchecked, and a
+  -- damaged one crashed the host.)
+  it("refuses a file of compiled Lua bytecode, valid or damaged", function()
+    local directory = assert(uv.fs_mkdtemp("/tmp/wsync-recipe-XXXXXX"))
+    local path = directory .. "/compiled.lua"
+    local bytecode = string.dump(function()
+      return { name = "compiled", run = function() end }
+    end)
+    for _, bytes in ipairs({ bytecode, bytecode:sub(1, 5) .. string.rep("\255", #bytecode - 5) }) do
+      local file = assert(io.open(path, "wb"))
+      file:write(bytes)
+      file:close()
+      local err = error_of(recipe.load, path)
+      assert.are.equal("RECIPE_INVALID", err.code)
+      assert.are.equal(path .. ": the file is compiled Lua bytecode; a recipe must be Lua source text", tostring(err))
+    end
+    os.remove(path)
+    assert(uv.fs_rmdir(directory))
   end)
 
   describe("under a long path", function()
@@ -217,7 +240,8 @@ describe("recipe extends", function()
     local err = error_of(recipe.load, path)
     assert.are.equal(path, err.file)
     assert.are.equal(2, err.line)
-    assert.matches("extends nothing.lua: cannot open " .. directory .. "/nothing.lua: No such file", err.message, 1, true)
+    assert.matches("extends nothing.lua: cannot open " .. directory .. "/nothing.lua: No such file", err.message, 1,
+      true)
   end)
 
   it("refuses a cycle, naming the file and line that closes it", function()

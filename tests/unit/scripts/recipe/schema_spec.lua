@@ -113,7 +113,8 @@ describe("schema records", function()
 
   it("fills defaults, copying table defaults", function()
     local first = assert(schema.check(spec, { name = "x" }))
-    assert.are.same({ name = "x", backend = "host", verbose = false, retries = 3, params = {}, tags = { "a", "b" } }, first)
+    assert.are.same({ name = "x", backend = "host", verbose = false, retries = 3, params = {}, tags = { "a", "b" } },
+      first)
     first.params.changed = true
     first.tags[1] = "changed"
     local second = assert(schema.check(spec, { name = "y" }))

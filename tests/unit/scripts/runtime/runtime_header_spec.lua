@@ -64,13 +64,13 @@ end)
 
 describe("reference runtime worker: receipts", function()
   local worker_module = require("wsync.runtime.worker")
-  local manifest_module = require("wsync._manifest")
+  local manifest_module = require("wsync.native.manifest")
 
   -- A worker in an update, as start_update leaves it (no processes).
   local function updating()
     return setmetatable({
-      rank = 1, world = 2, device = { uuid = UUIDS[2] },
-      update = { header = header(), manifest = assert(manifest_module.new()), tensors = 0, bytes = 0, touched = {} },
+      rank = 1, world = 2, device = { uuid = UUIDS[2] }, digests = manifest_module.digest_cache(), segments = {},
+      update = { header = header(), loaded = {}, tensors = 0, bytes = 0, touched = 0 },
     }, worker_module.Worker)
   end
 
@@ -91,7 +91,6 @@ describe("reference runtime worker: receipts", function()
       local err = error_of(worker.finish_update, worker, payload)
       assert.are.equal("WRONG_PUBLICATION", err.code)
       assert.is_true(err.fatal)
-      worker.update.manifest:close()
     end
   end)
 end)

@@ -1,0 +1,202 @@
+--- The trainer ranks of a session, as the host drives them: their
+--- registrations, commands to all of them at once, the check of what they
+--- registered against the plan (once per session), their packed buffers
+--- (created, exported and attached once per session), and chunk fills (a
+--- chunk's slots go to the ranks with its first fill; later fills name it).
+local errors = require("wsync.errors")
+local loop = require("wsync.loop")
+
+local M = {}
+
+---@class wsync.Ranks
+---@field agents {peer: wsync.Peer, info: table}[]  by rank, 1-based
+---@field descriptors string[][]?  every rank's buffer descriptors, once created
+local Ranks = {}
+Ranks.__index = Ranks
+
+--- The ranks of `registered` (by rank, 0-based: `{info, peer}`), `world` of
+--- them.
+---@param registered table<integer, {info: table, peer: wsync.Peer}>
+---@param world integer
+---@return wsync.Ranks
+function M.new(registered, world)
+  local agents = {}
+  for rank = 0, world - 1 do
+    agents[rank + 1] = { peer = registered[rank].peer, info = registered[rank].info }
+  end
+  return setmetatable({ agents = agents, fills_planned = {} }, Ranks)
+end
+
+--- The ranks' device indices and UUIDs, in rank order.
+---@return integer[] indices, string[] uuids
+function Ranks:devices()
+  local indices, uuids = {}, {}
+  for index, agent in ipairs(self.agents) do
+    indices[index], uuids[index] = agent.info.device.index, agent.info.device.uuid
+  end
+  return indices, uuids
+end
+
+--- Sends `cmd` to every rank at once; returns the results by rank (1-based).
+--- Raises the failure of the lowest failing rank, with its rank and the
+--- command as the phase.
+---@param cmd string
+---@param payload_of fun(rank: integer): table
+---@param timeout number
+function Ranks:all(cmd, payload_of, timeout)
+  local agents = self.agents
+  local results, failed, err = loop.all(#agents, function(index)
+    return agents[index].peer:request(cmd, payload_of(index - 1), timeout)
+  end)
+  if failed then
+    local message = errors.is(err) and err.message or tostring(err)
+    errors.raise(errors.is(err) and err.code or "AGENT_FAILED", string.format("trainer rank %d: %s", failed - 1,
+      message), { rank = failed - 1, phase = cmd })
+  end
+  return results
+end
+
+local function empty()
+  return {}
+end
+
+--- Every rank's device memory now: `{free_bytes, total_bytes}` by rank.
+---@param timeout number
+function Ranks:memory(timeout)
+  return self:all("memory", empty, timeout)
+end
+
+--- Checks, once per session, that what every rank registered is the plan's
+--- trainer layout: every tensor present with the plan's dtype and global
+--- shape, and the ranks' dim-0 rows covering it exactly once. Raises
+--- PREFLIGHT naming the rank and the tensor. (Registrations do not change
+--- within a session.)
+---@param plan wsync.Plan
+function Ranks:check_registration(plan)
+  if self.registration_checked == plan then
+    return
+  end
+  local function refuse(message, fields)
+    errors.raise("PREFLIGHT", message, fields)
+  end
+  local expected = {}
+  for _, tensor in ipairs(plan.layout) do
+    expected[tensor.name] = tensor
+  end
+  local covered = {}
+  for index, agent in ipairs(self.agents) do
+    local rank = index - 1
+    local registered = {}
+    for _, tensor in ipairs(agent.info.tensors) do
+      local want = expected[tensor.name]
+      if not want then
+        refuse(string.format("trainer rank %d registered %s, which the %s plan does not export", rank, tensor.name,
+          plan.family), { rank = rank, tensor = tensor.name })
+      end
+      local same = tensor.dtype == want.dtype and #tensor.shape == #want.shape
+      for d = 1, #want.shape do
+        same = same and tensor.shape[d] == want.shape[d]
+      end
+      if not same then
+        refuse(string.format("trainer rank %d registered %s as %s %s; the model config says %s %s", rank,
+          tensor.name, tostring(tensor.dtype), table.concat(tensor.shape, "x"), want.dtype,
+          table.concat(want.shape, "x")), { rank = rank, tensor = tensor.name })
+      end
+      registered[tensor.name] = true
+      local rows = covered[tensor.name] or {}
+      covered[tensor.name] = rows
+      rows[#rows + 1] = { first = tensor.rows[1], count = tensor.rows[2], rank = rank }
+    end
+    for _, tensor in ipairs(plan.layout) do
+      if not registered[tensor.name] then
+        refuse(string.format("trainer rank %d did not register %s", rank, tensor.name),
+          { rank = rank, tensor = tensor.name })
+      end
+    end
+  end
+  for _, tensor in ipairs(plan.layout) do
+    local rows = covered[tensor.name]
+    table.sort(rows, function(a, b)
+      return a.first < b.first
+    end)
+    local next_row = 0
+    for _, range in ipairs(rows) do
+      if range.count > 0 then
+        if range.first ~= next_row then
+          refuse(string.format("%s: rank %d's rows start at %d, expected %d (shards must cover dim 0 exactly once)",
+            tensor.name, range.rank, range.first, next_row), { rank = range.rank, tensor = tensor.name })
+        end
+        next_row = range.first + range.count
+      end
+    end
+    if next_row ~= tensor.shape[1] then
+      refuse(string.format("%s: the ranks' shards cover %d of %d rows", tensor.name, next_row, tensor.shape[1]),
+        { tensor = tensor.name })
+    end
+  end
+  self.registration_checked = plan
+end
+
+--- Creates and exports every rank's packed buffers and has every rank map
+--- every rank's, once per session (buffer policy "keep": they live until the
+--- session closes). Returns the descriptors by rank.
+---@param plan wsync.Plan
+---@param timeout number
+---@return string[][]
+function Ranks:init_buffers(plan, timeout)
+  if not self.descriptors then
+    local results = self:all("init_buffers", function()
+      return { count = plan.buffer_count, bytes = plan.buffer_bytes }
+    end, timeout)
+    local descriptors = {}
+    for index, result in ipairs(results) do
+      descriptors[index] = result.names
+    end
+    -- Known before attach: when attach fails, the buffers exist all the same
+    -- (and the cleanup removes them).
+    self.descriptors = descriptors
+  end
+  if not self.attached then
+    local descriptors = self.descriptors
+    self:all("attach", function()
+      return { buffers = descriptors }
+    end, timeout)
+    self.attached = true
+    self.fills_planned = {} -- an attach drops the ranks' fill plans
+  end
+  return self.descriptors
+end
+
+-- What the agents get to plan a chunk's fill: its slots' names and offsets.
+local function fill_slots(chunk)
+  if not chunk.fill_payload then
+    local slots = {}
+    for i, slot in ipairs(chunk.slots) do
+      slots[i] = { name = slot.name, offset = slot.offset }
+    end
+    chunk.fill_payload = slots
+  end
+  return chunk.fill_payload
+end
+
+--- Every rank fills chunk `k` of `plan` into buffer slot `buffer`; returns
+--- their reports once all succeeded (the consensus gate). The chunk's slots
+--- go with its first fill of the session: the ranks plan it then, and keep
+--- the plan.
+---@param plan wsync.Plan
+---@param k integer
+---@param buffer integer
+---@param timeout number
+function Ranks:fill(plan, k, buffer, timeout)
+  local payload = { chunk = k, buffer = buffer }
+  if not self.fills_planned[k] then
+    payload.slots = fill_slots(plan.chunks[k])
+  end
+  local reports = self:all("fill", function()
+    return payload
+  end, timeout)
+  self.fills_planned[k] = true
+  return reports
+end
+
+return M

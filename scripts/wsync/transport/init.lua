@@ -1,0 +1,42 @@
+--- The data plane's seam: the transport of a device backend. Policy (the
+--- agent, the TP workers, the publication, the cleanup) asks this module for
+--- the transport and never names shared memory or CUDA itself.
+---
+--- Every transport implements the interface documented in
+--- wsync.transport.shm: packed buffers created, exported and attached by the
+--- trainer ranks, imported and loaded from by the TP workers, fill and load
+--- plans made once per chunk and run in one call each, resident memory, and
+--- the removal of what a crash left behind.
+local errors = require("wsync.errors")
+
+local M = {}
+
+--- The transport module of each device backend.
+M.BY_BACKEND = { host = "wsync.transport.shm" }
+
+--- The transport of `backend` ("host", "cuda"). Raises TRANSPORT naming the
+--- backend when this build has none for it.
+---@param backend string
+---@return table
+function M.for_backend(backend)
+  local name = M.BY_BACKEND[backend]
+  if not name then
+    local have = {}
+    for known in pairs(M.BY_BACKEND) do
+      have[#have + 1] = known
+    end
+    table.sort(have)
+    errors.raise("TRANSPORT", string.format("no transport for the %s backend in this build (it has: %s)",
+      tostring(backend), table.concat(have, ", ")))
+  end
+  return require(name)
+end
+
+--- The name a publication header gives the transport of `backend`.
+---@param backend string
+---@return string
+function M.name(backend)
+  return M.for_backend(backend).NAME
+end
+
+return M

@@ -1,0 +1,256 @@
+--- The `shm` transport, the host backend's data plane: packed buffers are
+--- POSIX shared-memory segments that every trainer rank and the TP worker of
+--- the same rank map; the all-gather of shards is each rank copying its rows
+--- into every rank's buffer; a TP worker's load is a batch of strided copies
+--- from its rank's buffer into resident memory (private anonymous memory, the
+--- "device" of the host backend).
+---
+--- Segments are named (/dev/shm/wsync-<creator pid>-...) rather than memfds
+--- passed over the control sockets: the runtime's workers are reached through
+--- their main process over pipes, and passing descriptors there would need
+--- SCM_RIGHTS through two hops that luv's pipes do not carry; a name also lets
+--- a new process map a buffer by itself. What a crash leaves behind is found
+--- by the creator's pid in the name (M.remove_leftovers).
+---
+--- Interface (shared with the cuda transport; wsync.transport picks one):
+---   agent side:   create(count, bytes) -> own buffers; descriptors(own);
+---                 attach(own, descriptors by rank, rank) -> targets;
+---                 plan_fill(spans) -> fill plan; fill(targets, slot,
+---                 sources, plan); release(own, targets)
+---   runtime side: import(descriptors) -> imported; load(resident, imported
+---                 slot, plan); plan_load(copies) -> load plan;
+---                 close_imported(imported); allocate(bytes, what)
+---   cleanup:      remove_leftovers(descriptors, pids)
+local uv = require("luv")
+local copy = require("wsync.native.copy")
+local shm = require("wsync.native.shm")
+
+local M = {}
+
+--- The name a publication header gives this transport.
+M.NAME = "shm"
+
+---@class wsync.ShmOwn
+---@field buffers userdata[]  this rank's packed buffers, by slot
+
+--- Creates this rank's `count` packed buffers of `bytes` bytes. Returns them,
+--- or nil, message, code (the buffers made so far are closed).
+---@param count integer
+---@param bytes integer
+---@return wsync.ShmOwn|nil, string?, string?
+function M.create(count, bytes)
+  local own = { buffers = {} }
+  for slot = 1, count do
+    local buffer, message, code = shm.create(bytes)
+    if not buffer then
+      M.release(own)
+      return nil, string.format("packed buffer %d (%d bytes): %s", slot, bytes, message), code
+    end
+    own.buffers[slot] = buffer
+  end
+  return own
+end
+
+--- What other processes need to map `own`'s buffers (by slot).
+---@param own wsync.ShmOwn
+---@return string[]
+function M.descriptors(own)
+  local names = {}
+  for slot, buffer in ipairs(own.buffers) do
+    names[slot] = buffer:name()
+  end
+  return names
+end
+
+---@class wsync.ShmTargets
+---@field mapped userdata[]            other ranks' buffers this rank mapped
+---@field by_slot wsync.CopyEnds[]     every rank's buffer of a slot, rank order
+
+--- Maps every other rank's buffers (`descriptors[rank + 1][slot]`) next to
+--- this rank's own: the targets of this rank's fills. Returns them, or nil,
+--- message, code (what was mapped is closed).
+---@param own wsync.ShmOwn
+---@param descriptors string[][]
+---@param rank integer
+function M.attach(own, descriptors, rank)
+  local targets = { mapped = {}, by_slot = {} }
+  local per_slot = {}
+  for index, names in ipairs(descriptors) do
+    for slot, name in ipairs(names) do
+      local buffer = own.buffers[slot]
+      if index - 1 ~= rank then
+        local message, code
+        buffer, message, code = shm.open(name)
+        if not buffer then
+          M.release(nil, targets)
+          return nil, string.format("rank %d's buffer %s: %s", index - 1, name, message), code
+        end
+        targets.mapped[#targets.mapped + 1] = buffer
+      end
+      per_slot[slot] = per_slot[slot] or {}
+      per_slot[slot][index] = buffer
+    end
+  end
+  for slot, buffers in ipairs(per_slot) do
+    targets.by_slot[slot] = copy.ends(buffers)
+  end
+  return targets
+end
+
+--- A chunk's fill, planned once: `spans` are this rank's pieces of the
+--- chunk, `{target_offset, source, source_offset, bytes}` (source: the index
+--- of the rank's memory, 1-based), each written at the same offset of every
+--- rank's buffer slot.
+---@param spans table[]
+---@return wsync.CopyBatch
+function M.plan_fill(spans)
+  local batch = copy.batch(#spans)
+  for _, span in ipairs(spans) do
+    batch:add(span.target_offset, span.source_offset, 1, span.bytes, span.bytes, span.bytes, span.source - 1)
+  end
+  return batch
+end
+
+--- Runs a fill plan into buffer `slot` of every rank, reading `sources` (the
+--- rank's memories, from wsync.native.copy.ends). Returns the bytes written
+--- and the seconds the copy took, or nil, message, code.
+function M.fill(targets, slot, sources, plan, what)
+  local ends = targets.by_slot[slot]
+  if not ends then
+    return nil, string.format("%s: buffer %s is not mapped", what or "fill", tostring(slot)), "WS_EINVAL"
+  end
+  local started = uv.hrtime()
+  local bytes, message, code = copy.run_sources(ends, sources, plan, what)
+  if not bytes then
+    return nil, message, code
+  end
+  return bytes, (uv.hrtime() - started) / 1e9
+end
+
+--- Unmaps and frees what an agent holds: its own buffers (their names are
+--- removed) and its mappings of the other ranks' buffers. Either may be nil.
+function M.release(own, targets)
+  for _, buffer in ipairs(targets and targets.mapped or {}) do
+    buffer:close()
+  end
+  for _, buffer in ipairs(own and own.buffers or {}) do
+    buffer:close()
+  end
+end
+
+--- Maps the packed buffers a TP worker loads from (`descriptors` by slot),
+--- once for as long as the runtime lives. Returns them by slot, or nil,
+--- message, code (what was mapped is closed).
+---@param descriptors string[]
+function M.import(descriptors)
+  local imported = {}
+  for slot, name in ipairs(descriptors) do
+    local buffer, message, code = shm.open(name)
+    if not buffer then
+      M.close_imported(imported)
+      return nil, string.format("buffer %s: %s", name, message), code
+    end
+    imported[slot] = buffer
+  end
+  return imported
+end
+
+--- Unmaps imported buffers.
+function M.close_imported(imported)
+  for _, buffer in pairs(imported or {}) do
+    buffer:close()
+  end
+end
+
+--- A chunk's loads for one TP worker, planned once: `copies` are
+--- `{target_offset, source_offset, rows, width, target_pitch, source_pitch}`
+--- from the imported buffer into resident memory.
+---@param copies table[]
+---@return wsync.CopyBatch
+function M.plan_load(copies)
+  local batch = copy.batch(#copies)
+  for _, c in ipairs(copies) do
+    batch:add(c.target_offset, c.source_offset, c.rows, c.width, c.target_pitch, c.source_pitch)
+  end
+  return batch
+end
+
+--- Runs a load plan from `buffer` (imported) into `resident`. Returns the
+--- bytes moved and the seconds the copy took, or nil, message, code.
+function M.load(resident, buffer, plan, what)
+  local started = uv.hrtime()
+  local bytes, message, code = copy.run(resident, buffer, plan, what)
+  if not bytes then
+    return nil, message, code
+  end
+  return bytes, (uv.hrtime() - started) / 1e9
+end
+
+--- Allocates `bytes` of resident memory (weights, KV arena) with its pages
+--- faulted in, as a device allocation is backed at once. Returns it (close()
+--- frees it), or nil, message, code.
+---@param bytes integer
+---@param what string
+function M.allocate(bytes, what)
+  local memory, message, code = shm.anonymous(math.max(bytes, 1))
+  if not memory then
+    return nil, string.format("cannot allocate %d bytes of %s: %s", bytes, what, message), code or "WS_ENOMEM"
+  end
+  local ok
+  ok, message, code = copy.prefault(memory, what)
+  if not ok then
+    memory:close()
+    return nil, string.format("cannot back %d bytes of %s: %s", bytes, what, message), code
+  end
+  return memory
+end
+
+--- Removes the names of packed buffers that their creators can no longer
+--- remove: those in `descriptors` (lists of names), and every segment named
+--- for a process in `pids` ({[pid] = true}: ranks that died before they could
+--- say their names). A mapping that still exists stays valid. Returns the
+--- names removed and the failures ({name, message}).
+---@param descriptors string[][]
+---@param pids table<integer, boolean>
+---@return string[] removed, table[] failures
+function M.remove_leftovers(descriptors, pids)
+  local names, seen = {}, {}
+  local function add(name)
+    if not seen[name] then
+      seen[name] = true
+      names[#names + 1] = name
+    end
+  end
+  for _, list in pairs(descriptors or {}) do
+    for _, name in ipairs(list) do
+      add(name)
+    end
+  end
+  local scanner = next(pids or {}) and uv.fs_scandir("/dev/shm")
+  while scanner do
+    local entry = uv.fs_scandir_next(scanner)
+    if not entry then
+      break
+    end
+    local pid = tonumber(entry:match("^wsync%-(%d+)%-"))
+    if pid and pids[pid] then
+      add("/" .. entry)
+    end
+  end
+  local removed, failures = {}, {}
+  for _, name in ipairs(names) do
+    local buffer = shm.open(name)
+    if buffer then
+      local ok, message = buffer:unlink()
+      buffer:close()
+      if ok then
+        removed[#removed + 1] = name
+      else
+        failures[#failures + 1] = { name = name, message = tostring(message) }
+      end
+    end
+  end
+  return removed, failures
+end
+
+return M

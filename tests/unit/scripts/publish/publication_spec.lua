@@ -1,0 +1,240 @@
+-- wsync.publish.publication, the host side of one publication, against
+-- stand-ins for the trainer ranks and the runtime that record what they are
+-- asked: the order of the phases, the consensus gate, double buffering,
+-- poison after start and none before, the versions, the receipts' checks.
+local async = require("tests.helpers.async")
+local errors = require("wsync.errors")
+local loop = require("wsync.loop")
+local publication_module = require("wsync.publish.publication")
+local protocol = require("wsync.control.protocol")
+local versions_module = require("wsync.publish.versions")
+local uv = require("luv")
+
+local MANIFEST = string.rep("ab", 32)
+
+-- A plan of `chunks` chunks, two buffers, one tensor per chunk.
+local function plan_of(chunks, buffers)
+  local plan = {
+    family = "qwen3_moe", config = {}, manifest = MANIFEST, bytes = 1000, buffer_bytes = 100,
+    buffer_count = buffers or 2, largest = { bytes = 10 }, layout = {}, canonical = {}, chunks = {},
+    resident_counts = { [2] = { 5, 5 } },
+  }
+  for k = 1, chunks do
+    plan.chunks[k] = { slots = { { name = "t" .. k, offset = 0 } }, tensors = { { name = "t" .. k } } }
+  end
+  return plan
+end
+
+-- Stand-ins: `log` gets one line per call; `fail` = {what = "fill#2", ...}
+-- makes that call fail; `delay` (ms) makes fills and loads wait.
+local function stand_ins(options)
+  options = options or {}
+  local log = {}
+  local counts = {}
+  local function hit(what)
+    counts[what] = (counts[what] or 0) + 1
+    local key = what .. "#" .. counts[what]
+    log[#log + 1] = key
+    if options.fail == key or options.fail == what then
+      errors.raise("INJECTED", "injected " .. key, { rank = 1 })
+    end
+  end
+  local function wait(what)
+    if options.delay then
+      loop.sleep(options.delay)
+    end
+    log[#log + 1] = "end " .. what
+  end
+  local ranks = {
+    agents = {
+      { info = { hostname = uv.os_gethostname(), device = { uuid = "u0", index = 0 } } },
+      { info = { hostname = uv.os_gethostname(), device = { uuid = "u1", index = 1 } } },
+    },
+  }
+  function ranks:devices()
+    return { 0, 1 }, { "u0", "u1" }
+  end
+  function ranks:memory()
+    hit("memory")
+    return { { free_bytes = 1e9 }, { free_bytes = 1e9 } }
+  end
+  function ranks:check_registration()
+    hit("check_registration")
+  end
+  function ranks:init_buffers()
+    hit("init_buffers")
+    self.descriptors = { { "a" }, { "b" } }
+    return self.descriptors
+  end
+  function ranks:all(cmd)
+    hit(cmd)
+    if cmd == "verify" then
+      return { { manifest = MANIFEST, tensors = 1 }, { manifest = MANIFEST, tensors = 1 } }
+    end
+    return { {}, {} }
+  end
+  function ranks:fill(_, k, buffer)
+    hit("fill")
+    log[#log] = log[#log] .. string.format(" chunk %d buffer %d", k, buffer)
+    wait("fill " .. k)
+    return { { copy_seconds = 0.001 }, { copy_seconds = 0.002 } }
+  end
+  local header
+  local rollout = { destroyed = nil }
+  function rollout:workers()
+    return { { device = { uuid = "u0" } }, { device = { uuid = "u1" } } }
+  end
+  function rollout:init_weights()
+    hit("init_weights")
+  end
+  function rollout:load_chunk(_, k, buffer)
+    hit("load")
+    log[#log] = log[#log] .. string.format(" chunk %d buffer %d", k, buffer)
+    wait("load " .. k)
+    return { chunk = k, copy_seconds = 0.003 }
+  end
+  function rollout:request(cmd, payload)
+    hit(cmd)
+    if cmd == "start_update" then
+      header = payload.header
+    elseif cmd == "finish_update" then
+      local receipts = {}
+      for index, uuid in ipairs(header.uuids) do
+        receipts[index] = { publication_id = header.publication_id, model_version = header.model_version,
+          tp_rank = index - 1, tp_world = 2, uuid = uuid, manifest = MANIFEST, resident_tensors = 5 }
+      end
+      return { model_version = options.committed or header.model_version, receipts = receipts,
+        prefix_cache_reset = true }
+    end
+    return {}
+  end
+  function rollout:destroy(cause)
+    self.destroyed = cause
+    log[#log + 1] = "destroy"
+  end
+  return ranks, rollout, log
+end
+
+local function new(plan, ranks, rollout, versions)
+  return publication_module.new({
+    plan = plan, topology = { world = 2, tp = 2 }, ranks = ranks, rollout = rollout,
+    versions = versions or versions_module.new(), timeouts = { start = 1, init = 1, fill = 1, verify = 1 },
+    transport = "shm", step = 1,
+  })
+end
+
+describe("wsync.publish.publication", function()
+  it("runs its phases in order and commits the version it was given", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins()
+      local versions = versions_module.new()
+      local report = new(plan_of(1), ranks, rollout, versions):run()
+      assert.are.same({ "memory#1", "check_registration#1", "init_buffers#1", "init_weights#1",
+        "start_update#1", "begin#1", "fill#1 chunk 1 buffer 1", "end fill 1", "load#1 chunk 1 buffer 1",
+        "end load 1", "verify#1", "finish_update#1", "release#1" }, log)
+      assert.are.equal(1, report.model_version)
+      assert.are.equal(1, versions.committed)
+      assert.are.equal(protocol.VERSION, 1) -- (the header's protocol)
+      -- The copies' own time: the slowest rank's fill, the runtime's load.
+      assert.are.equal(0.002, report.timings.fill_copy)
+      assert.are.equal(0.003, report.timings.load_copy)
+    end)
+  end)
+
+  it("fills chunk k+1 while chunk k loads, and refills a buffer only after its load", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins({ delay = 20 })
+      new(plan_of(4), ranks, rollout):run()
+      local at = {}
+      for index, line in ipairs(log) do
+        local kind, k = line:match("^(%a+)#%d+ chunk (%d+)")
+        if kind then
+          at["start " .. kind .. " " .. k] = index
+        end
+        local ended = line:match("^end (%a+ %d+)$")
+        if ended then
+          at["end " .. ended] = index
+        end
+      end
+      for k = 1, 4 do
+        assert.is_true(at["start load " .. k] > at["end fill " .. k], "chunk " .. k .. " loaded before it filled")
+      end
+      for k = 1, 3 do
+        -- Overlap: the next chunk fills while this one loads.
+        assert.is_true(at["start fill " .. (k + 1)] < at["end load " .. k], "no overlap at chunk " .. k)
+      end
+      for k = 1, 2 do
+        -- A buffer is refilled (chunk k + 2) only after its load ended.
+        assert.is_true(at["start fill " .. (k + 2)] > at["end load " .. k], "buffer of chunk " .. k .. " refilled "
+          .. "before its load ended")
+      end
+    end)
+  end)
+
+  it("loads no chunk whose fill failed (the consensus gate), and poisons", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins({ fail = "fill#2" })
+      local versions = versions_module.new()
+      local publication = new(plan_of(3, 1), ranks, rollout, versions)
+      local ok, err = pcall(publication.run, publication)
+      assert.is_false(ok)
+      assert.are.equal("PUBLISH_FAILED", err.code)
+      assert.are.equal("chunks", err.phase)
+      assert.matches("publication of model version 1 failed in chunks: injected fill#2", err.message, 1, true)
+      for _, line in ipairs(log) do
+        assert.is_nil(line:match("^load#2"), "chunk 2 was loaded after its fill failed")
+      end
+      assert.is_not_nil(rollout.destroyed, "not poisoned")
+      assert.are.equal(0, versions.committed)
+      -- The number is burned: the next publication gets 2.
+      assert.are.equal(2, versions:next())
+    end)
+  end)
+
+  it("does not poison when the preflight fails (nothing moved)", function()
+    async.run_async(function()
+      local ranks, rollout = stand_ins({ fail = "check_registration" })
+      local publication = new(plan_of(1), ranks, rollout)
+      local ok, err = pcall(publication.run, publication)
+      assert.is_false(ok)
+      assert.are.equal("preflight", err.phase)
+      assert.is_nil(rollout.destroyed)
+    end)
+  end)
+
+  it("refuses a phase out of order without harming the publication", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins()
+      local publication = new(plan_of(2), ranks, rollout)
+      local ok, err = pcall(publication.start, publication)
+      assert.is_false(ok)
+      assert.are.equal("PHASE_ORDER", err.code)
+      assert.are.same({}, log)
+      publication:preflight()
+      publication:init()
+      publication:start()
+      publication:chunk()
+      ok, err = pcall(publication.verify, publication)
+      assert.is_false(ok)
+      assert.are.equal("PHASE_ORDER", err.code)
+      assert.matches("every chunk moved first (1 of 2 moved)", err.message, 1, true)
+      publication:chunk()
+      publication:verify()
+      publication:finish()
+      assert.are.equal(1, publication:release().model_version)
+      assert.is_nil(rollout.destroyed)
+    end)
+  end)
+
+  it("poisons when the runtime commits another version than the header's", function()
+    async.run_async(function()
+      local ranks, rollout = stand_ins({ committed = 7 })
+      local publication = new(plan_of(1), ranks, rollout)
+      local ok, err = pcall(publication.run, publication)
+      assert.is_false(ok)
+      assert.are.equal("finish", err.phase)
+      assert.are.equal("RECEIPT_INVALID", err.cause)
+      assert.is_not_nil(rollout.destroyed)
+    end)
+  end)
+end)
