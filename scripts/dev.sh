@@ -14,8 +14,9 @@ packages=(
   libuv1-dev lua-luv-dev lua-luv
   lua-cjson-dev lua-cjson
   libssl-dev
-  lua-busted
+  lua-busted lua-check
   valgrind util-linux
+  clang libclang-rt-dev
 )
 
 usage() {
@@ -26,9 +27,14 @@ usage: scripts/dev.sh COMMAND
   build   setup, then configure and build into build/ (WSYNC_BUILD_DIR)
   demo    build, then run the main job: wsync run recipes/demo.lua
   test    build, then run every test tier through CTest (unit, bindings,
-          functional, gpu (pending without a device), embed, memcheck)
+          functional, gpu (pending without a device), embed, memcheck,
+          lint (luacheck), fuzz (a bounded smoke of the fuzz target))
   bundle  build, then gather bin/wsync and the test files for a GPU machine
           into build/bundle
+  fuzz [SECONDS]
+          setup, then build the fuzz target into build-fuzz/ (clang, libFuzzer,
+          ASan, UBSan) and fuzz the control protocol and the recipe loader
+          for SECONDS (default: until Ctrl-C); see tests/fuzz/run.sh
 USAGE
 }
 
@@ -107,6 +113,7 @@ case "${1:-}" in
   demo) demo ;;
   test) run_tests ;;
   bundle) bundle ;;
+  fuzz) setup; exec "$root/tests/fuzz/run.sh" "${@:2}" ;;
   -h | --help | help) usage ;;
   *) usage >&2; exit 2 ;;
 esac

@@ -39,7 +39,8 @@ for index = 4, #arg do
   end
   local code = string.dump(chunk, true)
   out[#out + 1] = string.format("static const unsigned char script_%d[] = {\n%s};\n", index, c_bytes(code))
-  entries[#entries + 1] = string.format('  {"%s", "%s", script_%d, %d},\n', module_name(relative), chunk_name, index, #code)
+  entries[#entries + 1] = string.format('  {"%s", "%s", script_%d, %d},\n', module_name(relative), chunk_name, index,
+    #code)
 end
 
 out[#out + 1] = "\nconst ws_script ws_embedded_scripts[] = {\n"
