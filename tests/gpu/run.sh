@@ -20,10 +20,10 @@ source build/bundle/env.sh
 } >"$out/machine.txt" 2>&1
 status=0
 echo "== gpu tier" | tee "$out/summary.txt"
-timeout 200 wsync test tests/gpu -o utfTerminal >"$out/gpu_tier.log" 2>&1 || status=1
+timeout 420 wsync test tests/gpu -o utfTerminal >"$out/gpu_tier.log" 2>&1 || status=1
 tail -n 3 "$out/gpu_tier.log" | tee -a "$out/summary.txt"
 grep -E "^(Failure|Error) ->" -A6 "$out/gpu_tier.log" | head -60 | tee -a "$out/summary.txt"
 echo "== cuda copy benchmark (scale $scale)" | tee -a "$out/summary.txt"
-timeout 200 wsync tests/bench/cuda_copy.lua "$scale" 10 >"$out/cuda_copy.log" 2>&1 || status=1
+timeout 150 wsync tests/bench/cuda_copy.lua "$scale" 3 >"$out/cuda_copy.log" 2>&1 || status=1
 tail -n 30 "$out/cuda_copy.log" | tee -a "$out/summary.txt"
 exit $status

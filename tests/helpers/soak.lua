@@ -11,20 +11,36 @@ local util = require("wsync.util")
 local M = {}
 
 --- The recipe: the demo (two ranks, TP2, three chunks, the whole memory
---- schedule), `publications` steps long.
+--- schedule), or the recipe at `path`, `publications` steps long.
 ---@param publications integer
 ---@param verify boolean?
-function M.recipe(publications, verify)
-  local recipe = recipe_module.load("recipes/demo.lua")
+---@param path string?
+function M.recipe(publications, verify, path)
+  local recipe = recipe_module.load(path or "recipes/demo.lua")
   recipe.trainer.steps = publications
   recipe.verify = verify == true
   return recipe
 end
 
+-- The host's memory, and on the cuda backend the free memory of the ranks'
+-- GPU as the host sees it (every process's allocations in it).
+local function host_usage(session)
+  local device_free = nil
+  if session.recipe.backend == "cuda" then
+    -- (First: the query gives the host a CUDA context, which the RSS read
+    -- after it then includes in every sample alike.)
+    local info = require("wsync.native.device").query("cuda", 0)
+    device_free = info and info.free_bytes
+  end
+  local host = util.memory_usage()
+  host.device_free_bytes = device_free
+  return host
+end
+
 -- One sample: the memory of the host, every trainer rank, the runtime's main
 -- process and each of its TP workers, by role.
 local function sample(session, published)
-  local processes = { { role = "host", usage = util.memory_usage() } }
+  local processes = { { role = "host", usage = host_usage(session) } }
   local ranks = session.ranks:all("process_memory", function()
     return {}
   end, 30)
@@ -44,10 +60,18 @@ end
 --- every `options.every` after it, and at the end. Returns the samples and
 --- the seconds the publications took. The session is closed before it
 --- returns, also when a publication fails (which raises).
----@param options {publications: integer, warmup: integer, every: integer, verify: boolean?, progress: fun(s: table)?}
+---@class SoakOptions
+---@field publications integer
+---@field warmup integer
+---@field every integer
+---@field verify boolean?
+---@field progress fun(s: table)?
+---@field recipe string?  default recipes/demo.lua
+
+---@param options SoakOptions
 ---@return table[] samples, number seconds
 function M.run(options)
-  local recipe = M.recipe(options.publications, options.verify)
+  local recipe = M.recipe(options.publications, options.verify, options.recipe)
   local session = session_module.open(recipe)
   local samples = {}
   local started = uv.hrtime()
@@ -73,7 +97,7 @@ function M.run(options)
     -- The ranks have published their last step; sample once more while the
     -- runtime is still up (the ranks leave once they are answered).
     local runtime = session.rollout:request("process_memory", {})
-    local last = { published = published, processes = { { role = "host", usage = util.memory_usage() },
+    local last = { published = published, processes = { { role = "host", usage = host_usage(session) },
       { role = "runtime main", usage = runtime.main } } }
     for index, usage in ipairs(runtime.workers) do
       last.processes[#last.processes + 1] = { role = "TP worker " .. (index - 1), usage = usage }

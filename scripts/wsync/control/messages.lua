@@ -80,6 +80,7 @@ M.from_agent = {
   memory = record({ free_bytes = bytes, total_bytes = bytes }),
   callback = empty,
   process_memory = record({ lua_heap_bytes = bytes, rss_bytes = bytes, pid = index }),
+  nccl_id = record({ id = schema.string({ pattern = "^%x+$", required = true }) }),
   abort = empty,
 }
 
@@ -103,6 +104,7 @@ M.to_agent = {
   }),
   attach = record({
     buffers = schema.list({ item = schema.list({ item = name, min_length = 1 }), min_length = 1, required = true }),
+    nccl_id = schema.string({ pattern = "^%x+$" }),
   }),
   begin = record({
     family = schema.string({ required = true }),
@@ -119,6 +121,7 @@ M.to_agent = {
   memory = empty,
   callback = record({ name = schema.string({ required = true }) }),
   process_memory = empty,
+  nccl_id = empty,
   -- The session failed: the agent raises this error from its next publish
   -- (the fields of a wsync error).
   abort = record({

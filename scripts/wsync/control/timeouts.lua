@@ -34,6 +34,7 @@ M.KEYS = {
   { key = "finish_update", bounds = "the runtime's receipts and commit" },
   { key = "release", bounds = "the runtime's release" },
   { key = "resident_checksums", bounds = "the runtime's checksums of its resident tensors (verify)" },
+  { key = "resident_check", bounds = "the runtime's check of its resident tensors on the device (verify)" },
 }
 
 --- The defaults, by key (keys without one fall back to `default` when a

@@ -15,16 +15,20 @@ local Ranks = {}
 Ranks.__index = Ranks
 
 --- The ranks of `registered` (by rank, 0-based: `{info, peer}`), `world` of
---- them.
+--- them, on a transport that gathers through shared memory or, with
+--- `gather = "broadcast"`, by NCCL broadcasts among the ranks (every rank
+--- then needs every rank's rows of each slot, and an NCCL unique id).
 ---@param registered table<integer, {info: table, peer: wsync.Peer}>
 ---@param world integer
+---@param gather "shared"|"broadcast"|nil
 ---@return wsync.Ranks
-function M.new(registered, world)
+function M.new(registered, world, gather)
   local agents = {}
   for rank = 0, world - 1 do
     agents[rank + 1] = { peer = registered[rank].peer, info = registered[rank].info }
   end
-  return setmetatable({ agents = agents, fills_planned = {} }, Ranks)
+  return setmetatable({ agents = agents, fills_planned = {}, broadcasts = gather == "broadcast" and world > 1 },
+    Ranks)
 end
 
 --- The ranks' device indices and UUIDs, in rank order.
@@ -158,8 +162,13 @@ function Ranks:init_buffers(plan, timeout)
   end
   if not self.attached then
     local descriptors = self.descriptors
+    local nccl_id = nil
+    if self.broadcasts then
+      -- One rank makes the NCCL unique id; the host hands it to all.
+      nccl_id = self.agents[1].peer:request("nccl_id", {}, timeout).id
+    end
     self:all("attach", function()
-      return { buffers = descriptors }
+      return { buffers = descriptors, nccl_id = nccl_id }
     end, timeout)
     self.attached = true
     self.fills_planned = {} -- an attach drops the ranks' fill plans
@@ -167,16 +176,27 @@ function Ranks:init_buffers(plan, timeout)
   return self.descriptors
 end
 
--- What the agents get to plan a chunk's fill: its slots' names and offsets.
-local function fill_slots(chunk)
-  if not chunk.fill_payload then
+-- What the agents get to plan a chunk's fill: its slots' names and offsets
+-- and, when the ranks gather by broadcasts, every rank's rows of each.
+function Ranks:_fill_slots(chunk)
+  local key = self.broadcasts and "fill_payload_broadcast" or "fill_payload"
+  if not chunk[key] then
+    local rows_of = {}
+    if self.broadcasts then
+      for index, agent in ipairs(self.agents) do
+        for _, tensor in ipairs(agent.info.tensors) do
+          rows_of[tensor.name] = rows_of[tensor.name] or {}
+          rows_of[tensor.name][index] = tensor.rows
+        end
+      end
+    end
     local slots = {}
     for i, slot in ipairs(chunk.slots) do
-      slots[i] = { name = slot.name, offset = slot.offset }
+      slots[i] = { name = slot.name, offset = slot.offset, ranks = rows_of[slot.name] }
     end
-    chunk.fill_payload = slots
+    chunk[key] = slots
   end
-  return chunk.fill_payload
+  return chunk[key]
 end
 
 --- Every rank fills chunk `k` of `plan` into buffer slot `buffer`; returns
@@ -190,7 +210,7 @@ end
 function Ranks:fill(plan, k, buffer, timeout)
   local payload = { chunk = k, buffer = buffer }
   if not self.fills_planned[k] then
-    payload.slots = fill_slots(plan.chunks[k])
+    payload.slots = self:_fill_slots(plan.chunks[k])
   end
   local reports = self:all("fill", function()
     return payload

@@ -82,4 +82,27 @@ function M.check(plan, tp, step, reported)
   return { workers = tp, tensors = tensors }
 end
 
+--- Checks what the TP workers' own checks on the device found
+--- (`resident_check`: each worker compared every slice it holds with the
+--- synthetic values of `step`). Returns {workers, slices, elements}; raises
+--- VERIFY_RESIDENT naming the TP rank, the slice and the element of the
+--- first mismatch, or a worker that checked nothing.
+---@param step integer
+---@param reported table[]
+function M.check_on_device(step, reported)
+  local slices, elements = 0, 0
+  for index, worker in ipairs(reported) do
+    local rank = index - 1
+    if type(worker) ~= "table" or (worker.mismatches or 0) > 0 or (worker.ops or 0) == 0 then
+      local detail = type(worker) ~= "table" and "reported nothing" or (worker.ops or 0) == 0 and "checked no slice"
+        or string.format("holds %d elements that are not step %d's values (the first in slice %s, element %s)",
+          worker.mismatches, step, tostring(worker.op), tostring(worker.element))
+      errors.raise("VERIFY_RESIDENT", string.format("TP worker %d %s", rank, detail),
+        { rank = rank, phase = "resident check" })
+    end
+    slices, elements = slices + worker.ops, elements + worker.checked
+  end
+  return { workers = #reported, slices = slices, elements = elements }
+end
+
 return M

@@ -497,12 +497,13 @@ end
 --- is added here (and to wsync.runtime.spawn): `check` and `run` refuse any
 --- other, and what a runtime cannot do.
 M.RUNTIMES = {
-  reference = { backends = { host = true }, generates = false },
+  reference = { backends = { host = true, cuda = require("wsync").cuda_built or nil }, generates = false },
 }
 
---- Why this build cannot serve a model recipe: its runtime kind, that
---- runtime on its backend, or a schedule step the runtime cannot run. The
---- message and the field; nil when it can.
+--- Why this build or machine cannot serve a model recipe: its runtime kind,
+--- that runtime on its backend, no usable GPU (or fewer than the ranks) for
+--- the cuda backend, or a schedule step the runtime cannot run. The message
+--- and the field; nil when it can.
 ---@param recipe table  validated, with a model
 ---@return string? message, string? field
 function M.unserved(recipe)
@@ -528,6 +529,19 @@ function M.unserved(recipe)
   if not runtime.backends[backend] then
     return string.format("backend '%s': this build's %s runtime holds weights on the %s backend only", backend, kind,
       table.concat(sorted_keys(runtime.backends), " and ")), "backend"
+  end
+  if backend == "cuda" then
+    -- The devices the ranks need (counting them starts nothing and
+    -- allocates nothing).
+    local count, reason = require("wsync.native.device").count("cuda")
+    if not count or count == 0 then
+      return string.format("backend 'cuda': no usable CUDA device here (%s)",
+        tostring(reason or "the CUDA runtime sees 0 devices")), "backend"
+    end
+    if recipe.trainer.ranks > count then
+      return string.format("%d trainer ranks need %d GPUs, one each; this machine has %d", recipe.trainer.ranks,
+        recipe.trainer.ranks, count), "trainer.ranks"
+    end
   end
   for index, step in ipairs(recipe.schedule or {}) do
     if step == "generate" and not runtime.generates then
@@ -593,6 +607,7 @@ function M.check_serve(recipe)
   if message then
     refuse(recipe, field, message)
   end
+
   local world, tp = recipe.trainer.ranks, recipe.runtime.tp
   local synthetic = recipe.trainer.kind == "synthetic" and world or 0
   local processes = synthetic + 1 + tp

@@ -43,27 +43,23 @@ local function allocate_host(bytes, what)
   return buffer
 end
 
--- Copies `bytes` from `source` into `target` (both local memories), or a
--- fatal error naming `what` (whatever failed: the worker's memory state is
--- no longer known).
-local function copy_all(target, source, bytes, what)
-  local called, ok, message = pcall(target.copy_from, target, source, 0, 0, bytes)
+-- Copies the device weights `memory` into host memory `host`, or back with
+-- `back`, or a fatal error naming `what` (whatever failed: the worker's
+-- memory state is no longer known).
+local function copy_host(transport, memory, host, back, what)
+  local called, ok, message = pcall(transport.copy_host, memory, host, back)
   if not called or not ok then
     fatal("COPY_FAILED", string.format("%s: %s", what, tostring(called and message or ok)))
   end
 end
 
--- Fills a buffer with the dummy pattern of a rank, 64 KiB at a time.
-local function fill_dummy(buffer, rank)
+-- The dummy pattern of a rank, 64 KiB (a device fills with its first byte).
+local function dummy_pattern(rank)
   local block = {}
   for i = 0, 255 do
     block[#block + 1] = string.char((i * 7 + rank * 31 + 1) % 256)
   end
-  local pattern = table.concat(block):rep(256)
-  local size = buffer:size()
-  for offset = 0, size - 1, #pattern do
-    buffer:write(offset, pattern:sub(1, math.min(#pattern, size - offset)))
-  end
+  return table.concat(block):rep(256)
 end
 
 ---@class wsync.ReferenceWorker
@@ -74,7 +70,7 @@ M.Worker = Worker -- its methods, for tests
 -- Device memory from the transport, its pages backed at once: a
 -- publication's loads then take no page fault per page.
 function Worker:_allocate(bytes, what)
-  local memory, message = self.transport.allocate(bytes, what)
+  local memory, message = self.transport.allocate(bytes, what, self.context)
   if not memory then
     fatal("OUT_OF_MEMORY", string.format("TP worker %d: %s", self.rank, message))
   end
@@ -122,7 +118,7 @@ function Worker:sleep(payload)
   if self.weights_state == "awake" then
     if level == 1 then
       self.host_copy = allocate_host(self.weights:size(), "host memory for the level-1 weight copy")
-      copy_all(self.host_copy, self.weights, self.weights:size(), "the level-1 copy of the weights")
+      copy_host(self.transport, self.weights, self.host_copy, false, "the level-1 copy of the weights")
       self.weights_state = "offloaded"
     else
       self.weights_state = "discarded"
@@ -152,7 +148,7 @@ function Worker:wake(payload)
   if wanted.weights and self.weights_state ~= "awake" then
     local weights = self:_allocate(self.weights_bytes, "resident weights")
     if self.weights_state == "offloaded" then
-      copy_all(weights, self.host_copy, self.weights_bytes, "the weights back from their level-1 copy")
+      copy_host(self.transport, weights, self.host_copy, true, "the weights back from their level-1 copy")
       self.host_copy = release(self.host_copy)
     end
     self.weights = weights
@@ -171,8 +167,8 @@ end
 function Worker:checksum()
   return {
     rank = self.rank,
-    weights = self.weights and self.weights:sha256() or nil,
-    kv_cache = self.kv and self.kv:sha256() or nil,
+    weights = self.weights and self.transport.checksum(self.weights, 0, self.weights:size()) or nil,
+    kv_cache = self.kv and self.transport.checksum(self.kv, 0, self.kv:size()) or nil,
   }
 end
 
@@ -182,6 +178,7 @@ end
 function Worker:_forget_chunks()
   for _, chunk in pairs(self.chunks or {}) do
     chunk.segment:close()
+    self.transport.close_plan(chunk.plan)
   end
   self.chunks, self.segments = {}, {}
   self.digests = self.digests or manifest_module.digest_cache()
@@ -205,7 +202,7 @@ function Worker:init_weights(payload)
   local plan = family.loader_plan(config, self.world, self.rank)
   self.transport.close_imported(self.imported)
   self.imported = {}
-  local imported, message = self.transport.import(payload.buffers)
+  local imported, message = self.transport.import(payload.buffers, self.context)
   if not imported then
     fatal("IMPORT_FAILED", string.format("TP worker %d cannot map its rank's packed buffers: %s", self.rank, message))
   end
@@ -250,7 +247,7 @@ end
 -- of the manifest, and the resident tensors it fills.
 function Worker:_plan_chunk(k, tensors)
   local copies_by_name = self.plan.copies
-  local copies, residents = {}, {}
+  local copies, residents, checks = {}, {}, {}
   local segment, message = manifest_module.segment()
   if not segment then
     fatal("MANIFEST", string.format("TP worker %d: %s", self.rank, tostring(message)))
@@ -278,6 +275,14 @@ function Worker:_plan_chunk(k, tensors)
         end
         copies[#copies + 1] = { target_offset = slice.dst, source_offset = tensor.offset + slice.src,
           rows = slice.rows, width = slice.width, target_pitch = slice.dst_pitch, source_pitch = slice.src_pitch }
+        -- The slice's expected synthetic values (a check on the device): the
+        -- canonical tensor is a contiguous view of its trainer tensor
+        -- `source` from byte `source_offset`, in bfloat16.
+        if type(tensor.source) == "string" and type(tensor.source_offset) == "number" then
+          checks[#checks + 1] = { region = 1, name = tensor.source, offset = slice.dst, rows = slice.rows,
+            elements = slice.width / 2, pitch = slice.dst_pitch, first = (tensor.source_offset + slice.src) / 2,
+            element_pitch = slice.src_pitch / 2 }
+        end
         residents[#residents + 1] = self.resident_index[slice.resident]
       end
     end
@@ -286,10 +291,10 @@ function Worker:_plan_chunk(k, tensors)
     segment:close()
     error(err, 0)
   end
-  local chunk = { plan = self.transport.plan_load(copies), segment = segment, tensors = #tensors,
-    residents = residents }
+  local chunk = { copies = copies, checks = checks, segment = segment, tensors = #tensors, residents = residents }
   if self.chunks[k] then
     self.chunks[k].segment:close()
+    self.transport.close_plan(self.chunks[k].plan)
   end
   self.chunks[k], self.segments[k] = chunk, segment
   self.digests:clear()
@@ -317,6 +322,16 @@ function Worker:load_chunk(payload)
     chunk = self:_plan_chunk(k, payload.tensors)
   elseif not chunk then
     fatal("BAD_METADATA", string.format("chunk %s comes without tensor metadata, and none came before", tostring(k)))
+  end
+  if not chunk.plan or (self.transport.BINDS_MEMORY and (chunk.resident ~= self.weights or chunk.buffer ~= buffer)) then
+    -- (A plan that holds addresses is made again for reallocated weights.)
+    self.transport.close_plan(chunk.plan)
+    local plan, message = self.transport.plan_load(self.weights, buffer, chunk.copies)
+    if not plan then
+      fatal("LOAD_FAILED", string.format("TP worker %d, chunk %s: cannot plan the load: %s", self.rank, tostring(k),
+        tostring(message)))
+    end
+    chunk.plan, chunk.resident, chunk.buffer = plan, self.weights, buffer
   end
   local bytes, seconds = self.transport.load(self.weights, buffer, chunk.plan,
     string.format("TP worker %d, chunk %s", self.rank, tostring(k)))
@@ -371,6 +386,34 @@ function Worker:finish_update(payload)
   }
 end
 
+--- resident_check{step}: checks every resident slice that a chunk filled
+--- against wsync's synthetic values of trainer step `step`, on the device
+--- where the transport can (the synthetic trainer's values; for checks of
+--- models too large to read back). Returns {rank, checked, mismatches, op?,
+--- element?}.
+function Worker:resident_check(payload)
+  if not self.plan or not self.weights then
+    refuse("no resident weights to check (not initialized, or asleep)")
+  end
+  if not self.transport.check_synthetic then
+    refuse(string.format("the %s transport checks resident weights on the host (resident_checksums)",
+      self.transport.NAME))
+  end
+  local ops, checked = {}, 0
+  for k = 1, #self.chunks do
+    for _, op in ipairs(self.chunks[k] and self.chunks[k].checks or {}) do
+      ops[#ops + 1] = op
+      checked = checked + op.rows * op.elements
+    end
+  end
+  local result, message = self.transport.check_synthetic(self.weights, ops, payload.step)
+  if not result then
+    fatal("CHECK_FAILED", string.format("TP worker %d: %s", self.rank, tostring(message)))
+  end
+  return { rank = self.rank, checked = checked, ops = #ops, mismatches = result.mismatches, op = result.op,
+    element = result.element }
+end
+
 --- resident_checksums{}: SHA-256 of every resident tensor, by name.
 function Worker:resident_checksums()
   if not self.plan or not self.weights then
@@ -378,7 +421,7 @@ function Worker:resident_checksums()
   end
   local sums = {}
   for _, tensor in ipairs(self.plan.tensors) do
-    local sum, message = self.weights:sha256(tensor.offset, tensor.bytes)
+    local sum, message = self.transport.checksum(self.weights, tensor.offset, tensor.bytes)
     if not sum then
       fatal("CHECKSUM_FAILED", string.format("TP worker %d, %s: %s", self.rank, tensor.name, tostring(message)))
     end
@@ -426,10 +469,6 @@ function M.main(options)
     errors.raise("RUNTIME_START", string.format("TP worker %d: device %s:%d: %s", options.rank, options.backend,
       options.device_index, message))
   end
-  if options.backend ~= "host" then
-    errors.raise("RUNTIME_START", "the reference runtime's workers hold weights on the host backend only; "
-      .. "its cuda data plane arrives with the GPU publication work")
-  end
   local self = setmetatable({
     rank = options.rank,
     world = options.world,
@@ -439,8 +478,12 @@ function M.main(options)
     weights_state = "awake",
   }, Worker)
   self.transport = transport_module.for_backend(options.backend)
+  self.context = { device = info.index }
   self.weights = self:_allocate(self.weights_bytes, "resident weights")
-  fill_dummy(self.weights, self.rank)
+  local filled, reason = self.transport.fill_pattern(self.weights, dummy_pattern(self.rank))
+  if not filled then
+    errors.raise("RUNTIME_START", string.format("TP worker %d: dummy weights: %s", self.rank, tostring(reason)))
+  end
 
   local handlers = {
     info = function()
@@ -469,6 +512,9 @@ function M.main(options)
     end,
     resident_checksums = function()
       return self:resident_checksums()
+    end,
+    resident_check = function(payload)
+      return self:resident_check(payload)
     end,
     process_memory = function()
       return util.memory_usage()

@@ -213,6 +213,7 @@ end
 function Agent:_forget_fill_plans()
   for _, fill in pairs(self.fill_plans) do
     fill.segment:close()
+    self.transport.close_plan(fill.plan)
   end
   self.fill_plans, self.fill_segments = {}, {}
   self.digests:clear()
@@ -228,7 +229,7 @@ end
 
 function Agent:_init_buffers(payload)
   self:_release_buffers()
-  local own, message, code = self.transport.create(payload.count, payload.bytes)
+  local own, message, code = self.transport.create(payload.count, payload.bytes, { device = self.device_index })
   if not own then
     refuse(self, "AGENT_MEMORY", "init", "cannot create its packed buffers: " .. message, code)
   end
@@ -242,7 +243,8 @@ function Agent:_attach(payload)
   end
   self.transport.release(nil, self.targets) -- mappings of an attach before
   self.targets = nil
-  local targets, message, code = self.transport.attach(self.own, payload.buffers, self.rank)
+  local targets, message, code = self.transport.attach(self.own, payload.buffers, self.rank,
+    { world = self.world, nccl_id = payload.nccl_id })
   if not targets then
     refuse(self, "AGENT_ATTACH", "init", "cannot map the ranks' buffers: " .. message, code)
   end
@@ -262,17 +264,35 @@ function Agent:_begin(payload)
   self.consumed = {}
   self.publication = payload.publication_id
   -- The shards' pointers as they are now: memory moved by an offload and an
-  -- onload since the last publication is read where it is.
-  self.sources = copy.ends(self.memories)
+  -- onload since the last publication is read where it is (and a plan that
+  -- holds addresses is made again).
+  self.sources = self.transport.sources(self.memories)
+  local pointers = {}
+  for index, memory in ipairs(self.memories) do
+    pointers[index] = tostring((copy.view(memory)))
+  end
+  self.signature = table.concat(pointers, ",")
   return {}
 end
 
--- Plans chunk `k`'s fill from its slots (`{name, offset}`: the trainer
--- tensors in the chunk and where each starts in the buffer): this rank's rows
--- of each, and the canonical records the export makes of them (the chunk's
--- part of the consumed manifest).
+-- The NCCL unique id the host hands to every rank (several ranks on cuda).
+function Agent:_nccl_id()
+  local id, message, code = self.transport.nccl_id()
+  if not id then
+    refuse(self, "AGENT_NCCL", "init", "cannot make an NCCL unique id: " .. tostring(message), code)
+  end
+  return { id = id }
+end
+
+-- Plans chunk `k`'s fill from its slots (`{name, offset, ranks?}`: the
+-- trainer tensors in the chunk, where each starts in the buffer and, with
+-- several ranks on a transport that gathers by broadcasts, every rank's
+-- `{first, count}` rows): this rank's rows of each (`spans`), every rank's
+-- (`roots`), and the canonical records the export makes of them (the chunk's
+-- part of the consumed manifest). The transport's own plan is made at the
+-- first fill (M._fill).
 function Agent:_plan_fill(k, slots)
-  local spans, segment = {}, assert(manifest_module.segment())
+  local spans, roots, segment = {}, {}, assert(manifest_module.segment())
   local ok, err = pcall(function()
     for _, slot in ipairs(slots) do
       if type(slot) ~= "table" or type(slot.name) ~= "string" or type(slot.offset) ~= "number" or slot.offset < 0
@@ -293,13 +313,22 @@ function Agent:_plan_fill(k, slots)
         spans[#spans + 1] = { target_offset = slot.offset + tensor.rows[1] * tensor.row_bytes,
           source = tensor.source, source_offset = tensor.offset, bytes = tensor.rows[2] * tensor.row_bytes }
       end
+      for index, rows in ipairs(type(slot.ranks) == "table" and slot.ranks or {}) do
+        roots[index] = roots[index] or {}
+        if type(rows) == "table" and (rows[2] or 0) > 0 then
+          local own = index - 1 == self.rank
+          roots[index][#roots[index] + 1] = { target_offset = slot.offset + rows[1] * tensor.row_bytes,
+            bytes = rows[2] * tensor.row_bytes, source = own and tensor.source or nil,
+            source_offset = own and tensor.offset or nil }
+        end
+      end
     end
   end)
   if not ok then
     segment:close()
     error(err, 0)
   end
-  local fill = { plan = self.transport.plan_fill(spans), segment = segment, tensors = #slots }
+  local fill = { spans = spans, roots = roots, segment = segment, tensors = #slots }
   self.fill_plans[k], self.fill_segments[k] = fill, segment
   self.digests:clear()
   return fill
@@ -318,9 +347,23 @@ function Agent:_fill(payload)
     if fill then
       fill.segment:close()
     end
+    if fill then
+      self.transport.close_plan(fill.plan)
+    end
     fill = self:_plan_fill(k, payload.slots)
   elseif not fill then
     refuse(self, "BAD_METADATA", "fill", string.format("chunk %d comes without its slots, and none came before", k))
+  end
+  if not fill.plan or (self.transport.BINDS_MEMORY and (fill.slot ~= payload.buffer
+      or fill.signature ~= self.signature)) then
+    self.transport.close_plan(fill.plan)
+    local plan, message, code = self.transport.plan_fill(self.targets, payload.buffer, self.sources, fill.spans,
+      { roots = fill.roots, world = self.world })
+    if not plan then
+      refuse(self, "FILL_FAILED", "fill", string.format("cannot plan the fill of chunk %d: %s", k, tostring(message)),
+        code)
+    end
+    fill.plan, fill.slot, fill.signature = plan, payload.buffer, self.signature
   end
   local bytes, seconds, code = self.transport.fill(self.targets, payload.buffer, self.sources, fill.plan,
     string.format("filling buffer %d of every rank", payload.buffer))
@@ -370,6 +413,9 @@ function Agent:_handlers()
     end,
     process_memory = function()
       return require("wsync.util").memory_usage()
+    end,
+    nccl_id = function()
+      return self:_nccl_id()
     end,
     -- The session ended with a failure; it is this rank's next publish's.
     abort = function(payload)

@@ -27,8 +27,8 @@ local uv = require("luv")
 local agent_module = require("wsync.trainer.agent")
 local errors = require("wsync.errors")
 local plan_module = require("wsync.plan")
-local shm = require("wsync.native.shm")
 local synth = require("wsync.native.synth")
+local transport_module = require("wsync.transport")
 
 local M = {}
 
@@ -77,8 +77,26 @@ function M.shards(layout, world, rank, shard_rows)
   return shards
 end
 
---- Writes version `version`'s values into every shard.
-function M.generate(memory, shards, version)
+--- Writes version `version`'s values into every shard: on the device
+--- where the transport can (one launch for all shards), else on the host.
+---@param memory any
+---@param shards table
+---@param version integer
+---@param transport table?  the backend's transport (wsync.transport)
+function M.generate(memory, shards, version, transport)
+  if transport and transport.fill_synthetic then
+    if not shards.ops then
+      shards.ops = {}
+      for _, shard in ipairs(shards.tensors) do
+        if shard.bytes > 0 then
+          shards.ops[#shards.ops + 1] = { region = 1, name = shard.name, offset = shard.offset,
+            elements = shard.rows[2] * shard.row_elements, first = shard.rows[1] * shard.row_elements }
+        end
+      end
+    end
+    assert(transport.fill_synthetic(memory, shards.ops, version))
+    return
+  end
   for _, shard in ipairs(shards.tensors) do
     if shard.bytes > 0 then
       assert(synth.fill(memory, shard.offset, shard.name, shard.rows[1] * shard.row_elements,
@@ -113,8 +131,11 @@ function M.main(options)
     end
   end
   local shards = M.shards(layout, options.world, options.rank, family.shard_rows)
-  local memory = assert(shm.anonymous(math.max(shards.bytes, 1)))
   local device_index = options.device_index or options.rank
+  local transport = transport_module.for_backend(options.backend or "host")
+  -- The shards live on the rank's device (the host backend's is this
+  -- process's memory).
+  local memory = assert(transport.allocate(shards.bytes, "the rank's shards", { device = device_index }))
   if faults.wrong_device then
     device_index = (options.rank + 1) % options.world
   end
@@ -185,7 +206,7 @@ function M.main(options)
     for version = 1, options.versions do
       -- The optimizer step: every shard takes the next version's values.
       if not fires("stale", "publish", version) then
-        M.generate(memory, shards, version)
+        M.generate(memory, shards, version, transport)
       end
       if fires("stop", "publish", version) then
         uv.kill(uv.os_getpid(), "sigstop") -- a rank that stops before it publishes

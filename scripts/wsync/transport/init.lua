@@ -12,7 +12,7 @@ local errors = require("wsync.errors")
 local M = {}
 
 --- The transport module of each device backend.
-M.BY_BACKEND = { host = "wsync.transport.shm" }
+M.BY_BACKEND = { host = "wsync.transport.shm", cuda = "wsync.transport.cuda_ipc" }
 
 --- The transport of `backend` ("host", "cuda"). Raises TRANSPORT naming the
 --- backend when this build has none for it.

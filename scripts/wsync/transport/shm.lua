@@ -12,15 +12,22 @@
 --- a new process map a buffer by itself. What a crash leaves behind is found
 --- by the creator's pid in the name (M.remove_leftovers).
 ---
---- Interface (shared with the cuda transport; wsync.transport picks one):
----   agent side:   create(count, bytes) -> own buffers; descriptors(own);
----                 attach(own, descriptors by rank, rank) -> targets;
----                 plan_fill(spans) -> fill plan; fill(targets, slot,
----                 sources, plan); release(own, targets)
----   runtime side: import(descriptors) -> imported; load(resident, imported
----                 slot, plan); plan_load(copies) -> load plan;
----                 close_imported(imported); allocate(bytes, what)
+--- Interface (shared with the cuda transport; wsync.transport picks one;
+--- `context` is {device, world, rank, nccl_id, roots}, what a transport
+--- needs beyond the arguments, ignored here):
+---   agent side:   create(count, bytes, context) -> own buffers;
+---                 descriptors(own); attach(own, descriptors by rank, rank,
+---                 context) -> targets; plan_fill(targets, slot, sources,
+---                 spans, context) -> fill plan; close_plan(plan);
+---                 fill(targets, slot, sources, plan); release(own, targets)
+---   runtime side: import(descriptors, context) -> imported;
+---                 plan_load(resident, buffer, copies) -> load plan;
+---                 load(resident, buffer, plan); close_imported(imported);
+---                 allocate(bytes, what, context); checksum(memory, offset,
+---                 bytes)
 ---   cleanup:      remove_leftovers(descriptors, pids)
+--- `BINDS_MEMORY`: whether a plan holds the addresses of the memory it was
+--- made for (then a plan is made again when that memory is reallocated).
 local uv = require("luv")
 local copy = require("wsync.native.copy")
 local shm = require("wsync.native.shm")
@@ -29,6 +36,13 @@ local M = {}
 
 --- The name a publication header gives this transport.
 M.NAME = "shm"
+
+--- Plans here are offsets only: they fit any memory of the right size.
+M.BINDS_MEMORY = false
+
+--- How the ranks' shards come together: each rank writes its rows into
+--- every rank's buffer through shared memory.
+M.GATHER = "shared"
 
 ---@class wsync.ShmOwn
 ---@field buffers userdata[]  this rank's packed buffers, by slot
@@ -97,18 +111,33 @@ function M.attach(own, descriptors, rank)
   return targets
 end
 
+--- What a fill reads from: the rank's memories as copy ends (pointers and
+--- sizes, taken now).
+function M.sources(memories)
+  return copy.ends(memories)
+end
+
+--- The NCCL unique id: the shm transport gathers through shared memory.
+function M.nccl_id()
+  return nil, "the shm transport needs no NCCL", "WS_EINVAL"
+end
+
 --- A chunk's fill, planned once: `spans` are this rank's pieces of the
 --- chunk, `{target_offset, source, source_offset, bytes}` (source: the index
 --- of the rank's memory, 1-based), each written at the same offset of every
 --- rank's buffer slot.
 ---@param spans table[]
 ---@return wsync.CopyBatch
-function M.plan_fill(spans)
+function M.plan_fill(_, _, _, spans)
   local batch = copy.batch(#spans)
   for _, span in ipairs(spans) do
     batch:add(span.target_offset, span.source_offset, 1, span.bytes, span.bytes, span.bytes, span.source - 1)
   end
   return batch
+end
+
+--- Forgets a plan (nothing to free here).
+function M.close_plan()
 end
 
 --- Runs a fill plan into buffer `slot` of every rank, reading `sources` (the
@@ -167,7 +196,7 @@ end
 --- from the imported buffer into resident memory.
 ---@param copies table[]
 ---@return wsync.CopyBatch
-function M.plan_load(copies)
+function M.plan_load(_, _, copies)
   local batch = copy.batch(#copies)
   for _, c in ipairs(copies) do
     batch:add(c.target_offset, c.source_offset, c.rows, c.width, c.target_pitch, c.source_pitch)
@@ -203,6 +232,34 @@ function M.allocate(bytes, what)
     return nil, string.format("cannot back %d bytes of %s: %s", bytes, what, message), code
   end
   return memory
+end
+
+--- Copies all of device memory `memory` into host memory `host` (a
+--- wsync.native.shm buffer of at least its size), or back with `back`.
+--- Returns true, or nil and why.
+function M.copy_host(memory, host, back)
+  local ok, message
+  if back then
+    ok, message = memory:copy_from(host, 0, 0, memory:size())
+  else
+    ok, message = host:copy_from(memory, 0, 0, memory:size())
+  end
+  return ok, message
+end
+
+--- Fills `memory` with the bytes of `pattern` over and over (the dummy
+--- weights a runtime starts with).
+function M.fill_pattern(memory, pattern)
+  local size = memory:size()
+  for offset = 0, size - 1, #pattern do
+    memory:write(offset, pattern:sub(1, math.min(#pattern, size - offset)))
+  end
+  return true
+end
+
+--- The SHA-256 of `bytes` of `memory` from `offset`.
+function M.checksum(memory, offset, bytes)
+  return memory:sha256(offset, bytes)
 end
 
 --- Removes the names of packed buffers that their creators can no longer

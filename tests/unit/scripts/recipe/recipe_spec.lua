@@ -418,15 +418,37 @@ describe("recipe.unserved", function()
     for _, kind in ipairs({ "vllm", "transformers" }) do
       local message, field = recipe.unserved(validated({ runtime = { kind = kind } }))
       assert.are.equal("runtime.kind", field)
-      assert.are.equal("runtime.kind '" .. kind .. "' is not in this build (this build has: reference, on the host "
-        .. "backend)", message)
+      assert.are.equal("runtime.kind '" .. kind .. "' is not in this build (this build has: reference, on the "
+        .. (require("wsync").cuda_built and "cuda and host" or "host") .. " backend)", message)
     end
   end)
 
-  it("names the backend that the reference runtime's workers cannot hold weights on", function()
+  it("names the backend that the reference runtime's workers cannot hold weights on in this build", function()
     local message, field = recipe.unserved(validated({ backend = "cuda" }))
+    if require("wsync").cuda_built then
+      -- (Built with cuda: refused here only when this machine has no GPU.)
+      local count = require("wsync.native.device").count("cuda")
+      if count and count > 0 then
+        assert.is_nil(message)
+      else
+        assert.are.equal("backend", field)
+        assert.matches("^backend 'cuda': no usable CUDA device here", message)
+      end
+      return
+    end
     assert.are.equal("backend", field)
     assert.are.equal("backend 'cuda': this build's reference runtime holds weights on the host backend only", message)
+  end)
+
+  it("refuses the cuda backend where no CUDA device is usable, naming the backend", function()
+    local count = require("wsync.native.device").count("cuda")
+    if count and count > 0 then
+      pending("this machine has a CUDA device")
+      return
+    end
+    local err = error_of(recipe.check, recipe.load(fixtures.recipes .. "/backend_cuda.lua"))
+    assert.are.equal("backend", err.field)
+    assert.matches("^backend 'cuda': ", err.message)
   end)
 
   it("names a generate step, which the reference runtime cannot run", function()

@@ -34,7 +34,7 @@ describe("wsync.runtime.worker", function()
   it("turns a level-1 copy that fails into a fatal COPY_FAILED error", function()
     local weights = setmetatable({ size = function() return 64 end }, {})
     local worker = setmetatable({ rank = 0, world = 1, weights_state = "awake", weights = weights,
-      close = function() end }, Worker)
+      transport = require("wsync.transport.shm"), close = function() end }, Worker)
     weights.close = function() end
     local ok, err = pcall(worker.sleep, worker, { level = 1 })
     assert.is_false(ok)

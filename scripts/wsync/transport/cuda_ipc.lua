@@ -1,0 +1,426 @@
+--- The `cuda_ipc` transport, the cuda backend's data plane (shared/DESIGN.md
+--- section 3): packed buffers from plain cudaMalloc on the rank's GPU,
+--- exported once with cudaIpcGetMemHandle; the TP worker on the same GPU maps
+--- each buffer once (cudaIpcOpenMemHandle) and keeps the mapping for as long
+--- as its runtime lives. A chunk's fill is one batched copy kernel (one
+--- rank) or one NCCL group of broadcasts straight into every rank's buffer
+--- slot (several ranks: each root's dim-0 rows at their offset, uneven shards
+--- included); a TP worker's load is one batched copy kernel from the mapped
+--- buffer into resident device memory. Plans are made once per chunk and
+--- launched on the process's own stream; completion is reported only after
+--- the stream finished (a blocking wait in the driver, no spinning).
+---
+--- The interface is wsync.transport.shm's; where it needs the device, the
+--- ranks' rows or NCCL, it takes a `context` ({device, world, rank,
+--- nccl_id}). Descriptors are strings "<bytes>:<handle hex>".
+local uv = require("luv")
+local digest = require("wsync.native.digest")
+
+local M = {}
+
+--- The name a publication header gives this transport.
+M.NAME = "cuda_ipc"
+
+local cuda_module, cuda_reason = nil, nil
+
+-- wsync._cuda, or raises naming why this build or machine has none.
+local function cuda()
+  if cuda_module then
+    return cuda_module
+  end
+  local ok, module = pcall(require, "wsync._cuda")
+  if not ok or not module.built then
+    cuda_reason = ok and "this wsync was built without CUDA" or tostring(module)
+    require("wsync.errors").raise("TRANSPORT", "the cuda transport is not available: " .. cuda_reason)
+  end
+  cuda_module = module
+  return module
+end
+
+local function hex(bytes)
+  return (bytes:gsub(".", function(c)
+    return string.format("%02x", c:byte())
+  end))
+end
+
+local function unhex(text)
+  return (text:gsub("%x%x", function(pair)
+    return string.char(tonumber(pair, 16))
+  end))
+end
+
+-- A stream per device, made once per process.
+local streams = {}
+local function stream_of(device)
+  if not streams[device] then
+    local stream, message, code = cuda().stream(device)
+    if not stream then
+      return nil, message, code
+    end
+    streams[device] = stream
+  end
+  return streams[device]
+end
+
+--- Plans hold device addresses: made again when their memory moves.
+M.BINDS_MEMORY = true
+
+--- How the ranks' shards come together: NCCL broadcasts, every root's rows
+--- into every rank's buffer (the host hands out every rank's rows).
+M.GATHER = "broadcast"
+
+--- What a fill reads from: the rank's memories themselves (buffers, or
+--- `{pointer, size, device}` tables of storage allocated elsewhere).
+function M.sources(memories)
+  return memories
+end
+
+---@class wsync.CudaOwn
+---@field buffers userdata[]  this rank's packed buffers, by slot
+---@field device integer
+
+--- Creates this rank's `count` packed buffers of `bytes` bytes on
+--- `context.device`. Returns them, or nil, message, code.
+function M.create(count, bytes, context)
+  local device = context and context.device or 0
+  local own = { buffers = {}, device = device }
+  for slot = 1, count do
+    local buffer, message, code = cuda().buffer(device, bytes)
+    if not buffer then
+      M.release(own)
+      return nil, string.format("packed buffer %d (%d bytes) on GPU %d: %s", slot, bytes, device, message), code
+    end
+    own.buffers[slot] = buffer
+  end
+  return own
+end
+
+--- What the TP worker on the same GPU needs to map `own`'s buffers (by
+--- slot): "<bytes>:<64-byte handle in hex>", each exported once.
+function M.descriptors(own)
+  local descriptors = {}
+  for slot, buffer in ipairs(own.buffers) do
+    local handle = assert(buffer:export())
+    descriptors[slot] = string.format("%d:%s", buffer:size(), hex(handle))
+  end
+  return descriptors
+end
+
+---@class wsync.CudaTargets
+---@field by_slot userdata[]   this rank's own buffers (the fill writes them)
+---@field comm userdata?       the NCCL communicator of the ranks (world > 1)
+---@field device integer
+
+--- The targets of this rank's fills: its own buffers (a rank's GPU holds its
+--- buffers only), and with several ranks the NCCL communicator they share
+--- (`context.nccl_id` from the host, `context.world`). Returns them, or nil,
+--- message, code.
+function M.attach(own, descriptors, rank, context)
+  local targets = { by_slot = own.buffers, device = own.device }
+  local world = context and context.world or #descriptors
+  if world > 1 then
+    local nccl = require("wsync._nccl")
+    if not (context and context.nccl_id) then
+      return nil, "several trainer ranks on the cuda backend need the host's NCCL unique id", "WS_EINVAL"
+    end
+    local comm, message, code = nccl.init(own.device, world, rank, unhex(context.nccl_id))
+    if not comm then
+      return nil, "NCCL communicator: " .. tostring(message), code
+    end
+    targets.comm = comm
+  end
+  return targets
+end
+
+--- The NCCL unique id that the host hands to every rank (hex), made by one.
+function M.nccl_id()
+  local id, message, code = require("wsync._nccl").unique_id()
+  if not id then
+    return nil, message, code
+  end
+  return hex(id)
+end
+
+---@class wsync.CudaFillPlan
+---@field copy userdata?        one rank: the batched copy
+---@field broadcasts table[]?   several ranks: every root's rows, the same on every rank
+---@field sources userdata[]|table[]
+---@field slot integer
+
+--- A chunk's fill, planned once: `spans` are this rank's pieces
+--- (`{target_offset, source, source_offset, bytes}`, source 1-based into
+--- `sources`); with several ranks `context.roots` gives every rank's pieces
+--- (by rank, 1-based, the same shape; only the root's own have a source).
+--- Returns the plan, or nil, message, code.
+function M.plan_fill(targets, slot, sources, spans, context)
+  local target = targets.by_slot[slot]
+  if not target then
+    return nil, string.format("buffer %s is not this rank's", tostring(slot)), "WS_EINVAL"
+  end
+  local plan = { slot = slot, sources = sources }
+  if targets.comm then
+    local broadcasts = {}
+    for root_index, root_spans in ipairs(context.roots) do
+      local own = root_index - 1 == targets.comm:rank()
+      for _, span in ipairs(root_spans) do
+        broadcasts[#broadcasts + 1] = { root = root_index - 1, target_offset = span.target_offset, bytes = span.bytes,
+          source = own and span.source or nil, source_offset = own and span.source_offset or nil }
+      end
+    end
+    plan.broadcasts = broadcasts
+    return plan
+  end
+  local regions, ops = { target }, {}
+  for index, memory in ipairs(sources) do
+    regions[index + 1] = memory -- a buffer, a mapping, or {pointer, size, device}
+  end
+  for _, span in ipairs(spans) do
+    ops[#ops + 1] = { target = 1, source = span.source + 1, target_offset = span.target_offset,
+      source_offset = span.source_offset, width = span.bytes }
+  end
+  local copy, message, code = cuda().copy_plan(targets.device, regions, ops)
+  if not copy then
+    return nil, message, code
+  end
+  plan.copy = copy
+  return plan
+end
+
+--- Forgets a fill plan (its device descriptors).
+function M.close_plan(plan)
+  if plan and plan.copy then
+    plan.copy:close()
+    plan.copy = nil
+  end
+end
+
+--- Runs a fill plan and waits until the device finished it. Returns the
+--- bytes written into this rank's buffer and the seconds it took, or nil,
+--- message, code.
+function M.fill(targets, slot, sources, plan, what)
+  local stream, message, code = stream_of(targets.device)
+  if not stream then
+    return nil, message, code
+  end
+  local started = uv.hrtime()
+  local ok
+  if plan.broadcasts then
+    ok, message, code = targets.comm:fill(stream, targets.by_slot[slot], sources, plan.broadcasts)
+  else
+    ok, message, code = plan.copy:launch(stream)
+  end
+  if ok then
+    ok, message, code = stream:synchronize()
+  end
+  if not ok then
+    return nil, string.format("%s: %s", what or "fill", tostring(message)), code
+  end
+  local bytes = 0
+  if plan.copy then
+    bytes = plan.copy:info().bytes
+  else
+    for _, broadcast in ipairs(plan.broadcasts) do
+      bytes = bytes + broadcast.bytes
+    end
+  end
+  return bytes, (uv.hrtime() - started) / 1e9
+end
+
+--- Frees an agent's buffers and its communicator. Either may be nil.
+function M.release(own, targets)
+  if targets and targets.comm then
+    targets.comm:destroy()
+    targets.comm = nil
+  end
+  for _, buffer in ipairs(own and own.buffers or {}) do
+    buffer:close()
+  end
+  if own then
+    own.buffers = {}
+  end
+end
+
+--- Maps the packed buffers a TP worker loads from, once each, on
+--- `context.device`. Returns the mappings by slot, or nil, message, code.
+function M.import(descriptors, context)
+  local device = context and context.device or 0
+  local imported = {}
+  for slot, descriptor in ipairs(descriptors) do
+    local bytes, handle = tostring(descriptor):match("^(%d+):(%x+)$")
+    if not bytes or #handle ~= 128 then
+      M.close_imported(imported)
+      return nil, string.format("buffer %d: %q is not a cuda_ipc descriptor", slot, tostring(descriptor)), "WS_EINVAL"
+    end
+    local mapping, message, code = cuda().import(device, unhex(handle), tonumber(bytes))
+    if not mapping then
+      M.close_imported(imported)
+      return nil, string.format("buffer %d: %s", slot, tostring(message)), code
+    end
+    imported[slot] = mapping
+  end
+  return imported
+end
+
+--- Unmaps imported buffers (the last mapping of one closes its IPC handle).
+function M.close_imported(imported)
+  for _, mapping in pairs(imported or {}) do
+    mapping:close()
+  end
+end
+
+--- A chunk's loads for one TP worker, planned once: copies from `buffer`
+--- (imported) into `resident`, `{target_offset, source_offset, rows, width,
+--- target_pitch, source_pitch}`. Returns the plan, or nil, message, code.
+function M.plan_load(resident, buffer, copies)
+  local ops = {}
+  for index, c in ipairs(copies) do
+    ops[index] = { target = 1, source = 2, target_offset = c.target_offset, source_offset = c.source_offset,
+      rows = c.rows, width = c.width, target_pitch = c.target_pitch, source_pitch = c.source_pitch }
+  end
+  local plan, message, code = cuda().copy_plan(resident:device(), { resident, buffer }, ops)
+  if not plan then
+    return nil, message, code
+  end
+  return { copy = plan, resident = resident, buffer = buffer }
+end
+
+--- Runs a load plan and waits until the device finished it. Returns the
+--- bytes moved and the seconds it took, or nil, message, code.
+function M.load(resident, buffer, plan, what)
+  if plan.resident ~= resident or plan.buffer ~= buffer then
+    return nil, string.format("%s: the plan was made for other memory", what or "load"), "WS_ESTATE"
+  end
+  local stream, message, code = stream_of(resident:device())
+  if not stream then
+    return nil, message, code
+  end
+  local started = uv.hrtime()
+  local ok
+  ok, message, code = plan.copy:launch(stream)
+  if ok then
+    ok, message, code = stream:synchronize()
+  end
+  if not ok then
+    return nil, string.format("%s: %s", what or "load", tostring(message)), code
+  end
+  return plan.copy:info().bytes, (uv.hrtime() - started) / 1e9
+end
+
+--- Allocates `bytes` of device memory on `context.device` (zero-filled).
+function M.allocate(bytes, what, context)
+  local device = context and context.device or 0
+  local memory, message, code = cuda().buffer(device, math.max(bytes, 1))
+  if not memory then
+    return nil, string.format("cannot allocate %d bytes of %s on GPU %d: %s", bytes, what, device, message), code
+  end
+  return memory
+end
+
+-- The bytes of a host copy moved at a time.
+local PIECE = 64 * 1024 * 1024
+
+--- Copies all of device memory `memory` into host memory `host` (a
+--- wsync.native.shm buffer of at least its size), or back with `back`, in
+--- 64 MiB pieces. Returns true, or nil and why.
+function M.copy_host(memory, host, back)
+  local size = memory:size()
+  for offset = 0, size - 1, PIECE do
+    local length = math.min(PIECE, size - offset)
+    if back then
+      local ok, message = memory:write(offset, host:read(offset, length))
+      if not ok then
+        return nil, message
+      end
+    else
+      local data, message = memory:read(offset, length)
+      if not data then
+        return nil, message
+      end
+      host:write(offset, data) -- (raises on misuse; returns nothing)
+    end
+  end
+  return true
+end
+
+--- Fills `memory` with one byte of `pattern` (the dummy weights a runtime
+--- starts with: on the device, a memset).
+function M.fill_pattern(memory, pattern)
+  local stream, message = stream_of(memory:device())
+  if not stream then
+    return nil, message
+  end
+  local ok
+  ok, message = memory:fill(0, memory:size(), pattern:byte(1), stream)
+  if ok then
+    ok, message = stream:synchronize()
+  end
+  return ok, message
+end
+
+--- The SHA-256 of `bytes` of `memory` from `offset` (read back to the
+--- host: for checks of small models).
+function M.checksum(memory, offset, bytes)
+  local data, message = memory:read(offset, bytes)
+  if not data then
+    return nil, message
+  end
+  return digest.sha256_hex(data)
+end
+
+--- Checks `memory` against wsync's synthetic values at `version` on the
+--- device: `ops` as wsync._cuda.synth_plan takes them (region 1 is
+--- `memory`). Returns {mismatches, op, element}, or nil, message, code.
+function M.check_synthetic(memory, ops, version)
+  local stream, message, code = stream_of(memory:device())
+  if not stream then
+    return nil, message, code
+  end
+  local plan
+  plan, message, code = cuda().synth_plan(memory:device(), { memory }, ops)
+  if not plan then
+    return nil, message, code
+  end
+  local ok
+  ok, message, code = plan:check(version, stream)
+  local result = nil
+  if ok then
+    result, message, code = plan:result()
+  end
+  plan:close()
+  if not result then
+    return nil, message, code
+  end
+  return result
+end
+
+--- Writes wsync's synthetic values at `version` into `memory` on the
+--- device (`ops` as for M.check_synthetic), and waits for them.
+function M.fill_synthetic(memory, ops, version)
+  local stream, message, code = stream_of(memory:device())
+  if not stream then
+    return nil, message, code
+  end
+  local plan
+  plan, message, code = cuda().synth_plan(memory:device(), { memory }, ops)
+  if not plan then
+    return nil, message, code
+  end
+  local ok
+  ok, message, code = plan:fill(version, stream)
+  if ok then
+    ok, message, code = stream:synchronize()
+  end
+  plan:close()
+  if not ok then
+    return nil, message, code
+  end
+  return true
+end
+
+--- Nothing of a cuda buffer outlives the processes that hold it: no names
+--- to remove. (Returns the same as wsync.transport.shm.remove_leftovers.)
+function M.remove_leftovers()
+  return {}, {}
+end
+
+return M

@@ -1,0 +1,94 @@
+-- Benchmark: whole publications of the full Qwen3-30B-A3B shape on one GPU
+-- (cuda backend, trainer world 1, TP1: tests/fixtures/recipes/cuda_30b.lua),
+-- against the floors measured in the same run.
+--
+--   wsync tests/bench/cuda_publish.lua [BUFFER_GIB,...] [PUBLICATIONS]
+--       BUFFER_GIB    packed-buffer sizes to try, two buffers each
+--                     (default 1,2,4)
+--       PUBLICATIONS  per size (default 5); the first of each (plans made,
+--                     buffers mapped, resident storage allocated) is left
+--                     out of the medians
+--
+-- Floors, before the sessions (the same bytes, 61.06 GB): one flat
+-- cudaMemcpyAsync device to device (best of 5), and the packed path's,
+-- twice that (pack into the buffers, then unpack). Per buffer size: the
+-- chunk count, the median total, its fill and load phases (they overlap,
+-- double-buffered), the copies' own device time, and the ratio of the total
+-- to the packed path's floor. Every publication's resident slices are
+-- checked on the device after it, outside the timed publication.
+package.path = "./?.lua;" .. package.path
+local cuda = require("wsync._cuda")
+local loop = require("wsync.loop")
+local recipe_module = require("wsync.recipe")
+local session = require("wsync.publish.session")
+
+local sizes = {}
+for value in (arg[1] or "1,2,4"):gmatch("[%d.]+") do
+  sizes[#sizes + 1] = tonumber(value)
+end
+local publications = tonumber(arg[2] or "") or 5
+local RECIPE = "tests/fixtures/recipes/cuda_30b.lua"
+
+local function median(values)
+  local sorted = { unpack(values) }
+  table.sort(sorted)
+  local n = #sorted
+  return n % 2 == 1 and sorted[(n + 1) / 2] or (sorted[n / 2] + sorted[n / 2 + 1]) / 2
+end
+
+-- One flat device copy of `bytes` (best of 5, ms).
+local function flat_copy_ms(bytes)
+  local source = assert(cuda.buffer(0, bytes))
+  local target = assert(cuda.buffer(0, bytes))
+  local stream = assert(cuda.stream(0))
+  local start, stop = assert(cuda.event(0, true)), assert(cuda.event(0, true))
+  local best = math.huge
+  for _ = 1, 6 do
+    assert(start:record(stream))
+    assert(cuda.memcpy(target, 0, source, 0, bytes, stream))
+    assert(stop:record(stream))
+    assert(stop:synchronize())
+    best = math.min(best, assert(stop:elapsed(start)))
+  end
+  for _, object in ipairs({ start, stop, stream, target, source }) do
+    object:close()
+  end
+  return best
+end
+
+loop.spawn(function()
+  local base = recipe_module.load(RECIPE)
+  local bytes = require("wsync.recipe.prepare").prepare(base).bytes
+  local flat = flat_copy_ms(bytes)
+  local packed_floor = 2 * flat
+  print(string.format("cuda publish: %s, %d publications per size; model %.3f GB", RECIPE, publications, bytes / 1e9))
+  print(string.format("floors: one flat cudaMemcpyAsync %.2f ms; the packed path (pack + unpack) %.2f ms", flat,
+    packed_floor))
+  print(string.format("| %-10s | %6s | %9s | %8s | %8s | %9s | %9s | %8s |", "buffers", "chunks", "total ms", "fill ms",
+    "load ms", "copies ms", "vs floor", "GB/s"))
+  local best = nil
+  for _, gib in ipairs(sizes) do
+    local recipe = recipe_module.load(RECIPE)
+    recipe.buffers.bytes = math.floor(gib * 1024 * 1024 * 1024)
+    recipe.trainer.steps = publications
+    local reports = session.run(recipe)
+    local totals, fills, loads, copies = {}, {}, {}, {}
+    for index = 2, #reports do
+      local t = reports[index].timings
+      totals[#totals + 1], fills[#fills + 1], loads[#loads + 1] = t.total, t.fill, t.load
+      copies[#copies + 1] = (t.fill_copy or 0) + (t.load_copy or 0)
+    end
+    local total = median(totals) * 1e3
+    print(string.format("| 2 x %4.1f GiB | %6d | %9.1f | %8.1f | %8.1f | %9.1f | %9.2f | %8.0f |", gib,
+      reports[1].chunks, total, median(fills) * 1e3, median(loads) * 1e3, median(copies) * 1e3,
+      total / packed_floor, bytes / (total / 1e3) / 1e9))
+    if not best or total < best.total then
+      best = { total = total, gib = gib }
+    end
+  end
+  print(string.format("publish 30B-A3B (61.06 GB, 18,867 tensors): best %.1f ms with 2 x %.1f GiB buffers = %.2fx the "
+    .. "packed path's floor (%.1f ms) measured in this run; target 1.25x", best.total, best.gib,
+    best.total / packed_floor, packed_floor))
+  io.stdout:flush()
+end)
+loop.run()
