@@ -67,6 +67,10 @@ M.from_agent = {
   init_buffers = record({
     names = schema.list({ item = name, min_length = 1, required = true }),
     uuid = schema.string({ required = true }),
+    -- (direct path: where each registered tensor lies in the storage
+    -- `names` exports, by tensor name: {memory, offset})
+    locations = schema.map({ item = record({ memory = schema.number({ integer = true, min = 1, required = true }),
+      offset = schema.number({ integer = true, min = 0, required = true }) }) }),
   }),
   attach = empty,
   begin = empty,
@@ -100,7 +104,8 @@ M.from_host = {
 M.to_agent = {
   init_buffers = record({
     count = schema.number({ integer = true, min = 1, max = 8, required = true }),
-    bytes = schema.number({ integer = true, min = 1, required = true }),
+    bytes = schema.number({ integer = true, min = 0, required = true }),
+    direct = schema.boolean({}),
   }),
   attach = record({
     buffers = schema.list({ item = schema.list({ item = name, min_length = 1 }), min_length = 1, required = true }),

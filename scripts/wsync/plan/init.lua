@@ -58,11 +58,18 @@ M.format_bytes = format_bytes
 ---@field manifest string      expected manifest (from the config alone)
 
 --- Builds the plan for `model` ({family, config}) and buffers ({bytes,
---- count}). Raises PLAN_INVALID naming the tensor that does not fit a buffer.
+--- count, direct}). Raises PLAN_INVALID naming the tensor that does not fit a
+--- buffer. `direct` (one rank): one chunk of every tensor, read where the
+--- trainer holds it, and no packed buffers (`buffer_bytes` 0).
 ---@param model {family: string, config: table}
----@param buffers {bytes: integer, count: integer}
+---@param buffers {bytes: integer, count: integer, direct: boolean?}
 ---@return wsync.Plan
 function M.build(model, buffers)
+  if buffers.direct then
+    local plan = M.build(model, { bytes = math.huge, count = 1 })
+    plan.direct, plan.buffer_bytes = true, 0
+    return plan
+  end
   local family = M.family(model.family)
   local config = family.config(model.config)
   local layout = family.trainer_layout(config)

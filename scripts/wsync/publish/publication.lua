@@ -156,7 +156,8 @@ end
 
 function Publication:_load(k)
   local started = now()
-  local answer = self.rollout:load_chunk(self.plan, k, M.buffer_of(self.plan, k))
+  local tensors = self.plan.direct and self.ranks:direct_tensors(self.plan, k) or nil
+  local answer = self.rollout:load_chunk(self.plan, k, M.buffer_of(self.plan, k), tensors)
   self.timings.load = (self.timings.load or 0) + (now() - started)
   self.timings.load_copy = self.timings.load_copy + (tonumber(answer.copy_seconds) or 0)
   self.loads[k] = answer

@@ -148,6 +148,18 @@ end
 ---@param timeout number
 ---@return string[][]
 function Ranks:init_buffers(plan, timeout)
+  if plan.direct and not self.descriptors then
+    -- One rank, no packed buffers: its storage, exported, and where each
+    -- tensor lies in it.
+    local result = self:all("init_buffers", function()
+      return { count = 1, bytes = 0, direct = true }
+    end, timeout)[1]
+    if not result.locations then
+      errors.raise("AGENT_FAILED", "trainer rank 0 exported its storage without the tensors' locations",
+        { rank = 0, phase = "init_buffers" })
+    end
+    self.descriptors, self.locations, self.attached = { result.names }, result.locations, true
+  end
   if not self.descriptors then
     local results = self:all("init_buffers", function()
       return { count = plan.buffer_count, bytes = plan.buffer_bytes }
@@ -197,6 +209,30 @@ function Ranks:_fill_slots(chunk)
     chunk[key] = slots
   end
   return chunk[key]
+end
+
+--- The direct path's tensor metadata of chunk `k` (once per session): each
+--- canonical tensor where it lies in the rank's exported storage (`buffer`:
+--- which memory, `offset` in it), for the TP worker to read it from there.
+---@param plan wsync.Plan
+---@param k integer
+function Ranks:direct_tensors(plan, k)
+  self.direct_chunks = self.direct_chunks or {}
+  if not self.direct_chunks[k] then
+    local tensors = {}
+    for index, tensor in ipairs(plan.chunks[k].tensors) do
+      local location = self.locations[tensor.source]
+      if not location then
+        errors.raise("PREFLIGHT", string.format("trainer rank 0 gave no location of %s", tensor.source),
+          { rank = 0, tensor = tensor.source })
+      end
+      tensors[index] = { name = tensor.name, dtype = tensor.dtype, shape = tensor.shape, bytes = tensor.bytes,
+        source = tensor.source, source_offset = tensor.source_offset, buffer = location.memory,
+        offset = location.offset + tensor.source_offset }
+    end
+    self.direct_chunks[k] = tensors
+  end
+  return self.direct_chunks[k]
 end
 
 --- Every rank fills chunk `k` of `plan` into buffer slot `buffer`; returns

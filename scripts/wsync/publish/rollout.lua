@@ -67,10 +67,10 @@ end
 ---@param plan wsync.Plan
 ---@param k integer
 ---@param buffer integer
-function Rollout:load_chunk(plan, k, buffer)
+function Rollout:load_chunk(plan, k, buffer, tensors)
   local payload = { chunk = k, buffer = buffer }
   if not self.chunks_sent[k] then
-    payload.tensors = plan.chunks[k].tensors
+    payload.tensors = tensors or plan.chunks[k].tensors
   end
   local answer = self:request("load_chunk", payload)
   self.chunks_sent[k] = true

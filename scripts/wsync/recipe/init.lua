@@ -85,6 +85,9 @@ M.schema = schema.record({
         bytes = schema.number({ integer = true, min = 1, max = M.MAX_INTEGER, max_why = MAX_INTEGER_WHY,
           required = true }),
         count = schema.number({ integer = true, min = 1, max = 8, default = 2 }),
+        -- One rank on the cuda backend: the TP worker copies straight from
+        -- the trainer's own exported storage, no packed buffers.
+        direct = schema.boolean({ default = false }),
       },
     }),
     memory = schema.record({
@@ -132,6 +135,10 @@ M.schema = schema.record({
       if recipe.runtime.tp ~= recipe.trainer.ranks then
         return false, string.format("TP %d differs from the %d trainer ranks: TP worker r runs on trainer rank r's "
           .. "device, so runtime.tp must equal trainer.ranks", recipe.runtime.tp, recipe.trainer.ranks), "runtime.tp"
+      end
+      if recipe.buffers.direct and (ranks ~= 1 or recipe.backend ~= "cuda") then
+        return false, string.format("the direct path needs one trainer rank on the cuda backend (here %d on %s): "
+          .. "several ranks gather their shards into packed buffers", ranks, recipe.backend), "buffers.direct"
       end
     end
     return true

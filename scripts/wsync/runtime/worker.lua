@@ -274,7 +274,8 @@ function Worker:_plan_chunk(k, tensors)
             tensor.bytes, self.rank, span))
         end
         copies[#copies + 1] = { target_offset = slice.dst, source_offset = tensor.offset + slice.src,
-          rows = slice.rows, width = slice.width, target_pitch = slice.dst_pitch, source_pitch = slice.src_pitch }
+          rows = slice.rows, width = slice.width, target_pitch = slice.dst_pitch, source_pitch = slice.src_pitch,
+          source = tensor.buffer }
         -- The slice's expected synthetic values (a check on the device): the
         -- canonical tensor is a contiguous view of its trainer tensor
         -- `source` from byte `source_offset`, in bfloat16.
@@ -291,7 +292,11 @@ function Worker:_plan_chunk(k, tensors)
     segment:close()
     error(err, 0)
   end
-  local chunk = { copies = copies, checks = checks, segment = segment, tensors = #tensors, residents = residents }
+  -- (A tensor that names its `buffer` is read from that imported memory: the
+  -- direct path, where the memories are the trainer's storage.)
+  local direct = tensors[1] ~= nil and tensors[1].buffer ~= nil
+  local chunk = { copies = copies, checks = checks, segment = segment, tensors = #tensors, residents = residents,
+    direct = direct }
   if self.chunks[k] then
     self.chunks[k].segment:close()
     self.transport.close_plan(self.chunks[k].plan)
@@ -322,6 +327,9 @@ function Worker:load_chunk(payload)
     chunk = self:_plan_chunk(k, payload.tensors)
   elseif not chunk then
     fatal("BAD_METADATA", string.format("chunk %s comes without tensor metadata, and none came before", tostring(k)))
+  end
+  if chunk.direct then
+    buffer = self.imported -- every memory of the trainer's storage
   end
   if not chunk.plan or (self.transport.BINDS_MEMORY and (chunk.resident ~= self.weights or chunk.buffer ~= buffer)) then
     -- (A plan that holds addresses is made again for reallocated weights.)

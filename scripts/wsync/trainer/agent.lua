@@ -223,18 +223,39 @@ end
 -- rank's own buffers, the chunks' fill plans.
 function Agent:_release_buffers()
   self.transport.release(self.own, self.targets)
-  self.own, self.targets = nil, nil
+  self.own, self.targets, self.direct = nil, nil, nil
   self:_forget_fill_plans()
 end
 
 function Agent:_init_buffers(payload)
   self:_release_buffers()
+  if payload.direct then
+    return self:_export_storage()
+  end
   local own, message, code = self.transport.create(payload.count, payload.bytes, { device = self.device_index })
   if not own then
     refuse(self, "AGENT_MEMORY", "init", "cannot create its packed buffers: " .. message, code)
   end
   self.own = own
   return { names = self.transport.descriptors(own), uuid = self.device.uuid }
+end
+
+-- The direct path (one rank): no packed buffers; the rank's own storage is
+-- exported for the TP worker to read, with where each tensor lies in it.
+function Agent:_export_storage()
+  if not self.transport.export_memories then
+    refuse(self, "AGENT_STATE", "init", "the " .. self.transport.NAME .. " transport has no direct path")
+  end
+  local names, message, code = self.transport.export_memories(self.memories)
+  if not names then
+    refuse(self, "AGENT_MEMORY", "init", "cannot export its storage: " .. tostring(message), code)
+  end
+  local locations = {}
+  for _, tensor in ipairs(self.tensors) do
+    locations[tensor.name] = { memory = tensor.source, offset = tensor.offset }
+  end
+  self.direct = true
+  return { names = names, uuid = self.device.uuid, locations = locations }
 end
 
 function Agent:_attach(payload)
@@ -338,6 +359,22 @@ end
 -- transport call. A chunk's slots come with its first fill after attach;
 -- later fills name the chunk only.
 function Agent:_fill(payload)
+  if self.direct and self.consumed then
+    -- The direct path: nothing to copy (the TP worker reads this rank's
+    -- storage); the chunk's records still make the consumed manifest.
+    local k = payload.chunk
+    local fill = self.fill_plans[k]
+    if payload.slots ~= nil then
+      if fill then
+        fill.segment:close()
+      end
+      self:_plan_fill(k, payload.slots)
+    elseif not fill then
+      refuse(self, "BAD_METADATA", "fill", string.format("chunk %d comes without its slots, and none came before", k))
+    end
+    self.consumed[#self.consumed + 1] = k
+    return { bytes = 0, rank = self.rank, copy_seconds = 0 }
+  end
   if not self.targets or not self.consumed then
     refuse(self, "AGENT_STATE", "fill", "fill before the buffers were attached and the publication began")
   end

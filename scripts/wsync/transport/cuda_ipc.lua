@@ -226,6 +226,25 @@ function M.fill(targets, slot, sources, plan, what)
   return bytes, (uv.hrtime() - started) / 1e9
 end
 
+--- The direct path: exports the rank's own storage (cuda buffers) for the TP
+--- worker on the same GPU to read, each once. Returns descriptors like
+--- M.descriptors', or nil, message, code.
+function M.export_memories(memories)
+  local descriptors = {}
+  for index, memory in ipairs(memories) do
+    if type(memory) ~= "userdata" or not memory.export then
+      return nil, string.format("memory %d is no buffer this process allocated (only those export)", index),
+        "WS_EINVAL"
+    end
+    local handle, message, code = memory:export()
+    if not handle then
+      return nil, message, code
+    end
+    descriptors[index] = string.format("%d:%s", memory:size(), hex(handle))
+  end
+  return descriptors
+end
+
 --- Frees an agent's buffers and its communicator. Either may be nil.
 function M.release(own, targets)
   if targets and targets.comm then
@@ -270,14 +289,26 @@ end
 
 --- A chunk's loads for one TP worker, planned once: copies from `buffer`
 --- (imported) into `resident`, `{target_offset, source_offset, rows, width,
---- target_pitch, source_pitch}`. Returns the plan, or nil, message, code.
+--- target_pitch, source_pitch}`. With `buffer` a list of imported memories
+--- (the direct path), each copy names its `source` (1-based) in it. Returns
+--- the plan, or nil, message, code.
 function M.plan_load(resident, buffer, copies)
+  local regions = { resident }
+  local several = type(buffer) == "table"
+  if several then
+    for index, memory in ipairs(buffer) do
+      regions[index + 1] = memory
+    end
+  else
+    regions[2] = buffer
+  end
   local ops = {}
   for index, c in ipairs(copies) do
-    ops[index] = { target = 1, source = 2, target_offset = c.target_offset, source_offset = c.source_offset,
-      rows = c.rows, width = c.width, target_pitch = c.target_pitch, source_pitch = c.source_pitch }
+    ops[index] = { target = 1, source = several and (c.source + 1) or 2, target_offset = c.target_offset,
+      source_offset = c.source_offset, rows = c.rows, width = c.width, target_pitch = c.target_pitch,
+      source_pitch = c.source_pitch }
   end
-  local plan, message, code = cuda().copy_plan(resident:device(), { resident, buffer }, ops)
+  local plan, message, code = cuda().copy_plan(resident:device(), regions, ops)
   if not plan then
     return nil, message, code
   end
