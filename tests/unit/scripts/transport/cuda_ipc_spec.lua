@@ -1,0 +1,44 @@
+-- wsync.transport.cuda_ipc where no GPU is usable (CI): every call that
+-- needs the device fails with a clear error naming it, and malformed
+-- descriptors are refused before anything is mapped. (tests/gpu runs it.)
+local transport = require("wsync.transport")
+
+local function gpu_count()
+  local count = require("wsync.native.device").count("cuda")
+  return count or 0
+end
+
+describe("wsync.transport.cuda_ipc without a GPU", function()
+  it("is the cuda backend's transport, named cuda_ipc in the header", function()
+    assert.are.equal("cuda_ipc", transport.name("cuda"))
+    assert.are.equal("shm", transport.name("host"))
+  end)
+
+  it("refuses a backend this build has no transport for, naming it", function()
+    local ok, err = pcall(transport.for_backend, "tpu")
+    assert.is_false(ok)
+    assert.are.equal("TRANSPORT", err.code)
+    assert.matches("no transport for the tpu backend in this build (it has: cuda, host)", err.message, 1, true)
+  end)
+
+  it("refuses a descriptor that is no cuda_ipc descriptor before mapping anything", function()
+    if not require("wsync").cuda_built then
+      pending("this build has no cuda")
+      return
+    end
+    local imported, message = transport.for_backend("cuda").import({ "/wsync-123-shm-name" }, { device = 0 })
+    assert.is_nil(imported)
+    assert.matches('buffer 1: "/wsync%-123%-shm%-name" is not a cuda_ipc descriptor', message)
+  end)
+
+  it("fails to create buffers where no device is usable, saying why", function()
+    if not require("wsync").cuda_built or gpu_count() > 0 then
+      pending("this machine has a GPU, or this build no cuda")
+      return
+    end
+    local own, message, code = transport.for_backend("cuda").create(2, 4096, { device = 0 })
+    assert.is_nil(own)
+    assert.matches("^packed buffer 1 %(4096 bytes%) on GPU 0: ", message)
+    assert.are.equal("ENODEV", code)
+  end)
+end)
