@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On the GPU machine: runs the GPU test tier and the GPU benchmarks from the
-# bundle that `scripts/dev.sh bundle` made here (carried as build/bundle),
-# writing every log under $OUT (default ./gpu-out) and a summary at the end.
+# On the GPU machine: runs the GPU test tier and the GPU benchmarks (the
+# batched copy kernel against the floors, whole 30B-A3B publications) from
+# the bundle that `scripts/dev.sh bundle` made here (carried as build/bundle),
+# writing every log under $OUT (default ./gpu-out) and a summary.
 #
 #   tests/gpu/run.sh [SCALE]     SCALE: the copy benchmark's fraction of the
 #                                30B-A3B bytes (default 1: 61.06 GB)
@@ -26,4 +27,7 @@ grep -E "^(Failure|Error) ->" -A6 "$out/gpu_tier.log" | head -60 | tee -a "$out/
 echo "== cuda copy benchmark (scale $scale)" | tee -a "$out/summary.txt"
 timeout 150 wsync tests/bench/cuda_copy.lua "$scale" 3 >"$out/cuda_copy.log" 2>&1 || status=1
 tail -n 30 "$out/cuda_copy.log" | tee -a "$out/summary.txt"
+echo "== cuda publish benchmark" | tee -a "$out/summary.txt"
+timeout 200 wsync tests/bench/cuda_publish.lua 4,8,direct 5 >"$out/cuda_publish.log" 2>&1 || status=1
+grep -v "^trainer rank\|^wsync:" "$out/cuda_publish.log" | tail -n 12 | tee -a "$out/summary.txt"
 exit $status
