@@ -398,10 +398,9 @@ function M.checksum(memory, offset, bytes)
   return digest.sha256_hex(data)
 end
 
---- Checks `memory` against wsync's synthetic values at `version` on the
---- device: `ops` as wsync._cuda.synth_plan takes them (region 1 is
---- `memory`). Returns {mismatches, op, element}, or nil, message, code.
-function M.check_synthetic(memory, ops, version)
+-- Runs a synthetic plan of `ops` over `memory` once: `check` (the result)
+-- or a fill (true), waited for on the process's stream.
+local function synthetic(memory, ops, version, check)
   local stream, message, code = stream_of(memory:device())
   if not stream then
     return nil, message, code
@@ -412,40 +411,36 @@ function M.check_synthetic(memory, ops, version)
     return nil, message, code
   end
   local ok
-  ok, message, code = plan:check(version, stream)
-  local result = nil
-  if ok then
-    result, message, code = plan:result()
-  end
-  plan:close()
-  if not result then
-    return nil, message, code
-  end
-  return result
-end
-
---- Writes wsync's synthetic values at `version` into `memory` on the
---- device (`ops` as for M.check_synthetic), and waits for them.
-function M.fill_synthetic(memory, ops, version)
-  local stream, message, code = stream_of(memory:device())
-  if not stream then
-    return nil, message, code
-  end
-  local plan
-  plan, message, code = cuda().synth_plan(memory:device(), { memory }, ops)
-  if not plan then
-    return nil, message, code
-  end
-  local ok
-  ok, message, code = plan:fill(version, stream)
-  if ok then
-    ok, message, code = stream:synchronize()
+  if check then
+    ok, message, code = plan:check(version, stream)
+    if ok then
+      ok, message, code = plan:result() -- (waits for the check)
+    end
+  else
+    ok, message, code = plan:fill(version, stream)
+    if ok then
+      ok, message, code = stream:synchronize()
+    end
   end
   plan:close()
   if not ok then
     return nil, message, code
   end
-  return true
+  return ok
+end
+
+--- Checks `memory` against wsync's synthetic values at `version` on the
+--- device: `ops` as wsync._cuda.synth_plan takes them (region 1 is
+--- `memory`). Returns {mismatches, op, element}, or nil, message, code.
+function M.check_synthetic(memory, ops, version)
+  return synthetic(memory, ops, version, true)
+end
+
+--- Writes wsync's synthetic values at `version` into `memory` on the
+--- device (`ops` as for M.check_synthetic), and waits for them. Returns
+--- true, or nil, message, code.
+function M.fill_synthetic(memory, ops, version)
+  return synthetic(memory, ops, version, false)
 end
 
 --- Nothing of a cuda buffer outlives the processes that hold it: no names
