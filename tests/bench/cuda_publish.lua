@@ -2,13 +2,15 @@
 -- (cuda backend, trainer world 1, TP1: tests/fixtures/recipes/cuda_30b.lua),
 -- against the floors measured in the same run.
 --
---   wsync tests/bench/cuda_publish.lua [BUFFER_GIB|direct,...] [PUBLICATIONS]
+--   wsync tests/bench/cuda_publish.lua [BUFFER_GIB|direct,...] [PUBLICATIONS] [RECIPE]
 --       BUFFER_GIB    packed-buffer sizes to try, two buffers each, and
 --                     `direct`: no packed buffers, the TP worker reading the
 --                     trainer's exported storage (default 4,8,direct)
 --       PUBLICATIONS  per size (default 5); the first of each (plans made,
 --                     buffers mapped, resident storage allocated) is left
 --                     out of the medians
+--       RECIPE        default tests/fixtures/recipes/cuda_30b.lua (also:
+--                     cuda_235b_layers.lua, the first 12 layers of the 235B)
 --
 -- Floors, before the sessions (the same bytes, 61.06 GB): one flat
 -- cudaMemcpyAsync device to device (best of 5), and the packed path's,
@@ -28,7 +30,7 @@ for value in (arg[1] or "4,8,direct"):gmatch("[%w.]+") do
   sizes[#sizes + 1] = value == "direct" and value or tonumber(value)
 end
 local publications = tonumber(arg[2] or "") or 5
-local RECIPE = "tests/fixtures/recipes/cuda_30b.lua"
+local RECIPE = arg[3] or "tests/fixtures/recipes/cuda_30b.lua"
 
 local function median(values)
   local sorted = { unpack(values) }
@@ -62,7 +64,9 @@ loop.spawn(function()
   local bytes = require("wsync.recipe.prepare").prepare(base).bytes
   local flat = flat_copy_ms(bytes)
   local packed_floor = 2 * flat
-  print(string.format("cuda publish: %s, %d publications per size; model %.3f GB", RECIPE, publications, bytes / 1e9))
+  local plan = require("wsync.recipe.prepare").prepare(base)
+  print(string.format("cuda publish: %s, %d publications per size; model %.3f GB, %d canonical tensors", RECIPE,
+    publications, bytes / 1e9, #plan.canonical))
   print(string.format("floors: one flat cudaMemcpyAsync %.2f ms (the direct path's); the packed path (pack + "
     .. "unpack) %.2f ms", flat, packed_floor))
   print(string.format("| %-10s | %6s | %9s | %8s | %8s | %9s | %9s | %8s |", "buffers", "chunks", "total ms", "fill ms",
@@ -97,9 +101,9 @@ loop.spawn(function()
   for _, key in ipairs({ "packed", "direct" }) do
     local b = best[key]
     if b then
-      print(string.format("publish 30B-A3B %s (61.06 GB, 18,867 tensors): best %.1f ms%s = %.2fx its floor (%.1f ms) "
-        .. "measured in this run; target 1.25x", key, b.total, key == "packed" and string.format(" with 2 x %.1f GiB "
-        .. "buffers", b.gib) or "", b.total / b.floor, b.floor))
+      print(string.format("publish %s %s (%.2f GB, %d tensors): best %.1f ms%s = %.2fx its floor (%.1f ms) "
+        .. "measured in this run; target 1.25x", base.name, key, bytes / 1e9, #plan.canonical, b.total,
+        key == "packed" and string.format(" with 2 x %.1f GiB buffers", b.gib) or "", b.total / b.floor, b.floor))
     end
   end
   io.stdout:flush()
