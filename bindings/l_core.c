@@ -1,11 +1,14 @@
 // `wsync._core`: version, status table, build features, the ffi cdef and the
 // core's function table.
+#define _GNU_SOURCE // dladdr
 #include "core_api.h"
 #include "device.h"
 #include "lua_util.h"
 #include "modules.h"
 #include "scripts.h"
 #include "status.h"
+
+#include <dlfcn.h>
 
 // _core.status_name(code) -> "EINVAL"
 static int core_status_name(lua_State *L) {
@@ -47,5 +50,13 @@ int luaopen_wsync_core(lua_State *L) {
   lua_setfield(L, -2, "cdef");
   lua_pushlightuserdata(L, (void *)&ws_core_functions);
   lua_setfield(L, -2, "api");
+  // The file this code was loaded from: the wsync binary, or libwsync.so in
+  // an embedding process (whose own executable is the trainer's).
+  Dl_info info;
+  if (dladdr((void *)&ws_core_functions, &info) != 0 && info.dli_fname != NULL)
+    lua_pushstring(L, info.dli_fname);
+  else
+    lua_pushnil(L);
+  lua_setfield(L, -2, "image");
   return 1;
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #ifndef WS_FFI
+#include <stddef.h>
 #include <stdint.h>
 #endif
 
@@ -28,6 +29,13 @@ int ws_host_open(ws_host **out);
 /// negative status with the message and traceback in ws_host_error().
 int ws_host_run_string(ws_host *host, const char *code, const char *chunk_name);
 
+/// Runs a Lua chunk without running the loop (the chunk must not wait on it)
+/// and copies what it returns, as a string ("" for nil), into `result`
+/// (`result_size` bytes). WS_EINVAL when the result does not fit; other
+/// failures as ws_host_run_string.
+int ws_host_eval(ws_host *host, const char *code, char *result,
+                 size_t result_size);
+
 /// Runs a Lua file with `argc` arguments in `arg`, then the loop.
 int ws_host_run_file(ws_host *host, const char *path, int argc,
                      const char *const *argv);
@@ -35,6 +43,23 @@ int ws_host_run_file(ws_host *host, const char *path, int argc,
 /// Runs a recipe file (`wsync run`), with `key=value` overrides.
 int ws_host_run_recipe(ws_host *host, const char *path, int argc,
                        const char *const *argv);
+
+/// Starts a model recipe's session in this host, for a trainer whose ranks
+/// are agents of this same host (a single-process trainer): the recipe's
+/// trainer kind must be "external". Runs the loop until the control endpoint
+/// listens and writes its path into `endpoint` (`endpoint_size` bytes, 4096
+/// is enough). The session then advances while the agents' ws_agent_* calls
+/// run the loop. No signal handler is installed. One session at a time.
+int ws_host_start_recipe(ws_host *host, const char *path, int argc,
+                         const char *const *argv, char *endpoint,
+                         size_t endpoint_size);
+
+/// Runs the loop until the session of ws_host_start_recipe ended (close the
+/// agents first: the session waits for its ranks to leave). Returns 0 when it
+/// ended well, or a negative status with its failure in ws_host_error().
+/// ws_host_close on a session not finished stops it fail-stop (the runtime
+/// is killed, nothing more is published).
+int ws_host_finish_recipe(ws_host *host);
 
 /// Runs the command line (`wsync ARGS...`) and returns the process exit code.
 int ws_host_main(ws_host *host, int argc, const char *const *argv);
@@ -98,6 +123,16 @@ int ws_agent_register_tensor(ws_agent *agent, const char *name,
                              const char *dtype, const int64_t *shape, int dims,
                              void *data, uint64_t data_bytes, int64_t first_row,
                              int64_t row_count);
+
+/// Tells the agent that tensor `name`'s rows now live at `data` (`data_bytes`
+/// bytes), after an offload and a reload moved its storage; its dtype, shape
+/// and rows stay as registered. The agent reads every tensor's pointer at the
+/// start of each publication (after the schedule's steps before "publish"),
+/// so this may be called between publications and from inside a step
+/// callback, the one agent call allowed there. The direct path (one rank on
+/// cuda, `buffers.direct`) refuses storage that moved after its session began.
+int ws_agent_set_tensor_data(ws_agent *agent, const char *name, void *data,
+                             uint64_t data_bytes);
 
 /// Registers a step callback that the host's memory schedule calls by name
 /// (e.g. "offload_optimizer"). A non-zero return fails that schedule step; the

@@ -238,6 +238,36 @@ int ws_agent_register_tensor(ws_agent *agent, const char *name,
   return status;
 }
 
+int ws_agent_set_tensor_data(ws_agent *agent, const char *name, void *data,
+                             uint64_t data_bytes) {
+  if (agent == NULL)
+    return ws_fail(WS_EINVAL, "ws_agent_set_tensor_data: agent is NULL");
+  ws_host *host = ws_host_link_get(agent->link);
+  if (host == NULL) {
+    snprintf(agent->error, sizeof agent->error,
+             "ws_agent_set_tensor_data: the agent's host was closed; only "
+             "ws_agent_close remains");
+    return WS_ESTATE;
+  }
+  // Unlike every other call, allowed inside a step callback: it only records
+  // the pointer and runs nothing on the loop.
+  if (name == NULL)
+    return invalid(agent, "ws_agent_set_tensor_data %s: needs a name", name);
+  if (data_bytes > (uint64_t)largest_exact_integer)
+    return invalid(agent, "ws_agent_set_tensor_data %s: bytes above 2^53",
+                   name);
+  lua_State *L = ws_host_lua_state(host);
+  int top = lua_gettop(L);
+  push_method(L, agent, "move_tensor");
+  lua_pushstring(L, name);
+  lua_pushlightuserdata(L, data);
+  lua_pushnumber(L, (lua_Number)data_bytes);
+  int first = 0;
+  int status = call_method(L, agent, 3, &first);
+  lua_settop(L, top);
+  return status;
+}
+
 // The trainer's callback, called from Lua: [function pointer box, user data]
 // as upvalues; returns the callback's status. Never raises.
 static int callback_trampoline(lua_State *L) {

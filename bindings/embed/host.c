@@ -234,9 +234,11 @@ int ws_host_open(ws_host **out) {
 // Calls require(module)[function](args...) under the message handler with the
 // strings in argv as a table argument. Returns 0 with the results left on the
 // stack, or WS_ELUA with the error recorded (exit sentinels set *exit_code).
-static int call_script(ws_host *host, const char *module, const char *function,
-                       int string_count, const char *const *strings, int argc,
-                       const char *const *argv, int *exit_code) {
+static int call_script_text(ws_host *host, const char *module,
+                            const char *function, int string_count,
+                            const char *const *strings, int argc,
+                            const char *const *argv, int *exit_code,
+                            char *text, size_t text_size) {
   lua_State *L = host->L;
   if (ws_host_in_callback(host)) {
     snprintf(host->error, sizeof host->error,
@@ -281,8 +283,30 @@ static int call_script(ws_host *host, const char *module, const char *function,
   }
   if (exit_code != NULL && lua_isnumber(L, -1))
     *exit_code = (int)lua_tointeger(L, -1);
+  if (text != NULL && text_size > 0) {
+    const char *result = lua_tostring(L, -1);
+    size_t length = 0;
+    if (result != NULL)
+      length = lua_objlen(L, -1);
+    if (result == NULL || length >= text_size) {
+      snprintf(host->error, sizeof host->error,
+               "%s.%s: its result (%zu bytes) does not fit the %zu bytes "
+               "given",
+               module, function, length + 1, text_size);
+      lua_settop(L, 0);
+      return WS_EINVAL;
+    }
+    memcpy(text, result, length + 1);
+  }
   lua_settop(L, 0);
   return WS_OK;
+}
+
+static int call_script(ws_host *host, const char *module, const char *function,
+                       int string_count, const char *const *strings, int argc,
+                       const char *const *argv, int *exit_code) {
+  return call_script_text(host, module, function, string_count, strings, argc,
+                          argv, exit_code, NULL, 0);
 }
 
 int ws_host_run_string(ws_host *host, const char *code,
@@ -304,6 +328,49 @@ int ws_host_run_recipe(ws_host *host, const char *path, int argc,
                      NULL);
 }
 
+int ws_host_start_recipe(ws_host *host, const char *path, int argc,
+                         const char *const *argv, char *endpoint,
+                         size_t endpoint_size) {
+  if (host == NULL) {
+    ws_set_last_error("ws_host_start_recipe: host is NULL");
+    return WS_EINVAL;
+  }
+  if (path == NULL || endpoint == NULL || endpoint_size == 0) {
+    snprintf(host->error, sizeof host->error,
+             "ws_host_start_recipe: a path and an endpoint buffer are "
+             "required");
+    return WS_EINVAL;
+  }
+  endpoint[0] = '\0';
+  return call_script_text(host, "wsync.cli.embedded", "start_recipe", 1, &path,
+                          argc, argv, NULL, endpoint, endpoint_size);
+}
+
+int ws_host_eval(ws_host *host, const char *code, char *result,
+                 size_t result_size) {
+  if (host == NULL) {
+    ws_set_last_error("ws_host_eval: host is NULL");
+    return WS_EINVAL;
+  }
+  if (code == NULL || result == NULL || result_size == 0) {
+    snprintf(host->error, sizeof host->error,
+             "ws_host_eval: code and a result buffer are required");
+    return WS_EINVAL;
+  }
+  result[0] = '\0';
+  return call_script_text(host, "wsync.cli.embedded", "eval", 1, &code, 0,
+                          NULL, NULL, result, result_size);
+}
+
+int ws_host_finish_recipe(ws_host *host) {
+  if (host == NULL) {
+    ws_set_last_error("ws_host_finish_recipe: host is NULL");
+    return WS_EINVAL;
+  }
+  return call_script(host, "wsync.cli.embedded", "finish_recipe", 0, NULL, 0,
+                     NULL, NULL);
+}
+
 int ws_host_main(ws_host *host, int argc, const char *const *argv) {
   int exit_code = 1;
   int status =
@@ -322,6 +389,16 @@ const char *ws_last_error(void) { return last_error; }
 
 const char *ws_version(void) { return WSYNC_VERSION; }
 
+// True when package.loaded[name] is set (the module was required).
+static int package_loaded(lua_State *L, const char *name) {
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "loaded");
+  lua_getfield(L, -1, name);
+  int loaded = !lua_isnil(L, -1);
+  lua_pop(L, 3);
+  return loaded;
+}
+
 // Closes every handle still open on the host's loop through luv, so that luv's
 // own close callbacks release their Lua references, and runs the loop until
 // the closes complete.
@@ -329,6 +406,19 @@ static void close_handles(ws_host *host) {
   lua_State *L = host->L;
   lua_settop(L, 0);
   lua_pushcfunction(L, ws_lua_message_handler);
+  // A session started by ws_host_start_recipe and not finished: stopped
+  // fail-stop before its handles go.
+  if (package_loaded(L, "wsync.cli.embedded")) {
+    lua_getglobal(L, "require");
+    lua_pushliteral(L, "wsync.cli.embedded");
+    if (lua_pcall(L, 1, 1, 1) == 0) {
+      lua_getfield(L, -1, "abort");
+      if (lua_pcall(L, 0, 0, 1) != 0)
+        fprintf(stderr, "wsync: stopping the host's session failed: %s\n",
+                lua_tostring(L, -1));
+    }
+    lua_settop(L, 1);
+  }
   lua_getglobal(L, "require");
   lua_pushliteral(L, "wsync.loop");
   if (lua_pcall(L, 1, 1, 1) == 0) {

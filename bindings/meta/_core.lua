@@ -9,6 +9,7 @@
 ---@field cuda_built boolean      the binary carries the cuda backend
 ---@field cdef string             the C core's declarations for ffi.cdef (with the type ws_core_api)
 ---@field api lightuserdata       the core's function table (`const ws_core_api *` once cast)
+---@field image string?           the file holding this code: the wsync binary, or libwsync.so when embedded
 local core = {}
 
 ---@param code integer

@@ -38,4 +38,50 @@ function M.memory_usage()
   }
 end
 
+local function executable(path)
+  return path ~= nil and uv.fs_access(path, "X") and (uv.fs_stat(path) or {}).type == "file"
+end
+
+--- The wsync binary that this host starts its roles with (`wsync runtime`,
+--- `wsync trainer`): the running executable when it is wsync; in an embedding
+--- process (a trainer that loaded libwsync) $WSYNC_PROGRAM, else the `wsync`
+--- beside libwsync (a build tree or a bundle), else `wsync` on PATH. Raises
+--- PROGRAM_NOT_FOUND naming the places when none is there.
+---@return string
+function M.program()
+  local own = uv.exepath()
+  local image = require("wsync._core").image
+  image = image and (uv.fs_realpath(image) or image)
+  if image == nil or image == own then
+    return own
+  end
+  local tried = {}
+  local explicit = os.getenv("WSYNC_PROGRAM")
+  if explicit and explicit ~= "" then
+    if executable(explicit) then
+      return explicit
+    end
+    require("wsync.errors").raise("PROGRAM_NOT_FOUND", string.format("WSYNC_PROGRAM=%s is not an executable file",
+      explicit))
+  end
+  local beside = image:match("^(.*)/[^/]*$")
+  if beside then
+    local path = beside .. "/wsync"
+    if executable(path) then
+      return uv.fs_realpath(path) or path
+    end
+    tried[#tried + 1] = path
+  end
+  for directory in (os.getenv("PATH") or ""):gmatch("[^:]+") do
+    local path = directory .. "/wsync"
+    if executable(path) then
+      return path
+    end
+  end
+  tried[#tried + 1] = "wsync on PATH"
+  require("wsync.errors").raise("PROGRAM_NOT_FOUND", string.format("this process embeds libwsync (%s) and must "
+    .. "start the rollout runtime as `wsync runtime`, but no wsync binary was found (tried $WSYNC_PROGRAM, %s): "
+    .. "set WSYNC_PROGRAM to the wsync binary", image, table.concat(tried, ", ")))
+end
+
 return M

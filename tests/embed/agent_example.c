@@ -279,6 +279,24 @@ static int self_check(void) {
   SELF_CHECK(ws_agent_register_callback(agent, "offload_actor", refuse_step,
                                         NULL) == 0,
              "%s", ws_agent_error(agent));
+  // Storage that moved: a tensor's new place, checked against its rows.
+  const shard *first = &shards.tensors[0];
+  SELF_CHECK(ws_agent_set_tensor_data(agent, "no.such.tensor", memory, 16) ==
+                     WS_EINVAL &&
+                 strstr(ws_agent_error(agent),
+                        "no tensor no.such.tensor is registered") != NULL,
+             "set_tensor_data of an unknown name: %s", ws_agent_error(agent));
+  SELF_CHECK(ws_agent_set_tensor_data(agent, first->name,
+                                      memory + first->offset,
+                                      first->bytes - 2) == WS_EINVAL &&
+                 strstr(ws_agent_error(agent), "bytes do not hold its") !=
+                     NULL,
+             "set_tensor_data with too few bytes: %s", ws_agent_error(agent));
+  SELF_CHECK(ws_agent_set_tensor_data(agent, first->name, NULL, 0) == 0 &&
+                 ws_agent_set_tensor_data(agent, first->name,
+                                          memory + first->offset,
+                                          first->bytes) == 0,
+             "set_tensor_data: %s", ws_agent_error(agent));
   SELF_CHECK(fill_version(&shards, memory, 1) == 0, "ws_synth_fill failed");
 
   // The agent outlives its host: every call but close is refused, and close
@@ -291,6 +309,10 @@ static int self_check(void) {
              "ready after the host closed: %s", ws_agent_error(agent));
   SELF_CHECK(ws_agent_publish(agent, 1, NULL) == WS_ESTATE,
              "publish after the host closed: %s", ws_agent_error(agent));
+  SELF_CHECK(ws_agent_set_tensor_data(agent, first->name, memory, 16) ==
+                 WS_ESTATE,
+             "set_tensor_data after the host closed: %s",
+             ws_agent_error(agent));
   ws_agent_close(agent);
   agent = NULL;
   printf("agent_example: self-check ok (%d tensors registered, %zu bytes)\n",

@@ -309,7 +309,7 @@ function commands.runtime(args)
       kv_bytes = options["kv-bytes"] or 1048576,
       timeouts = timeouts,
       fault = os.getenv("WSYNC_RUNTIME_FAULT"),
-      program = require("luv").exepath(),
+      program = require("wsync.util").program(),
     })
   end)
 end

@@ -226,7 +226,7 @@ end
 
 local function spawn_trainers(session)
   local recipe = session.recipe
-  local program = uv.exepath()
+  local program = require("wsync.util").program()
   local model = recipe.model.preset or require("cjson").encode(recipe.model.config)
   for rank = 0, session.topology.world - 1 do
     local handle, pid
@@ -304,6 +304,9 @@ local function listen(session)
   else
     say("waiting for %d external trainer ranks on %s", session.topology.world, session.endpoint.path)
   end
+  if session.on_listen then
+    session.on_listen(session.endpoint.path)
+  end
 end
 
 -- Opening, step 2: every rank registers (a dead trainer, a lost rank or a
@@ -359,7 +362,8 @@ end
 --- when every rank may publish. Must run in a spawned coroutine.
 ---@param recipe table  a validated recipe with a model
 ---@return wsync.Session
----@param options {on_open: fun(session: table)?}?  on_open sees the session before anything starts
+---@param options {on_open: fun(session: table)?, on_listen: fun(path: string)?}?  on_open sees the session
+---  before anything starts; on_listen gets the control endpoint's path once it listens
 function M.open(recipe, options)
   local plan, topology, memory_report, bootstrap, steps = prepare_module.prepare(recipe)
   local session = setmetatable({
@@ -372,6 +376,7 @@ function M.open(recipe, options)
     bootstrap = bootstrap, steps = steps, trainer_resident = { actor = true, optimizer = true },
   }, Session)
   M.open_sessions[session] = true
+  session.on_listen = options and options.on_listen
   if options and options.on_open then
     options.on_open(session)
   end
@@ -805,11 +810,16 @@ end
 --- Runs a model recipe to the end. Returns the session's reports; raises the
 --- first failure after everything was closed.
 ---@param recipe table
-function M.run(recipe)
-  -- Ctrl-C or SIGTERM: fail-stop, leaving nothing behind, exit 128 + signal.
+---@param options {signals: boolean?, on_open: fun(session: table)?, on_listen: fun(path: string)?}?
+---  signals = false installs no SIGINT/SIGTERM handler (an embedding host's session); on_open and
+---  on_listen as in M.open
+function M.run(recipe, options)
+  options = options or {}
+  -- Ctrl-C or SIGTERM: fail-stop, leaving nothing behind, exit 128 + signal
+  -- (not in an embedding host's session: the process's signals are its own).
   local opened = nil
   local signals = {}
-  for name, number in pairs({ sigint = 2, sigterm = 15 }) do
+  for name, number in pairs(options.signals == false and {} or { sigint = 2, sigterm = 15 }) do
     local handle = uv.new_signal()
     handle:start(name, function()
       if opened then
@@ -829,7 +839,10 @@ function M.run(recipe)
   end
   local open_ok, session = pcall(M.open, recipe, { on_open = function(created)
     opened = created
-  end })
+    if options.on_open then
+      options.on_open(created)
+    end
+  end, on_listen = options.on_listen })
   if not open_ok then
     -- (open closed everything it had started.)
     stop_signals()

@@ -2,7 +2,6 @@
 --- and returns its client (wsync.control.client) after the handshake; it must
 --- be called from a coroutine (the REPL, `wsync run`, and wsync.loop.spawn give
 --- one). The reference runtime is built in: `wsync runtime` is its main process.
-local uv = require("luv")
 local client = require("wsync.control.client")
 
 local M = {}
@@ -37,7 +36,7 @@ function M.spawn(options)
   for rank = 1, tp do
     devices[rank] = tostring(options.devices and options.devices[rank] or (rank - 1))
   end
-  local program = options.program or uv.exepath()
+  local program = options.program or require("wsync.util").program()
   -- The host's timeout of each command, which the runtime's main process
   -- shortens for its own hop to the TP workers (client.inner_timeouts).
   local timeouts = require("wsync.control.timeouts").with(options.timeouts)

@@ -9,6 +9,7 @@
 ---
 --- Everything here runs in coroutines on the host loop of the trainer's own
 --- wsync host (the synthetic trainer, or libwsync embedded in a trainer).
+local ffi = require("ffi")
 local uv = require("luv")
 local copy = require("wsync.native.copy")
 local dtype_module = require("wsync.native.dtype")
@@ -139,6 +140,36 @@ function Agent:register_tensor(tensor)
   self.by_name[tensor.name] = entry
 end
 
+--- Tells the agent that tensor `name`'s rows now live at `pointer`, `size`
+--- bytes (lightuserdata or cdata), after an offload and an onload moved its
+--- storage: for a tensor registered with a `{pointer, size}` table, which is
+--- updated in place (tensors registered on the same table move together).
+--- Read at the next publication's start, like every pointer. Allowed at any
+--- time outside a fill, step callbacks included. A NULL pointer with size 0
+--- says the rows are not in memory now (offloaded): a publication that
+--- starts so fails, naming the tensor, instead of reading freed memory.
+---@param name string
+---@param pointer any
+---@param size integer
+function Agent:move_tensor(name, pointer, size)
+  local entry = self.by_name[name]
+  check(entry ~= nil, "move_tensor: no tensor " .. tostring(name) .. " is registered", 2)
+  local memory = entry.memory
+  check(type(memory) == "table" and getmetatable(memory) == nil and memory.size ~= nil,
+    "move_tensor " .. name .. ": it was registered on a memory object, not on a {pointer, size} table", 2)
+  local null = pointer == nil or ffi.cast("void *", pointer) == nil
+  if null and size == 0 then
+    memory.pointer, memory.size = nil, 0
+    return
+  end
+  check(entry.rows[2] == 0 or not null, "move_tensor " .. name .. ": the pointer is NULL (with size 0: not in "
+    .. "memory now)", 2)
+  local needed = entry.offset + entry.rows[2] * entry.row_bytes
+  check(type(size) == "number" and size >= needed, string.format("move_tensor %s: %s bytes do not hold its %d rows "
+    .. "(%d bytes)", name, tostring(size), entry.rows[2], needed), 2)
+  memory.pointer, memory.size = pointer, size
+end
+
 --- Registers a step callback the host's memory schedule may call by name.
 ---@param name string
 ---@param fn fun()
@@ -254,7 +285,7 @@ function Agent:_export_storage()
   for _, tensor in ipairs(self.tensors) do
     locations[tensor.name] = { memory = tensor.source, offset = tensor.offset }
   end
-  self.direct = true
+  self.direct = self:_pointer_signature()
   return { names = names, uuid = self.device.uuid, locations = locations }
 end
 
@@ -287,13 +318,32 @@ function Agent:_begin(payload)
   -- The shards' pointers as they are now: memory moved by an offload and an
   -- onload since the last publication is read where it is (and a plan that
   -- holds addresses is made again).
+  for _, tensor in ipairs(self.tensors) do
+    if tensor.rows[2] > 0 and type(tensor.memory) == "table" and getmetatable(tensor.memory) == nil
+        and tensor.memory.pointer == nil then
+      refuse(self, "TENSOR_UNAVAILABLE", "begin", string.format("tensor %s is not in memory at the publication's "
+        .. "start (offloaded, and no schedule step before \"publish\" brought it back)", tensor.name))
+    end
+  end
   self.sources = self.transport.sources(self.memories)
+  self.signature = self:_pointer_signature()
+  if self.direct and self.direct ~= self.signature then
+    -- The TP worker maps the storage exported at the session's start: it
+    -- would read memory this rank no longer uses.
+    refuse(self, "STORAGE_MOVED", "begin", "its tensors' storage moved since the direct path exported it at the "
+      .. "session's start; the direct path needs storage that stays in place (use packed buffers: "
+      .. "buffers.direct = false)")
+  end
+  return {}
+end
+
+-- Every memory's pointer as it is now, as one string.
+function Agent:_pointer_signature()
   local pointers = {}
   for index, memory in ipairs(self.memories) do
     pointers[index] = tostring((copy.view(memory)))
   end
-  self.signature = table.concat(pointers, ",")
-  return {}
+  return table.concat(pointers, ",")
 end
 
 -- The NCCL unique id the host hands to every rank (several ranks on cuda).

@@ -155,6 +155,23 @@ function Handle:register_tensor(name, dtype, shape, pointer, bytes, first_row, r
   return true
 end
 
+--- Tells the agent where tensor `name`'s rows live now (`pointer`, `bytes`),
+--- after an offload and an onload moved them; read at the next
+--- publication's start. Allowed before and after ready and inside step
+--- callbacks (it runs nothing on the loop).
+---@return true|nil, string?, string?
+function Handle:move_tensor(name, pointer, bytes)
+  local usable, message, status = self:_usable("set_tensor_data")
+  if not usable then
+    return nil, message, status
+  end
+  local ok, err = pcall(self.agent.move_tensor, self.agent, name, pointer, bytes)
+  if not ok then
+    return misuse(err)
+  end
+  return true
+end
+
 --- Registers step callback `name`. `call()` runs the trainer's callback and
 --- returns its status: non-zero fails the host's schedule step with an error
 --- naming the callback and this rank.

@@ -1,6 +1,7 @@
 -- wsync.trainer.agent: a registered tensor's memory stays alive as long as
 -- the agent does, also when the trainer keeps no reference of its own (the
 -- agent reads its pointer again at every publication's start).
+local ffi = require("ffi")
 local async = require("tests.helpers.async")
 local agent_module = require("wsync.trainer.agent")
 local endpoint_module = require("wsync.control.endpoint")
@@ -36,6 +37,88 @@ describe("wsync.trainer.agent register_tensor", function()
       assert.matches("register_tensor w: memory required", err, 1, true)
       agent:close()
       endpoint:close()
+    end)
+  end)
+end)
+
+describe("wsync.trainer.agent move_tensor", function()
+  -- An agent with one {pointer, size} tensor of 4 rows of 8 bytes (two
+  -- buffers to move between, kept alive here), on an endpoint that never
+  -- answers; `run(fn)` runs fn(agent, buffers) and closes both.
+  local function run(fn)
+    async.run_async(function()
+      local endpoint = endpoint_module.listen({ handlers_for = function() return {} end })
+      local agent = agent_module.connect({ endpoint = endpoint.path, rank = 0, world = 1 })
+      local buffers = { ffi.new("char[32]"), ffi.new("char[64]") }
+      agent:register_tensor({ name = "w", dtype = "bfloat16", shape = { 4, 4 }, memory = { pointer =
+        ffi.cast("void *", buffers[1]), size = 32 } })
+      local ok, err = pcall(fn, agent, buffers)
+      agent:close()
+      endpoint:close()
+      assert(ok, err)
+    end)
+  end
+
+  local function begin(agent)
+    return agent:_begin({ family = "qwen3_moe", publication_id = "p" })
+  end
+
+  it("points the tensor at its new memory, read at the next publication's start", function()
+    run(function(agent, buffers)
+      begin(agent)
+      local before = agent.signature
+      agent:move_tensor("w", ffi.cast("void *", buffers[2]), 64)
+      begin(agent)
+      assert.are_not.equal(before, agent.signature)
+      assert.are.equal(tostring(ffi.cast("void *", buffers[2])), agent.signature)
+    end)
+  end)
+
+  it("refuses an unknown name, memory that is too small and a NULL pointer with a size", function()
+    run(function(agent, buffers)
+      local ok, err = pcall(agent.move_tensor, agent, "v", ffi.cast("void *", buffers[2]), 64)
+      assert.is_false(ok)
+      assert.matches("move_tensor: no tensor v is registered", err, 1, true)
+      ok, err = pcall(agent.move_tensor, agent, "w", ffi.cast("void *", buffers[2]), 16)
+      assert.is_false(ok)
+      assert.matches("move_tensor w: 16 bytes do not hold its 4 rows (32 bytes)", err, 1, true)
+      ok, err = pcall(agent.move_tensor, agent, "w", nil, 32)
+      assert.is_false(ok)
+      assert.matches("move_tensor w: the pointer is NULL", err, 1, true)
+    end)
+  end)
+
+  it("refuses a tensor registered on a memory object", function()
+    run(function(agent)
+      local memory = assert(shm.anonymous(4096))
+      agent:register_tensor({ name = "s", dtype = "bfloat16", shape = { 16 }, memory = memory })
+      local ok, err = pcall(agent.move_tensor, agent, "s", memory:pointer(), 4096)
+      assert.is_false(ok)
+      assert.matches("it was registered on a memory object", err, 1, true)
+    end)
+  end)
+
+  it("fails a publication that starts while the tensor is not in memory, naming it", function()
+    run(function(agent, buffers)
+      agent:move_tensor("w", nil, 0)
+      local ok, err = pcall(begin, agent)
+      assert.is_false(ok)
+      assert.are.equal("TENSOR_UNAVAILABLE", err.code)
+      assert.matches("tensor w is not in memory at the publication's start", err.message, 1, true)
+      agent:move_tensor("w", ffi.cast("void *", buffers[1]), 32)
+      begin(agent)
+    end)
+  end)
+
+  it("fails a direct-path publication whose storage moved since it was exported", function()
+    run(function(agent, buffers)
+      agent.direct = agent:_pointer_signature() -- as _export_storage leaves it
+      begin(agent)
+      agent:move_tensor("w", ffi.cast("void *", buffers[2]), 64)
+      local ok, err = pcall(begin, agent)
+      assert.is_false(ok)
+      assert.are.equal("STORAGE_MOVED", err.code)
+      assert.matches("storage moved since the direct path exported it", err.message, 1, true)
     end)
   end)
 end)

@@ -1,0 +1,144 @@
+--- A model recipe's session inside an embedding host (ws_host_start_recipe and
+--- ws_host_finish_recipe of bindings/wsync.h; Python's wsync.Host(recipe)): for
+--- a single-process trainer whose ranks are agents of the same host. The
+--- session runs in a coroutine on the host's loop, which runs only inside the
+--- host's calls: `start` returns once the control endpoint listens, the
+--- agents' calls then drive the session, and `finish` runs the loop until the
+--- session ended. The process's signals stay the trainer's: no SIGINT or
+--- SIGTERM handler is installed.
+local errors = require("wsync.errors")
+local loop = require("wsync.loop")
+
+local M = {}
+
+--- How long closing a host waits for the killed runtime's tree to be reaped.
+M.ABORT_WAIT_MS = 5000
+
+-- The host's one started session: {session?, endpoint?, done, ok, result}.
+local started = nil
+
+--- Loads, checks and starts the recipe at `path` with `key=value` overrides;
+--- returns the control endpoint's path once it listens.
+---@param path string
+---@param words string[]
+---@return string
+function M.start_recipe(path, words)
+  if started and not started.done then
+    errors.raise("HOST_BUSY", "a recipe's session runs on this host already (finish it first)")
+  end
+  local recipe_module = require("wsync.recipe")
+  local recipe = recipe_module.load(path)
+  recipe_module.apply_overrides(recipe, recipe_module.parse_overrides(words or {}))
+  recipe_module.check(recipe)
+  if not recipe.model or recipe.trainer.kind ~= "external" then
+    errors.raise("RECIPE_INVALID", string.format("%s: an in-process host runs a model recipe whose trainer kind is "
+      .. "\"external\" (its ranks are this process's agents); this one's is %s", path,
+      recipe.model and ("\"" .. tostring(recipe.trainer.kind) .. "\"") or "not a model recipe"),
+      { field = "trainer.kind" })
+  end
+  local state = { done = false }
+  started = state
+  loop.spawn(function()
+    return require("wsync.publish.session").run(recipe, {
+      signals = false,
+      on_open = function(session)
+        state.session = session
+      end,
+      on_listen = function(endpoint_path)
+        state.endpoint = endpoint_path
+      end,
+    })
+  end, function(ok, result)
+    state.done, state.ok, state.result = true, ok, result
+  end)
+  loop.run_until(function()
+    return state.endpoint ~= nil or state.done
+  end)
+  if state.done and not state.ok then
+    error(state.result, 0)
+  end
+  return state.endpoint
+end
+
+--- Runs the loop until the started session ended; raises its failure.
+function M.finish_recipe()
+  if not started then
+    errors.raise("HOST_IDLE", "no recipe's session was started on this host")
+  end
+  local state = started
+  if not state.done then
+    loop.run_until(function()
+      return state.done
+    end)
+  end
+  started = nil
+  if not state.ok then
+    error(state.result, 0)
+  end
+  return 0
+end
+
+--- When the host closes with its session still running: stops it fail-stop
+--- (the runtime's process group killed, packed buffers and the endpoint
+--- removed; nothing more is published).
+function M.abort()
+  local state = started
+  started = nil
+  if state and not state.done and state.session then
+    require("wsync.publish.session").abort(state.session, "host closed")
+    -- Unlike `wsync run`, this process goes on: reap the killed runtime's
+    -- tree (its client collects the group once the main process exited),
+    -- for at most ABORT_WAIT_MS.
+    local client = state.session.rollout and state.session.rollout.client
+    if client and not client.dead and not loop.is_running() then
+      local expired = false
+      local timer = loop.after(M.ABORT_WAIT_MS, function()
+        expired = true
+      end)
+      pcall(loop.run_until, function()
+        return client.dead or expired
+      end)
+      loop.cancel(timer)
+      if not client.dead then
+        io.stderr:write(string.format("wsync: the runtime's process group %s was not gone %d ms after SIGKILL\n",
+          tostring(client.group), M.ABORT_WAIT_MS))
+      end
+    end
+  end
+end
+
+--- Runs a Lua chunk outside the loop (it must not wait on it) and returns
+--- what it returned as a string (ws_host_eval).
+---@param code string
+---@return string
+function M.eval(code)
+  local chunk, message = loadstring(code, "=(eval)")
+  if not chunk then
+    errors.raise("SCRIPT_INVALID", message)
+  end
+  local result = chunk()
+  return result == nil and "" or tostring(result)
+end
+
+--- The trainer tensors a model recipe expects from its ranks, in layout
+--- order, as JSON: [{name, dtype, shape}] (global shapes: each rank registers
+--- its rows of dim 0).
+---@param path string
+---@param words string[]?
+---@return string
+function M.trainer_tensors(path, words)
+  local recipe_module = require("wsync.recipe")
+  local recipe = recipe_module.load(path)
+  recipe_module.apply_overrides(recipe, recipe_module.parse_overrides(words or {}))
+  if not recipe.model then
+    errors.raise("RECIPE_INVALID", path .. ": not a model recipe (it has no model)", { field = "model" })
+  end
+  local plan = require("wsync.recipe.prepare").prepare(recipe, { plan_only = true })
+  local out = {}
+  for index, tensor in ipairs(plan.layout) do
+    out[index] = { name = tensor.name, dtype = tensor.dtype, shape = tensor.shape }
+  end
+  return require("cjson").encode(out)
+end
+
+return M
