@@ -17,6 +17,7 @@ packages=(
   lua-busted lua-check
   valgrind util-linux
   clang libclang-rt-dev
+  python3 python3-venv
 )
 
 usage() {
@@ -28,6 +29,7 @@ usage: scripts/dev.sh COMMAND
   demo    build, then run the main job: wsync run recipes/demo.lua
   test    build, then run every test tier through CTest (unit, bindings,
           functional, gpu (pending without a device), embed, memcheck,
+          python (pytest over the Python package, in build/venv from PyPI),
           lint (luacheck), fuzz (a bounded smoke of the fuzz target))
   bundle  build, then gather bin/wsync and the test files for a GPU machine
           into build/bundle
@@ -75,11 +77,13 @@ run_tests() {
   local status=0
   ctest --output-on-failure --timeout 2400 | tee ctest.log || status=${PIPESTATUS[0]}
   # Show the busted counts of every tier, the GPU tier's pending tests among
-  # them (never passed silently), then repeat CTest's summary so that it
+  # them (never passed silently), and pytest's, then repeat CTest's summary so that it
   # closes the run.
   if [ -f Testing/Temporary/LastTest.log ]; then
     grep -E '^[0-9]+ successes? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' \
       Testing/Temporary/LastTest.log | sed 's/^/busted: /' || true
+    grep -E '^[0-9]+ (passed|failed|skipped|errors?)(, [0-9]+ [a-z]+)* in [0-9.]+s' \
+      Testing/Temporary/LastTest.log | sed 's/^/pytest: /' || true
   fi
   grep -E '^[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' ctest.log | tail -n 1 || true
   return "$status"

@@ -1,0 +1,24 @@
+"""wsync for PyTorch and numpy trainers: publish a trainer's weights into a colocated
+rollout runtime after every optimizer step, fail-stop.
+
+    import wsync
+    agent = wsync.Agent(endpoint, rank, world, backend="cuda")
+    agent.register_module(model)
+    agent.register_callback("offload_optimizer", offload_optimizer)
+    agent.ready()
+    for step in range(steps):
+        train_one_step()
+        agent.publish(step)
+
+The package is a ctypes binding of libwsync (bindings/wsync.h); see wsync._native for
+where it looks for the library.
+"""
+from ._native import LibraryNotFound, library_path
+from .agent import Agent, Publication
+from .errors import InvalidArgument, StateError, WsyncError
+from .host import Host, TrainerTensor, trainer_tensors, version
+
+__all__ = [
+    "Agent", "Host", "InvalidArgument", "LibraryNotFound", "Publication", "StateError", "WsyncError",
+    "TrainerTensor", "library_path", "trainer_tensors", "version",
+]

@@ -1,0 +1,228 @@
+"""wsync.Agent: one trainer rank's part of wsync (ws_agent_* of bindings/wsync.h)."""
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Union
+
+from . import _native
+from .errors import InvalidArgument, StateError, WsyncError, from_status
+from .host import Host
+from .tensors import Entry, Memory, describe
+
+Export = Union[None, Mapping[str, Optional[str]], Callable[[str], Optional[str]]]
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What a publication returns to every rank."""
+
+    model_version: int   # the version the rollout runtime committed
+    publication_id: str  # 32 hex digits
+    manifest: str        # SHA-256 of the structural records, 64 hex digits
+    receipts: int        # TP workers that returned a valid receipt
+
+
+class Agent:
+    """Trainer rank `rank` of `world` joins the publications of a wsync host.
+
+    The host is ``wsync run`` on a recipe whose trainer kind is ``"external"`` (it prints
+    the control endpoint to connect to), or this process's own ``Host(recipe)``. Register
+    the rank's tensors and the memory schedule's callbacks, call ``ready()`` once, then
+    ``publish()`` after every optimizer step, on every rank, with the same step.
+
+    Calls block while the host's commands are served: buffers, fills, step callbacks.
+    `backend` is ``"host"`` (tensors in CPU memory: numpy arrays, CPU torch tensors) or
+    ``"cuda"`` (CUDA torch tensors on device `device`, by default the rank's index).
+    """
+
+    def __init__(self, endpoint: str, rank: int, world: int, *, backend: str = "host",
+                 device: Optional[int] = None, host: Optional[Host] = None):
+        if backend not in ("host", "cuda"):
+            raise InvalidArgument(f"Agent: backend {backend!r} is neither 'host' nor 'cuda'", "EINVAL", "Agent")
+        self.rank, self.world, self.backend = rank, world, backend
+        self._own_host = host is None
+        self._host = Host() if host is None else host
+        self._lib = self._host._lib
+        self._entries: dict[str, Entry] = {}
+        self._pointers: dict[str, Memory] = {}
+        self._callbacks: list[Any] = []  # the ctypes trampolines, kept alive
+        self._callback_error: Optional[BaseException] = None
+        self._cuda = False
+        handle = ctypes.c_void_p()
+        status = self._lib.ws_agent_open(self._host.handle, str(endpoint).encode(), int(rank), int(world),
+                                         backend.encode(), -1 if device is None else int(device),
+                                         ctypes.byref(handle))
+        if status != 0:
+            text = _native.text(self._lib.ws_last_error())
+            if self._own_host:
+                self._host.close()
+            raise from_status(status, text, "Agent")
+        self._handle: Optional[ctypes.c_void_p] = handle
+
+    # -- registration ------------------------------------------------------------------------
+
+    def _checked(self, call: str) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise StateError(f"{call}: the agent is closed", "ESTATE", call)
+        if threading.get_ident() != self._host._thread:
+            raise StateError(f"{call}: an agent is used from the thread that opened its host only", "ESTATE", call)
+        return self._handle
+
+    def _call(self, status: int, call: str) -> None:
+        if status != 0:
+            error = from_status(status, _native.text(self._lib.ws_agent_error(self._handle)), call)
+            caught, self._callback_error = self._callback_error, None
+            if isinstance(caught, (KeyboardInterrupt, SystemExit)):
+                raise caught from error
+            if caught is not None:
+                raise error from caught
+            raise error
+
+    def register_tensor(self, name: str, tensor: Any, *, shape: Optional[tuple[int, ...]] = None,
+                        first_row: Optional[int] = None, dtype: Optional[str] = None) -> None:
+        """Registers one tensor as wsync's trainer tensor `name`.
+
+        `tensor` is this rank's rows of dim 0 of the global `shape` (default: its own shape,
+        the whole tensor), from global row `first_row` (default 0): a C-contiguous numpy
+        array, a contiguous torch tensor or parameter, an FSDP2 ``DTensor`` sharded
+        ``(Shard(0),)`` (its global shape and rows come from its placement), or a callable
+        returning the torch tensor as it is now. numpy has no bfloat16: pass ``dtype=
+        "bfloat16"`` with a uint16 array of the raw bits. The memory is looked up again at
+        every publication, so storage that an offload and a reload moved is read where it is.
+        """
+        handle = self._checked("register_tensor")
+        if name in self._entries:
+            raise InvalidArgument(f"register_tensor {name}: registered already on this rank", "EINVAL",
+                                  "register_tensor")
+        entry = describe(name, tensor, shape, first_row, dtype)
+        expected = "cpu" if self.backend == "host" else "cuda"
+        if entry.device != expected:
+            raise InvalidArgument(f"register_tensor {name}: the tensor is in {entry.device} memory; the "
+                                  f"{self.backend} backend moves tensors in {expected} memory", "EINVAL",
+                                  "register_tensor")
+        memory = entry.resolve()
+        dims = len(entry.shape)
+        shape_array = (ctypes.c_int64 * dims)(*entry.shape)
+        status = self._lib.ws_agent_register_tensor(handle, name.encode(), entry.dtype.encode(), shape_array, dims,
+                                                    ctypes.c_void_p(memory.pointer or None), memory.nbytes,
+                                                    entry.first_row, entry.row_count)
+        self._call(status, "register_tensor")
+        self._entries[name] = entry
+        self._pointers[name] = memory
+        self._cuda = self._cuda or entry.device == "cuda"
+
+    def register_module(self, module: Any, export: Export = None, prefix: str = "") -> list[str]:
+        """Registers every parameter of a ``torch.nn.Module``; returns the wsync names.
+
+        `export` maps a parameter's name to wsync's trainer tensor name: a mapping (a name
+        mapped to None is left out; names not in it are kept) or a callable (returning None
+        leaves the parameter out). `prefix` goes before every kept name. Parameters are looked
+        up by name at every publication (``module.get_parameter``), so a parameter that an
+        offload replaced is found.
+        """
+        names = []
+        for parameter_name, _ in module.named_parameters():
+            if export is None:
+                target: Optional[str] = parameter_name
+            elif callable(export):
+                target = export(parameter_name)
+            else:
+                target = export.get(parameter_name, parameter_name)
+            if target is None:
+                continue
+            target = prefix + target
+            self.register_tensor(target, lambda name=parameter_name: module.get_parameter(name))
+            names.append(target)
+        return names
+
+    def register_callback(self, name: str, fn: Callable[[], Any]) -> None:
+        """Registers step callback `name` (``"offload_optimizer"``, ``"onload_actor"``, ...)
+        that the host's memory schedule calls. An exception in `fn` fails that schedule step
+        on every rank; this rank's ``publish`` raises it as the cause of the WsyncError. `fn`
+        must not call wsync. Storage that `fn` moved is looked up when it returns."""
+        handle = self._checked("register_callback")
+        if not callable(fn):
+            raise InvalidArgument(f"register_callback {name}: {fn!r} is not callable", "EINVAL",
+                                  "register_callback")
+
+        def trampoline(_user_data: Any) -> int:
+            try:
+                fn()
+                self._synchronize()
+                self._refresh(strict=False)
+                return 0
+            except BaseException as err:  # noqa: BLE001 (reported through publish)
+                self._callback_error = err
+                return 1
+
+        callback = _native.CALLBACK(trampoline)
+        self._callbacks.append(callback)
+        self._call(self._lib.ws_agent_register_callback(handle, name.encode(), callback, None),
+                   "register_callback")
+
+    def ready(self) -> None:
+        """Sends the registration; returns when every rank registered and the host is ready."""
+        self._call(self._lib.ws_agent_ready(self._checked("ready")), "ready")
+
+    # -- publication -------------------------------------------------------------------------
+
+    def _synchronize(self) -> None:
+        """CUDA work queued on torch's streams is finished before wsync reads the memory."""
+        if self._cuda:
+            torch = sys.modules.get("torch")
+            if torch is not None:
+                torch.cuda.synchronize()
+
+    def _refresh(self, strict: bool = True) -> None:
+        """Tells the agent of every tensor whose memory moved since it last looked. Not
+        strict (after a step callback): a tensor that cannot be found now (offloaded) is
+        marked not in memory, so that a publication starting so fails and names it."""
+        for name, entry in self._entries.items():
+            try:
+                memory = entry.resolve()
+            except Exception:  # noqa: BLE001 (strict callers see it)
+                if strict:
+                    raise
+                memory = Memory(0, 0)
+            if memory != self._pointers[name]:
+                status = self._lib.ws_agent_set_tensor_data(self._handle, name.encode(),
+                                                            ctypes.c_void_p(memory.pointer or None), memory.nbytes)
+                if status != 0:
+                    raise from_status(status, _native.text(self._lib.ws_agent_error(self._handle)),
+                                      "set_tensor_data")
+                self._pointers[name] = memory
+
+    def publish(self, step: Optional[int] = None) -> Publication:
+        """Joins the collective publication of trainer step `step` (every rank the same; None
+        lets the host number it). Returns when the rollout runtime committed the new weights
+        (or raises WsyncError, with the same text on every rank: nothing was committed)."""
+        handle = self._checked("publish")
+        self._synchronize()
+        self._refresh()
+        result = _native.PublishResult()
+        status = self._lib.ws_agent_publish(handle, -1 if step is None else int(step), ctypes.byref(result))
+        self._call(status, "publish")
+        return Publication(int(result.model_version), result.publication_id.decode(), result.manifest.decode(),
+                           int(result.receipts))
+
+    def close(self) -> None:
+        """Leaves the host, unmaps every buffer the agent mapped; closes the agent's own host.
+        Safe to call twice."""
+        if self._handle is None:
+            return
+        handle, self._handle = self._handle, None
+        self._lib.ws_agent_close(handle)  # only frees it when its host closed first
+        if self._own_host:
+            self._host.close()
+
+    def __enter__(self) -> "Agent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+__all__ = ["Agent", "Publication", "WsyncError"]

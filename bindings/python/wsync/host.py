@@ -1,0 +1,164 @@
+"""wsync.Host: a wsync host in this process (ws_host_* of bindings/wsync.h)."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from . import _native
+from .errors import StateError, from_status
+
+
+class Host:
+    """A wsync host: a LuaJIT state with wsync's modules and a libuv loop, in this process.
+
+    Every trainer rank's agent lives in a host (``Agent`` opens one of its own when given
+    none). ``Host(recipe)`` also runs a model recipe's session in this process, for a
+    single-process trainer: its ranks are this process's agents (``host.agent(...)``), and
+    the session advances while their calls run. A host is not thread-safe: use it from the
+    thread that opened it.
+    """
+
+    def __init__(self, recipe: Optional[str] = None, **overrides: Any):
+        self._lib = _native.library()
+        handle = ctypes.c_void_p()
+        status = self._lib.ws_host_open(ctypes.byref(handle))
+        if status != 0:
+            raise from_status(status, _native.text(self._lib.ws_last_error()), "ws_host_open")
+        self._handle: Optional[ctypes.c_void_p] = handle
+        self._thread = threading.get_ident()
+        self._agents: list[Any] = []
+        self.endpoint: Optional[str] = None
+        self._finished = recipe is None
+        if recipe is not None:
+            try:
+                self._start(recipe, overrides)
+            except BaseException:
+                self.close()
+                raise
+
+    # -- the host's own calls --------------------------------------------------------------
+
+    def _checked(self, call: str) -> ctypes.c_void_p:
+        if self._handle is None:
+            raise StateError(f"{call}: the host is closed", "ESTATE", call)
+        if threading.get_ident() != self._thread:
+            raise StateError(f"{call}: a wsync host is used from the thread that opened it only", "ESTATE", call)
+        return self._handle
+
+    def _fail(self, status: int, call: str) -> None:
+        if status != 0:
+            raise from_status(status, _native.text(self._lib.ws_host_error(self._handle)), call)
+
+    def run_string(self, code: str, chunk_name: str = "=(python)") -> None:
+        """Runs a Lua chunk in the host, then its loop until no work is left."""
+        handle = self._checked("run_string")
+        self._fail(self._lib.ws_host_run_string(handle, code.encode(), chunk_name.encode()), "run_string")
+
+    def eval(self, code: str, result_bytes: int = 1 << 20) -> str:
+        """Runs a Lua chunk without running the loop (it must not wait on it) and returns
+        what it returned, as a string."""
+        handle = self._checked("eval")
+        result = ctypes.create_string_buffer(result_bytes)
+        self._fail(self._lib.ws_host_eval(handle, code.encode(), result, result_bytes), "eval")
+        return result.value.decode()
+
+    def run_file(self, path: str, *args: str) -> None:
+        """Runs a Lua file with `args` in `arg`, then the loop."""
+        handle = self._checked("run_file")
+        argv = (ctypes.c_char_p * max(len(args), 1))(*[str(arg).encode() for arg in args])
+        self._fail(self._lib.ws_host_run_file(handle, os.fsencode(path), len(args), argv), "run_file")
+
+    def _start(self, recipe: str, overrides: dict[str, Any]) -> None:
+        handle = self._checked("Host(recipe)")
+        words = [f"{key}={value}" for key, value in overrides.items()]
+        argv = (ctypes.c_char_p * max(len(words), 1))(*[word.encode() for word in words])
+        endpoint = ctypes.create_string_buffer(4096)
+        status = self._lib.ws_host_start_recipe(handle, os.fsencode(recipe), len(words), argv, endpoint,
+                                                ctypes.sizeof(endpoint))
+        self._fail(status, f"Host({recipe!r})")
+        self.endpoint = endpoint.value.decode()
+
+    def agent(self, rank: int = 0, world: int = 1, **options: Any) -> Any:
+        """An agent of this host's own session (``Host(recipe)``): `Agent(host.endpoint,
+        rank, world, host=host, **options)`."""
+        from .agent import Agent  # noqa: PLC0415 (agent imports host)
+        if self.endpoint is None:
+            raise StateError("agent: this host runs no recipe (open it as Host(recipe))", "ESTATE", "agent")
+        agent = Agent(self.endpoint, rank, world, host=self, **options)
+        self._agents.append(agent)
+        return agent
+
+    def finish(self) -> None:
+        """Closes this host's agents and waits until the session of ``Host(recipe)`` ends:
+        returns when it ended well, raises its failure otherwise."""
+        handle = self._checked("finish")
+        for agent in self._agents:
+            agent.close()
+        self._agents.clear()
+        if self._finished:
+            return
+        self._finished = True
+        self._fail(self._lib.ws_host_finish_recipe(handle), "finish")
+
+    def close(self) -> None:
+        """Closes the host: every handle, the loop and the Lua state. A session of
+        ``Host(recipe)`` that did not finish is stopped fail-stop (its runtime killed,
+        nothing more published). Agents of this host must be closed before; those left
+        open are closed here."""
+        if self._handle is None:
+            return
+        for agent in self._agents:
+            agent.close()
+        self._agents.clear()
+        handle, self._handle = self._handle, None
+        self._lib.ws_host_close(handle)
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        """The ws_host pointer (for Agent)."""
+        return self._checked("host")
+
+    def __enter__(self) -> "Host":
+        return self
+
+    def __exit__(self, kind: Any, value: Any, trace: Any) -> None:
+        try:
+            if kind is None and self._handle is not None:
+                self.finish()
+        finally:
+            self.close()
+
+
+@dataclass(frozen=True)
+class TrainerTensor:
+    """A tensor a recipe's model expects from the trainer (its global shape)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def trainer_tensors(recipe: str, **overrides: Any) -> list[TrainerTensor]:
+    """The trainer tensors that model recipe `recipe` expects, in its layout order: what
+    each rank registers (its rows of dim 0 of each), e.g. to map a model's parameter names."""
+    words = [f"{key}={value}" for key, value in overrides.items()]
+    with Host() as host:
+        arguments = f"{_lua_string(recipe)}, {{{', '.join(_lua_string(word) for word in words)}}}"
+        text = host.eval(f"return require('wsync.cli.embedded').trainer_tensors({arguments})",
+                         result_bytes=64 << 20)
+    return [TrainerTensor(item["name"], item["dtype"], tuple(item["shape"])) for item in json.loads(text)]
+
+
+def _lua_string(text: str) -> str:
+    """A Lua string literal of `text`."""
+    safe = set(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ./_-=+:,@")
+    return '"' + "".join(chr(byte) if byte in safe else f"\\{byte:03d}" for byte in text.encode()) + '"'
+
+
+def version() -> str:
+    """libwsync's version string."""
+    return _native.text(_native.library().ws_version())

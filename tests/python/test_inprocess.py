@@ -1,0 +1,104 @@
+"""wsync.Host(recipe): a single-process trainer runs the session in its own process (the
+endpoint, the runtime's spawn and the publications all advance inside the agent's calls),
+on tests/fixtures/recipes/external_one_rank.lua (one rank, TP1, host backend, every
+resident slice checked after each of the three publications)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import HERE, ROOT
+
+RECIPE = "tests/fixtures/recipes/external_one_rank.lua"
+
+TRAINER = textwrap.dedent("""
+    import numpy as np
+    import synthetic
+    import wsync
+
+    shards = {name: np.zeros(shape, dtype=np.uint16) for name, shape in synthetic.layout()}
+    with wsync.Host(RECIPE) as host:
+        agent = host.agent(rank=0, world=1)
+        for name, shard in shards.items():
+            agent.register_tensor(name, shard, dtype="bfloat16")
+        for step in ("offload_optimizer", "onload_optimizer", "offload_actor", "onload_actor"):
+            agent.register_callback(step, lambda: None)
+        agent.ready()
+        for version in (1, 2, 3):
+            for name, shard in shards.items():
+                synthetic.fill(shard, name, shard.shape, 0, version)
+            publication = agent.publish(version)
+            print(f"trainer: published step {version} as model version {publication.model_version}", flush=True)
+    print("trainer: host closed", flush=True)
+""")
+
+
+def run_trainer(code: str, recipe: str, tmp_path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
+        filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, "-c", f"RECIPE = {recipe!r}\n" + code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def test_a_single_process_trainer_runs_its_session_in_process(tmp_path):
+    result = run_trainer(TRAINER, RECIPE, tmp_path)
+    output = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, output
+    assert [line for line in result.stdout.splitlines() if line.startswith("trainer: published")] == [
+        f"trainer: published step {v} as model version {v}" for v in (1, 2, 3)], output
+    assert "wsync: verdict: OK: 3 model versions published, every resident TP slice verified" in result.stdout, output
+    assert result.stdout.rstrip().endswith("trainer: host closed"), output
+    assert list(tmp_path.iterdir()) == [], "the session left files in TMPDIR"
+
+
+def test_a_recipe_with_synthetic_trainers_is_refused_in_process(tmp_path):
+    code = textwrap.dedent("""
+        import wsync
+        try:
+            wsync.Host(RECIPE)
+        except wsync.WsyncError as err:
+            print("refused:", err)
+    """)
+    result = run_trainer(code, "recipes/demo.lua", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert 'an in-process host runs a model recipe whose trainer kind is "external"' in result.stdout, result.stdout
+    assert 'this one\'s is "synthetic"' in result.stdout
+
+
+@pytest.mark.parametrize("where", ["before ready", "after a publication"])
+def test_closing_the_host_early_stops_the_session_and_leaves_nothing(tmp_path, where):
+    # The trainer leaves without finishing: the session is stopped fail-stop on close
+    # (the runtime killed, the endpoint removed), and no process is left.
+    code = textwrap.dedent("""
+        import os
+        import numpy as np
+        import synthetic
+        import wsync
+
+        shards = {name: np.zeros(shape, dtype=np.uint16) for name, shape in synthetic.layout()}
+        host = wsync.Host(RECIPE)
+        agent = host.agent(rank=0, world=1)
+        for name, shard in shards.items():
+            agent.register_tensor(name, shard, dtype="bfloat16")
+        for step in ("offload_optimizer", "onload_optimizer", "offload_actor", "onload_actor"):
+            agent.register_callback(step, lambda: None)
+        if WHERE == "after a publication":
+            agent.ready()
+            for name, shard in shards.items():
+                synthetic.fill(shard, name, shard.shape, 0, 1)
+            agent.publish(1)
+        host.close()
+        children = [pid for pid in os.listdir("/proc") if pid.isdigit()
+                    and open(f"/proc/{pid}/stat").read().split()[3] == str(os.getpid())]
+        print("children left:", children, flush=True)
+    """)
+    result = run_trainer(f"WHERE = {where!r}\n" + code, RECIPE, tmp_path)
+    output = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, output
+    assert "children left: []" in result.stdout, output
+    assert "host closed: stopping now" in result.stdout, output
+    assert list(tmp_path.iterdir()) == [], "the session left files in TMPDIR"
