@@ -13,6 +13,7 @@
 #include "process.h"
 #include "copy.h"
 #include "synth.h"
+#include "values.h"
 #include "socket.h"
 #include "cuda_memory.h"
 #include "cuda_plan.h"

@@ -5,7 +5,7 @@ version. Prints one line per publication and exits 0 when every one succeeded; a
 publication prints the WsyncError's fields and exits 1.
 
     python rank.py ENDPOINT RANK WORLD VERSIONS [--fail-callback NAME] [--wrong-shape NAME]
-                   [--skip NAME] [--move]
+                   [--skip NAME] [--move] [--random]
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ def main() -> int:
     parser.add_argument("--fail-callback", help="this callback raises")
     parser.add_argument("--wrong-shape", help="register this tensor with one row too many in its global shape")
     parser.add_argument("--skip", help="do not register this tensor")
+    parser.add_argument("--random", action="store_true",
+                        help="random values at each version instead of wsync's synthetic ones")
     parser.add_argument("--move", action="store_true",
                         help="offload_actor frees the shards, onload_actor makes new ones (new pointers)")
     args = parser.parse_args()
@@ -80,9 +82,13 @@ def main() -> int:
         try:
             agent.ready()
             for version in range(1, args.versions + 1):
+                generator = np.random.default_rng(1000 * version + args.rank)
                 for name, shard in shards.items():
                     shape, first = placement[name]
-                    synthetic.fill(shard, name, shape, first, version)
+                    if args.random:
+                        shard[...] = generator.integers(0, 1 << 16, size=shard.shape, dtype=np.uint16)
+                    else:
+                        synthetic.fill(shard, name, shape, first, version)
                 publication = agent.publish(version)
                 print(f"rank {args.rank}: published version {version}: model version {publication.model_version}, "
                       f"manifest {publication.manifest}, receipts {publication.receipts}", flush=True)

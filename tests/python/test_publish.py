@@ -42,3 +42,16 @@ def test_storage_moved_by_the_schedule_is_read_where_it_is(marked):
         assert rank.popen.returncode == 0, rank.describe()
         moved = re.search(r"moved (\d+) shards", rank.out)
         assert moved and int(moved.group(1)) >= 3 * 20, rank.describe()
+
+
+def test_the_trainers_own_values_are_checked(marked):
+    # Random values (not wsync's synthetic ones), checked with verify = "values": every
+    # resident tensor's sum against the sums of the two ranks' rows, storage moved by
+    # the schedule included.
+    host, ranks = run_session(marked, "tests/fixtures/recipes/external_tiny_values.lua", world=2, versions=3,
+                              rank_args={0: ["--random", "--move"], 1: ["--random"]})
+    assert host.popen.returncode == 0, host.describe()
+    assert ("verdict: OK: 3 model versions published, every resident TP slice verified against the trainer's "
+            "values") in host.out, host.describe()
+    for rank in ranks:
+        assert rank.popen.returncode == 0, rank.describe()

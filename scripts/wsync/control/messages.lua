@@ -86,6 +86,11 @@ M.from_agent = {
   process_memory = record({ lua_heap_bytes = bytes, rss_bytes = bytes, pid = index }),
   nccl_id = record({ id = schema.string({ pattern = "^%x+$", required = true }) }),
   abort = empty,
+  -- by TP worker (1-based): {resident tensor name = 16 hex digits}
+  values_sums = record({
+    workers = schema.list({ item = schema.map({ item = schema.string({ pattern = "^" .. string.rep("%x", 16)
+      .. "$" }) }), required = true }),
+  }),
 }
 
 --- Results of the requests an agent sends to the host, by command.
@@ -127,6 +132,11 @@ M.to_agent = {
   callback = record({ name = schema.string({ required = true }) }),
   process_memory = empty,
   nccl_id = empty,
+  values_sums = record({
+    family = schema.string({ required = true }),
+    config = schema.map({ item = schema.any({}), required = true }),
+    tp = schema.number({ integer = true, min = 1, required = true }),
+  }),
   -- The session failed: the agent raises this error from its next publish
   -- (the fields of a wsync error).
   abort = record({
@@ -163,6 +173,13 @@ M.from_runtime = {
     workers = schema.list({ item = record({
       rank = schema.number({ integer = true, min = 0, required = true }),
       tensors = schema.map({ item = schema.string({}), required = true }),
+    }), required = true }),
+  }, { open = true }),
+  resident_values = record({
+    workers = schema.list({ item = record({
+      rank = schema.number({ integer = true, min = 0, required = true }),
+      tensors = schema.map({ item = schema.string({ pattern = "^" .. string.rep("%x", 16) .. "$" }),
+        required = true }),
     }), required = true }),
   }, { open = true }),
 }

@@ -18,6 +18,7 @@ M.KEYS = {
   { key = "fill", default = 120, bounds = "a rank filling a chunk" },
   { key = "verify", default = 60, bounds = "a rank's consumed manifest" },
   { key = "callback", default = 120, bounds = "a rank's step callback (offload, onload)" },
+  { key = "values_sums", default = 600, bounds = "a rank summing its values for the values check (verify)" },
   -- Commands to the rollout runtime (its TP workers get a little less).
   { key = "startup", default = 30, bounds = "the runtime's startup handshake, its TP workers' included" },
   { key = "info", default = 10, bounds = "the runtime's info" },
@@ -35,6 +36,7 @@ M.KEYS = {
   { key = "release", bounds = "the runtime's release" },
   { key = "resident_checksums", bounds = "the runtime's checksums of its resident tensors (verify)" },
   { key = "resident_check", bounds = "the runtime's check of its resident tensors on the device (verify)" },
+  { key = "resident_values", bounds = "the runtime's values sums of its resident tensors (verify = \"values\")" },
 }
 
 --- The defaults, by key (keys without one fall back to `default` when a

@@ -514,12 +514,40 @@ function Session:begin_round()
   return self.publication
 end
 
+-- The values check (wsync.plan.values): every rank's sums of its rows, for
+-- every TP worker's resident tensors, against what the workers hold.
+local function check_values(session)
+  local plan, tp = session.plan, session.topology.tp
+  local payload = { family = plan.family, config = plan.config, tp = tp }
+  local ranks = session.ranks:all("values_sums", function()
+    return payload
+  end, session.timeouts.values_sums)
+  local by_rank = {}
+  for r, result in ipairs(ranks) do
+    by_rank[r] = result.workers
+  end
+  if not session.values_loaders then
+    local family = plan_module.family(plan.family)
+    session.values_loaders = {}
+    for w = 1, tp do
+      session.values_loaders[w] = family.loader_plan(plan.config, tp, w - 1)
+    end
+  end
+  local reported = session.rollout:request("resident_values", {})
+  return require("wsync.plan.values").check(session.values_loaders, by_rank, reported.workers)
+end
+
 --- After the publication: checks resident slices when the recipe asks, runs
 --- the schedule steps after "publish", answers every rank. Returns the report.
 ---@param publication wsync.Publication
 function Session:end_round(publication)
   local report = publication:report()
-  if self.recipe.verify then
+  local mode = require("wsync.recipe").verify_mode(self.recipe)
+  if mode == "values" then
+    local started = uv.hrtime()
+    report.verified = check_values(self)
+    report.timings.resident_check = (uv.hrtime() - started) / 1e9
+  elseif mode == "synthetic" then
     local started = uv.hrtime()
     if self.transport.check_synthetic then
       -- On the device: every resident slice against the synthetic values
@@ -876,7 +904,8 @@ function M.run(recipe, options)
     error(session.failure, 0)
   end
   say("verdict: OK: %d model versions published%s", session.published,
-    session.recipe.verify and ", every resident TP slice verified" or "")
+    session.recipe.verify and (", every resident TP slice verified" .. (session.recipe.verify == "values"
+      and " against the trainer's values" or "")) or "")
   return session.reports
 end
 

@@ -106,7 +106,11 @@ M.schema = schema.record({
     bootstrap = schema.list({ item = schema.any({}), default = {} }),
     schedule = schema.list({ item = schema.any({}) }),
     timeouts = schema.record({ fields = timeout_fields, default = {} }),
-    verify = schema.boolean({ default = false }),
+    -- After each publication: true or "synthetic" checks every resident
+    -- slice against wsync's synthetic values (synthetic trainers, and
+    -- trainers that write them); "values" against the trainer's own values
+    -- (composable sums, wsync.plan.values; host backend).
+    verify = schema.enum({ false, true, "synthetic", "values", default = false }),
   },
   check = function(recipe)
     if recipe.model then
@@ -136,6 +140,11 @@ M.schema = schema.record({
         return false, string.format("TP %d differs from the %d trainer ranks: TP worker r runs on trainer rank r's "
           .. "device, so runtime.tp must equal trainer.ranks", recipe.runtime.tp, recipe.trainer.ranks), "runtime.tp"
       end
+      if recipe.verify == "values" and recipe.backend ~= "host" then
+        return false, string.format("verify = \"values\" reads the shards and the resident weights in host memory: "
+          .. "the host backend only (on %s, verify = true checks synthetic values on the device)", recipe.backend),
+          "verify"
+      end
       if recipe.buffers.direct and (ranks ~= 1 or recipe.backend ~= "cuda") then
         return false, string.format("the direct path needs one trainer rank on the cuda backend (here %d on %s): "
           .. "several ranks gather their shards into packed buffers", ranks, recipe.backend), "buffers.direct"
@@ -144,6 +153,17 @@ M.schema = schema.record({
     return true
   end,
 })
+
+--- How a recipe checks what each publication left resident: false,
+--- "synthetic" (verify = true) or "values".
+---@param recipe table
+---@return false|"synthetic"|"values"
+function M.verify_mode(recipe)
+  if recipe.verify == true then
+    return "synthetic"
+  end
+  return recipe.verify or false
+end
 
 local function copy(source)
   local result = {}

@@ -227,6 +227,9 @@ function Runtime:handlers()
     resident_check = function(payload)
       return { workers = self:broadcast("resident_check", { step = payload.step }) }
     end,
+    resident_values = function()
+      return { workers = self:broadcast("resident_values", {}) }
+    end,
     -- Memory of every process of the runtime (soak tests watch it stay flat).
     process_memory = function()
       return { main = util.memory_usage(), workers = self:broadcast("process_memory", {}) }

@@ -438,6 +438,24 @@ function Worker:resident_checksums()
   return { rank = self.rank, tensors = sums }
 end
 
+--- resident_values{}: the values sum of every resident tensor (the check of
+--- a publication against the trainer's own values, wsync.plan.values), by
+--- name, over the bytes the loader plan fills.
+function Worker:resident_values()
+  if not self.plan or not self.weights then
+    refuse("no resident weights to sum (not initialized, or asleep)")
+  end
+  if not self.transport.HOST_READABLE then
+    refuse(string.format("the %s transport's resident weights are not in host memory; the values check runs on the "
+      .. "host backend", self.transport.NAME))
+  end
+  local ok, sums = pcall(require("wsync.plan.values").resident, self.plan, self.weights)
+  if not ok then
+    fatal("VALUES_FAILED", string.format("TP worker %d: %s", self.rank, tostring(sums)))
+  end
+  return { rank = self.rank, tensors = sums }
+end
+
 -- Unmaps and frees every buffer this worker holds.
 function Worker:release_all()
   self.transport.close_imported(self.imported)
@@ -523,6 +541,9 @@ function M.main(options)
     end,
     resident_check = function(payload)
       return self:resident_check(payload)
+    end,
+    resident_values = function()
+      return self:resident_values()
     end,
     process_memory = function()
       return util.memory_usage()

@@ -473,6 +473,38 @@ function Agent:_verify()
   return { manifest = manifest.digest, tensors = manifest.count, bytes = manifest.bytes, rank = self.rank }
 end
 
+-- The values check (wsync.plan.values): what this rank's rows add to every
+-- resident tensor of every TP worker, read from its memories (host memory).
+function Agent:_values_sums(payload)
+  if not self.transport.HOST_READABLE then
+    refuse(self, "AGENT_STATE", "values check", string.format("the values check reads the shards in host memory; "
+      .. "this rank's are on the %s backend", self.backend))
+  end
+  local key = payload.family .. " " .. require("cjson").encode(payload.config)
+  local cached = self.values_plan
+  if not cached or cached.key ~= key or cached.tp ~= payload.tp then
+    local family = plan_module.family(payload.family)
+    local plan = plan_module.build({ family = payload.family, config = payload.config }, { bytes = 2 ^ 52, count = 1 })
+    local loaders = {}
+    for w = 1, payload.tp do
+      loaders[w] = family.loader_plan(plan.config, payload.tp, w - 1)
+    end
+    cached = { key = key, tp = payload.tp, plan = plan, loaders = loaders }
+    self.values_plan = cached
+  end
+  local values = require("wsync.plan.values")
+  local workers = {}
+  for w, loader in ipairs(cached.loaders) do
+    local ok, sums = pcall(values.trainer, loader, cached.plan, self.by_name, self.memories)
+    if not ok then
+      refuse(self, errors.is(sums) and sums.code or "VALUES_FAILED", "values check", errors.is(sums) and sums.message
+        or tostring(sums))
+    end
+    workers[w] = sums
+  end
+  return { workers = workers }
+end
+
 function Agent:_handlers()
   return {
     init_buffers = function(payload)
@@ -503,6 +535,9 @@ function Agent:_handlers()
     end,
     nccl_id = function()
       return self:_nccl_id()
+    end,
+    values_sums = function(payload)
+      return self:_values_sums(payload)
     end,
     -- The session ended with a failure; it is this rank's next publish's.
     abort = function(payload)

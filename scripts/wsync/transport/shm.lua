@@ -40,6 +40,10 @@ M.NAME = "shm"
 --- Plans here are offsets only: they fit any memory of the right size.
 M.BINDS_MEMORY = false
 
+--- Its memory is host memory the host's own code may read (the values check,
+--- wsync.plan.values).
+M.HOST_READABLE = true
+
 --- How the ranks' shards come together: each rank writes its rows into
 --- every rank's buffer through shared memory.
 M.GATHER = "shared"

@@ -405,6 +405,26 @@ describe("recipe schema numbers", function()
   end)
 end)
 
+describe("recipe verify", function()
+  it("takes false, true, \"synthetic\" and \"values\" and says which check each makes", function()
+    for value, mode in pairs({ [false] = false, [true] = "synthetic", synthetic = "synthetic", values = "values" }) do
+      local checked = assert(schema.check(recipe.schema, model_recipe({ verify = value })))
+      assert.are.equal(mode, recipe.verify_mode(checked))
+    end
+    assert.are.equal(false, recipe.verify_mode(assert(schema.check(recipe.schema, model_recipe()))))
+  end)
+
+  it("refuses another value, and the values check off the host backend", function()
+    local failure = refused({ verify = "yes" })
+    assert.are.equal("verify", failure.path)
+    assert.matches("expected one of false, true, synthetic, values", failure.message, 1, true)
+    failure = refused({ backend = "cuda", verify = "values" })
+    assert.are.equal("verify", failure.path)
+    assert.matches("the host backend only (on cuda, verify = true checks synthetic values on the device)",
+      failure.message, 1, true)
+  end)
+end)
+
 describe("recipe.unserved", function()
   local function validated(changes)
     return assert(schema.check(recipe.schema, model_recipe(changes)))
