@@ -49,6 +49,13 @@ describe("publication on the cuda backend", function()
     assert.are.equal(3, checked, result.stdout)
   end)
 
+  it("checks the demo on one GPU against the trainer's values (read back from the device)", function()
+    local result = run("tests/fixtures/recipes/cuda_values.lua")
+    assert.are.equal(0, result.code, result.stdout .. result.stderr)
+    assert.matches("^OK: 3 model versions published, every resident TP slice verified against the trainer's values",
+      verdict(result.stdout))
+  end)
+
   it("publishes the full Qwen3-30B-A3B shape, every resident slice checked on the device", function()
     local result = run("tests/fixtures/recipes/cuda_30b.lua", nil, 300000)
     io.stderr:write("\n", result.stdout:match("(wsync: closing report.-)\nwsync: verdict") or result.stdout, "\n")

@@ -445,11 +445,11 @@ function Worker:resident_values()
   if not self.plan or not self.weights then
     refuse("no resident weights to sum (not initialized, or asleep)")
   end
-  if not self.transport.HOST_READABLE then
-    refuse(string.format("the %s transport's resident weights are not in host memory; the values check runs on the "
-      .. "host backend", self.transport.NAME))
+  local weights, message = self.transport.host_copy(self.weights)
+  if not weights then
+    fatal("VALUES_FAILED", string.format("TP worker %d: %s", self.rank, tostring(message)))
   end
-  local ok, sums = pcall(require("wsync.plan.values").resident, self.plan, self.weights)
+  local ok, sums = pcall(require("wsync.plan.values").resident, self.plan, weights)
   if not ok then
     fatal("VALUES_FAILED", string.format("TP worker %d: %s", self.rank, tostring(sums)))
   end

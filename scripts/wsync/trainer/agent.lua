@@ -325,7 +325,7 @@ function Agent:_begin(payload)
         .. "start (offloaded, and no schedule step before \"publish\" brought it back)", tensor.name))
     end
   end
-  self.sources = self.transport.sources(self.memories)
+  self.sources = self.transport.sources(self.memories, self.device_index)
   self.signature = self:_pointer_signature()
   if self.direct and self.direct ~= self.signature then
     -- The TP worker maps the storage exported at the session's start: it
@@ -476,10 +476,6 @@ end
 -- The values check (wsync.plan.values): what this rank's rows add to every
 -- resident tensor of every TP worker, read from its memories (host memory).
 function Agent:_values_sums(payload)
-  if not self.transport.HOST_READABLE then
-    refuse(self, "AGENT_STATE", "values check", string.format("the values check reads the shards in host memory; "
-      .. "this rank's are on the %s backend", self.backend))
-  end
   local key = payload.family .. " " .. require("cjson").encode(payload.config)
   local cached = self.values_plan
   if not cached or cached.key ~= key or cached.tp ~= payload.tp then
@@ -493,9 +489,18 @@ function Agent:_values_sums(payload)
     self.values_plan = cached
   end
   local values = require("wsync.plan.values")
+  -- The shards in host memory (read back from the device on cuda).
+  local memories = {}
+  for index, memory in ipairs(self.memories) do
+    local host, message, code = self.transport.host_copy(memory, self.device_index)
+    if not host then
+      refuse(self, "VALUES_FAILED", "values check", string.format("memory %d: %s", index, tostring(message)), code)
+    end
+    memories[index] = host
+  end
   local workers = {}
   for w, loader in ipairs(cached.loaders) do
-    local ok, sums = pcall(values.trainer, loader, cached.plan, self.by_name, self.memories)
+    local ok, sums = pcall(values.trainer, loader, cached.plan, self.by_name, memories)
     if not ok then
       refuse(self, errors.is(sums) and sums.code or "VALUES_FAILED", "values check", errors.is(sums) and sums.message
         or tostring(sums))

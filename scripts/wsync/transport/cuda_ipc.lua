@@ -13,6 +13,7 @@
 --- The interface is wsync.transport.shm's; where it needs the device, the
 --- ranks' rows or NCCL, it takes a `context` ({device, world, rank,
 --- nccl_id}). Descriptors are strings "<bytes>:<handle hex>".
+local ffi = require("ffi")
 local uv = require("luv")
 local digest = require("wsync.native.digest")
 
@@ -71,8 +72,27 @@ M.GATHER = "broadcast"
 
 --- What a fill reads from: the rank's memories themselves (buffers, or
 --- `{pointer, size, device}` tables of storage allocated elsewhere).
-function M.sources(memories)
-  return memories
+---
+--- A trainer's own storage registered through the agent API (a `{pointer,
+--- size}` table, the pointer lightuserdata or cdata: a torch tensor's
+--- data_ptr) becomes the region table the cuda binding reads, on `device`;
+--- wsync's own buffers pass as they are.
+---@param memories any[]
+---@param device integer?
+local function region_of(memory, device)
+  if type(memory) == "table" and getmetatable(memory) == nil and memory.device == nil then
+    local address = memory.pointer ~= nil and tonumber(ffi.cast("uintptr_t", memory.pointer)) or 0
+    return { pointer = address, size = memory.size, device = device or 0 }
+  end
+  return memory
+end
+
+function M.sources(memories, device)
+  local regions = {}
+  for index, memory in ipairs(memories) do
+    regions[index] = region_of(memory, device)
+  end
+  return regions
 end
 
 ---@class wsync.CudaOwn
@@ -386,6 +406,28 @@ function M.fill_pattern(memory, pattern)
     ok, message = stream:synchronize()
   end
   return ok, message
+end
+
+--- At most this many bytes are read back to host memory for the values
+--- check (wsync.plan.values): it is a check for tests and small models.
+M.HOST_COPY_MAX = 2 ^ 30
+
+--- `memory` (a buffer, a mapping, or a trainer's `{pointer, size}` storage on
+--- `device`) read back into host memory, as wsync.native.copy takes memory
+--- (`{pointer, size, keep}`), for the values check. Returns it, or nil,
+--- message, code.
+function M.host_copy(memory, device)
+  memory = region_of(memory, device)
+  local size = type(memory) == "table" and getmetatable(memory) == nil and memory.size or memory:size()
+  if size > M.HOST_COPY_MAX then
+    return nil, string.format("the values check reads device memory back to the host, at most %d bytes per memory; "
+      .. "this one has %d (use verify = true, on the device)", M.HOST_COPY_MAX, size), "WS_EINVAL"
+  end
+  local data, message, code = cuda().read(memory, 0, size)
+  if not data then
+    return nil, message, code
+  end
+  return { pointer = ffi.cast("const char *", data), size = #data, keep = data }
 end
 
 --- The SHA-256 of `bytes` of `memory` from `offset` (read back to the

@@ -40,9 +40,6 @@ M.NAME = "shm"
 --- Plans here are offsets only: they fit any memory of the right size.
 M.BINDS_MEMORY = false
 
---- Its memory is host memory the host's own code may read (the values check,
---- wsync.plan.values).
-M.HOST_READABLE = true
 
 --- How the ranks' shards come together: each rank writes its rows into
 --- every rank's buffer through shared memory.
@@ -119,6 +116,12 @@ end
 --- sizes, taken now).
 function M.sources(memories)
   return copy.ends(memories)
+end
+
+--- `memory` as host memory the values check reads (wsync.plan.values): the
+--- memory itself.
+function M.host_copy(memory)
+  return memory
 end
 
 --- The NCCL unique id: the shm transport gathers through shared memory.
