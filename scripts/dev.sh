@@ -31,8 +31,8 @@ usage: scripts/dev.sh COMMAND
           functional, gpu (pending without a device), embed, memcheck,
           python (pytest over the Python package, in build/venv from PyPI),
           lint (luacheck), fuzz (a bounded smoke of the fuzz target))
-  bundle  build, then gather bin/wsync and the test files for a GPU machine
-          into build/bundle
+  bundle  build, then gather bin/wsync, busted, the Python package with
+          libwsync and its shared objects for a GPU machine into build/bundle
   fuzz [SECONDS]
           setup, then build the fuzz target into build-fuzz/ (clang, libFuzzer,
           ASan, UBSan) and fuzz the control protocol and the recipe loader
@@ -100,13 +100,26 @@ bundle() {
   cp -rL /usr/share/lua/5.1/. "$out/lua/share/"
   cp -rL /usr/lib/x86_64-linux-gnu/lua/5.1/. "$out/lua/lib/"
   rm -f "$out/lua/lib/luv.so" "$out/lua/lib/cjson.so"
+  # The Python package with libwsync beside it, and the shared objects
+  # libwsync needs that a GPU machine lacks (LuaJIT, libuv, luv, lua-cjson).
+  mkdir -p "$out/python" "$out/lib"
+  cp -r "$root/bindings/python/wsync" "$out/python/wsync"
+  rm -rf "$out/python/wsync/__pycache__"
+  cp -L "$build/libwsync.so" "$out/python/wsync/libwsync.so"
+  ldd "$build/libwsync.so" | awk '/luajit|libuv|luv|cjson/ { print $3 }' | while read -r dependency; do
+    cp -L "$dependency" "$out/lib/"
+  done
   cat >"$out/env.sh" <<'ENV'
-# Source from the repository root on the GPU machine: uses the bundled busted.
+# Source from the repository root on the GPU machine: uses the bundled busted,
+# and the bundled Python package (python/wsync, libwsync beside it).
 bundle=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export LUA_PATH="./?.lua;$bundle/lua/share/?.lua;$bundle/lua/share/?/init.lua"
 export LUA_CPATH="$bundle/lua/lib/?.so"
 export WSYNC_BIN="$bundle/bin/wsync"
+export WSYNC_PROGRAM="$bundle/bin/wsync"
 export PATH="$bundle/bin:$PATH"
+export PYTHONPATH="$bundle/python${PYTHONPATH:+:$PYTHONPATH}"
+export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ENV
   echo "dev.sh: bundle in $out ($(du -sh "$out" | cut -f1)); bin/wsync needs only: $(ldd "$out/bin/wsync" | awk '{print $1}' | tr '\n' ' ')"
 }
