@@ -1,16 +1,19 @@
-"""On the GPU machine (torch and transformers there): a tiny Qwen3-MoE from transformers
-(random init, no download), sharded with FSDP2 on one rank, trained for three AdamW steps;
-after each step it publishes through wsync into the reference runtime on the cuda backend,
-the session running in this process (wsync.Host on tests/fixtures/recipes/torch_tiny_cuda.lua).
-The recipe's schedule offloads the optimizer's state to the CPU and brings it back through
-this trainer's callbacks, and checks every resident slice against the trainer's updated
-parameters (verify = "values"). Prints one line per publication and "torch_fsdp2: ok"; exits
-non-zero on any failure.
+"""A PyTorch trainer embedding wsync: a tiny Qwen3-MoE from transformers (random init, no
+download), sharded with FSDP2 on one rank, trained for three AdamW steps; after each step it
+publishes through wsync into the reference runtime, the session running in this process
+(wsync.Host). The recipe's schedule offloads the optimizer's state to the CPU and brings it
+back through this trainer's callbacks, and checks every resident slice against the trainer's
+updated parameters (verify = "values"). Prints one line per publication and "torch_fsdp2: ok";
+exits non-zero on any failure.
 
-    source build/bundle/env.sh && python3 tests/gpu/torch_fsdp2.py
+    --device cuda (the H200: tests/gpu/run.sh): NCCL, the cuda backend,
+        tests/fixtures/recipes/torch_tiny_cuda.lua
+    --device cpu (tests/python/test_torch.py, where torch is installed): gloo, the host
+        backend, tests/fixtures/recipes/torch_tiny_host.lua
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -21,7 +24,7 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 import wsync
 
-RECIPE = "tests/fixtures/recipes/torch_tiny_cuda.lua"
+RECIPES = {"cuda": "tests/fixtures/recipes/torch_tiny_cuda.lua", "cpu": "tests/fixtures/recipes/torch_tiny_host.lua"}
 STEPS = 3
 
 
@@ -34,12 +37,12 @@ def tiny_config() -> Qwen3MoeConfig:
 
 
 class OptimizerOffload:
-    """Moves the optimizer's CUDA state tensors to the CPU and back (the `step` counters,
+    """Moves the optimizer's state tensors to the CPU and back (the scalar `step` counters,
     which AdamW keeps on the CPU, stay where they are)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer):
         self.optimizer = optimizer
-        self.offloaded: list[tuple[dict, str]] = []
+        self.offloaded: list[tuple[dict, str, torch.device]] = []
         self.moved = 0
 
     def offload(self) -> None:
@@ -47,35 +50,42 @@ class OptimizerOffload:
             raise RuntimeError("offload_optimizer: the optimizer is offloaded already")
         for state in self.optimizer.state.values():
             for key, value in list(state.items()):
-                if torch.is_tensor(value) and value.device.type == "cuda":
-                    state[key] = value.to("cpu")
-                    self.offloaded.append((state, key))
+                if torch.is_tensor(value) and value.dim() > 0:
+                    # On the CPU a copy stands for the offload: new storage all the same.
+                    state[key] = value.to("cpu", copy=True)
+                    self.offloaded.append((state, key, value.device))
         self.moved += len(self.offloaded)
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
 
     def onload(self) -> None:
-        for state, key in self.offloaded:
-            state[key] = state[key].to("cuda")
+        for state, key, device in self.offloaded:
+            state[key] = state[key].to(device, copy=True)
         self.offloaded.clear()
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", choices=sorted(RECIPES), default="cuda")
+    device = parser.parse_args().device
+    recipe = RECIPES[device]
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    torch.cuda.set_device(0)
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
     torch.manual_seed(0)
-    model = Qwen3MoeForCausalLM(tiny_config()).to("cuda", torch.bfloat16)
+    model = Qwen3MoeForCausalLM(tiny_config()).to(device, torch.bfloat16)
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     offload = OptimizerOffload(optimizer)
 
-    expected = [tensor.name for tensor in wsync.trainer_tensors(RECIPE)]
-    with wsync.Host(RECIPE) as host:
-        agent = host.agent(rank=0, world=1, backend="cuda", device=0)
+    expected = [tensor.name for tensor in wsync.trainer_tensors(recipe)]
+    with wsync.Host(recipe) as host:
+        agent = host.agent(rank=0, world=1, backend="cuda" if device == "cuda" else "host", device=0)
         names = agent.register_module(model)
         if sorted(names) != sorted(expected):
             print(f"torch_fsdp2: the model's parameters {sorted(set(names) ^ set(expected))} differ from the "
@@ -86,7 +96,7 @@ def main() -> int:
         agent.ready()
         before = None
         for step in range(1, STEPS + 1):
-            tokens = torch.randint(0, 1000, (2, 16), device="cuda")
+            tokens = torch.randint(0, 1000, (2, 16), device=device)
             loss = model(input_ids=tokens, labels=tokens).loss
             loss.backward()
             optimizer.step()

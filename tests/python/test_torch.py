@@ -1,0 +1,110 @@
+"""The PyTorch side of the package, on the CPU and the host backend, where torch and
+transformers are installed (the GPU machine has them; CI does not install them: there
+these tests are reported as skipped, with the reason). tests/python/torch_fsdp2.py --device
+cpu is the trainer of tests/gpu/run.sh on the CPU: FSDP2 over gloo, AdamW, the optimizer
+offloaded and brought back by callbacks, three publications checked against the parameters."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HERE, ROOT
+
+torch = pytest.importorskip("torch", reason="torch is not installed here (the GPU machine runs these)")
+pytest.importorskip("transformers", reason="transformers is not installed here (the GPU machine runs these)")
+
+import wsync  # noqa: E402
+
+
+def test_an_fsdp2_trainer_publishes_and_is_checked_against_its_parameters(tmp_path):
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    result = subprocess.run([sys.executable, str(HERE / "torch_fsdp2.py"), "--device", "cpu"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    output = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, output
+    assert "verify" not in result.stderr.lower(), output
+    assert ("wsync: verdict: OK: 3 model versions published, every resident TP slice verified against the "
+            "trainer's values") in result.stdout, output
+    assert "torch_fsdp2: ok" in result.stdout, output
+
+
+def test_the_transformers_model_has_the_recipes_trainer_tensors():
+    from transformers import Qwen3MoeForCausalLM  # noqa: PLC0415
+    sys.path.insert(0, str(HERE))
+    from torch_fsdp2 import tiny_config  # noqa: PLC0415
+    model = Qwen3MoeForCausalLM(tiny_config()).to(torch.bfloat16)
+    expected = {t.name: (t.dtype, t.shape) for t in wsync.trainer_tensors("tests/fixtures/recipes/torch_tiny_host.lua")}
+    got = {name: (str(p.dtype).rsplit(".", 1)[-1], tuple(p.shape)) for name, p in model.named_parameters()}
+    assert got == expected
+
+
+class TestTensors:
+    @pytest.fixture
+    def agent(self, tmp_path):
+        import socket  # noqa: PLC0415
+        path = str(tmp_path / "control.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(4)
+        with wsync.Agent(path, 0, 1) as opened:
+            yield opened
+        listener.close()
+
+    def test_a_cpu_tensor_and_a_parameter(self, agent):
+        agent.register_tensor("t", torch.zeros(4, 3, dtype=torch.bfloat16))
+        agent.register_tensor("p", torch.nn.Parameter(torch.zeros(2, 3)), shape=(4, 3), first_row=2)
+
+    def test_a_non_contiguous_tensor(self, agent):
+        with pytest.raises(wsync.InvalidArgument, match="the tensor is not contiguous"):
+            agent.register_tensor("t", torch.zeros(4, 4)[:, ::2])
+
+    def test_a_dtype_wsync_does_not_move(self, agent):
+        with pytest.raises(wsync.InvalidArgument, match="torch dtype torch.complex64 is not one wsync moves"):
+            agent.register_tensor("t", torch.zeros(4, dtype=torch.complex64))
+
+    def test_a_parameter_replaced_by_one_of_another_shape(self, agent):
+        module = torch.nn.Linear(3, 4, bias=False)
+        agent.register_module(module)
+        module.weight = torch.nn.Parameter(torch.zeros(5, 3))
+        with pytest.raises(wsync.InvalidArgument, match=r"tensor weight: it is now float32 \[5, 3\]"):
+            agent._refresh()
+
+    def test_export_renames_and_leaves_out(self, agent):
+        module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+        names = agent.register_module(module, export={"0.bias": None, "1.bias": None}, prefix="m.")
+        assert names == ["m.0.weight", "m.1.weight"]
+        names = agent.register_module(module, export=lambda name: "x." + name if name.endswith("bias") else None)
+        assert names == ["x.0.bias", "x.1.bias"]
+
+
+def test_a_dtensor_placement_other_than_shard_0_is_refused_naming_the_parameter(tmp_path):
+    code = """
+import os, socket, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+import wsync
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
+dist.init_process_group("gloo", rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+path = os.path.join(os.environ["TMPDIR"], "control.sock")
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); listener.bind(path); listener.listen(4)
+with wsync.Agent(path, 0, 1) as agent:
+    agent.register_tensor("sharded", distribute_tensor(torch.zeros(4, 3), mesh, [Shard(0)]))
+    for placement in (Replicate(), Shard(1)):
+        try:
+            agent.register_tensor("w", distribute_tensor(torch.zeros(4, 3), mesh, [placement]))
+        except wsync.InvalidArgument as err:
+            print("refused:", err)
+dist.destroy_process_group()
+"""
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    refusals = [line for line in result.stdout.splitlines() if line.startswith("refused:")]
+    assert len(refusals) == 2, result.stdout
+    for line in refusals:
+        assert "register_tensor w: DTensor placements" in line and "(FSDP2's (Shard(0),))" in line, line
