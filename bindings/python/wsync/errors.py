@@ -34,7 +34,7 @@ class WsyncError(Exception):
         code = _CODE.search(first_line)
         self.code: Optional[str] = code.group("code") if code else None
         self.cause: Optional[str] = code.group("cause") if code else None
-        super().__init__(f"{call}: {text}" if call else text)
+        super().__init__(f"{call}: {text}" if call and not text.startswith(call) else text)
 
 
 class InvalidArgument(WsyncError, ValueError):
