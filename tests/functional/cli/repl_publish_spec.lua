@@ -3,8 +3,8 @@
 local process = require("tests.helpers.process")
 local uv = require("luv")
 
--- Segments in /dev/shm whose creating process is gone: leaks.
-local function orphan_segments()
+-- Segments in /dev/shm whose creating process is gone, as a set of names.
+local function orphan_set()
   local orphans = {}
   local scanner = assert(uv.fs_scandir("/dev/shm"))
   while true do
@@ -14,10 +14,29 @@ local function orphan_segments()
     end
     local pid = name:match("^wsync%-(%d+)%-")
     if pid and not uv.fs_stat("/proc/" .. pid) then
-      orphans[#orphans + 1] = name
+      orphans[name] = true
     end
   end
   return orphans
+end
+
+-- Orphans at the start of each test belong to whatever ran before (a killed
+-- run, another test tier): a test's leaks are the orphans it added.
+local preexisting = {}
+before_each(function()
+  preexisting = orphan_set()
+end)
+
+-- The orphaned segments that appeared since this test began: leaks.
+local function orphan_segments()
+  local leaked = {}
+  for name in pairs(orphan_set()) do
+    if not preexisting[name] then
+      leaked[#leaked + 1] = name
+    end
+  end
+  table.sort(leaked)
+  return leaked
 end
 
 local STEPS = table.concat({
