@@ -8,7 +8,10 @@ return {
   backend = "cuda",
   model = { family = "qwen3_moe", preset = "qwen3-30b-a3b" },
   trainer = { kind = "external", ranks = 4 },
-  runtime = { kind = "vllm", tp = 4, respawn = false },
+  -- vLLM serves the model of recipes/models/qwen3-30b-a3b (its config.json;
+  -- with load_format "dummy" vLLM needs no checkpoint: wsync publishes it).
+  runtime = { kind = "vllm", tp = 4, respawn = false, model = "models/qwen3-30b-a3b", load = "direct",
+    vllm = { load_format = "dummy", gpu_memory_utilization = 0.4 } },
   -- The largest trainer tensor (a layer's packed gate_up_proj) is 768 MiB.
   buffers = { bytes = 1 * GiB, count = 2 },
   memory = {

@@ -164,6 +164,11 @@ function commands.check(args)
     summary.trainer_ranks, summary.tp = topology.world, topology.tp
     summary.peak_device_bytes, summary.peak_step = memory.peak, memory.peak_step
     summary.device_budget_bytes = memory.budget
+    summary.runtime = { kind = recipe.runtime.kind, tp = topology.tp }
+    if recipe.runtime.kind == "vllm" then
+      summary.runtime.load = recipe.runtime.load or "direct"
+      summary.runtime.model = require("wsync.runtime.vllm").model_dir(recipe)
+    end
     summary.runs_here = unserved == nil
     summary.not_runnable = unserved
   end
@@ -195,6 +200,8 @@ function commands.check(args)
       string.format("peak memory  %d bytes (%s) per device, at %s; budget %s", memory.peak,
         format_bytes(memory.peak), memory.peak_step, memory.budget and format_bytes(memory.budget) or "not set"),
       string.format("manifest     %s", summary.manifest),
+      string.format("runtime      %s TP%d%s", summary.runtime.kind, summary.runtime.tp, summary.runtime.load
+        and string.format(", load %s, model %s", summary.runtime.load, summary.runtime.model) or ""),
     }
     if unserved then
       lines[#lines + 1] = string.format("runs here    no: %s; `wsync run` refuses it", unserved)

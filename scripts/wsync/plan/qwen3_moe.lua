@@ -53,6 +53,10 @@ local REQUIRED = {
   "num_key_value_heads", "head_dim", "num_experts",
 }
 
+--- The config fields that fix the plan's shapes: two configs that agree on
+--- these (and on tie_word_embeddings) make the same tensors.
+M.SHAPE_FIELDS = REQUIRED
+
 --- The most canonical tensors a plan may have: the plan, every loader plan
 --- and the manifest hold a record per tensor in memory (the 235B preset has
 --- 36,945).

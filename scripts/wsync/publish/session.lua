@@ -291,6 +291,9 @@ local function spawn_rollout(session)
   return rollout_module.spawn({
     kind = recipe.runtime.kind, tp = session.topology.tp, backend = recipe.backend, devices = devices,
     kv_bytes = math.max(recipe.memory.kv_bytes, 1), timeouts = recipe.timeouts, grace_ms = recipe.runtime.grace_ms,
+    model = recipe.runtime.kind == "vllm" and require("wsync.runtime.vllm").model_dir(recipe) or nil,
+    load = recipe.runtime.load, engine = recipe.runtime.vllm,
+    python = recipe.runtime.python,
   })
 end
 
@@ -678,6 +681,29 @@ local function remove_buffers(session)
   end
 end
 
+-- How long an abort waits for its killed trainers to be gone, in ms.
+local ABORT_WAIT_MS = 2000
+
+-- Waits, without running the loop (the process exits right after), until
+-- every process of `pids` ({[pid] = true}) has ended: gone from /proc, or a
+-- zombie that its parent did not reap yet. At most `ms` milliseconds.
+local function wait_gone(pids, ms)
+  local deadline = uv.hrtime() + ms * 1e6
+  for pid in pairs(pids or {}) do
+    while uv.hrtime() < deadline do
+      local file = io.open("/proc/" .. pid .. "/stat", "r")
+      local stat = file and file:read("*a") or ""
+      if file then
+        file:close()
+      end
+      if stat == "" or stat:match("%) Z ") or stat:match("%) X ") then
+        break
+      end
+      uv.sleep(1)
+    end
+  end
+end
+
 --- Sessions opened and not closed yet (the REPL closes them when it ends).
 M.open_sessions = setmetatable({}, { __mode = "k" })
 
@@ -709,6 +735,10 @@ function M.abort(session, signal_name)
       handle:kill("sigkill")
     end
   end
+  -- A killed trainer may still be inside a system call that creates a
+  -- buffer's name (the signal acts when it returns): scan for names only
+  -- once every killed trainer is gone or a zombie.
+  wait_gone(session.trainer_pids, ABORT_WAIT_MS)
   remove_buffers(session)
   if session.endpoint then
     -- Not close(): that would fail the requests in flight and wake the

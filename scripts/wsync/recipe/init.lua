@@ -78,7 +78,29 @@ M.schema = schema.record({
         tp = rank_count,
         respawn = schema.boolean({ default = false }),
         grace_ms = schema.number({ integer = true, min = 0, max = M.MAX_SECONDS * 1000, max_why = "a week" }),
+        -- The vllm runtime: the model directory vLLM serves (its config.json
+        -- describes the recipe's model), how weights reach vLLM's resident
+        -- parameters (wsync.runtime.vllm), engine arguments for vllm.LLM, and
+        -- the Python that runs it.
+        model = schema.string({}),
+        load = schema.enum({ "direct", "native" }),
+        vllm = schema.map({ item = schema.any({}) }),
+        python = schema.string({}),
       },
+      check = function(runtime)
+        if runtime.kind ~= "vllm" then
+          for _, field in ipairs({ "model", "load", "vllm", "python" }) do
+            if runtime[field] ~= nil then
+              return false, string.format("is for the vllm runtime; this recipe's runtime is %s", runtime.kind),
+                field
+            end
+          end
+        elseif runtime.model == nil then
+          return false, "the vllm runtime needs the directory of the model it serves (a config.json at least)",
+            "model"
+        end
+        return true
+      end,
     }),
     buffers = schema.record({
       fields = {
@@ -521,6 +543,13 @@ end
 --- other, and what a runtime cannot do.
 M.RUNTIMES = {
   reference = { backends = { host = true, cuda = require("wsync").cuda_built or nil }, generates = false },
+  -- (Its Python side, and vLLM there, are looked for by `probe`.)
+  -- On the host backend only with an engine in place of vLLM
+  -- ($WSYNC_VLLM_ENGINE; vLLM itself runs on cuda).
+  vllm = { backends = { cuda = require("wsync").cuda_built or nil, host = true }, generates = true,
+    probe = function(recipe)
+      return require("wsync.runtime.vllm").unavailable(recipe)
+    end },
 }
 
 --- Why this build or machine cannot serve a model recipe: its runtime kind,
@@ -564,6 +593,12 @@ function M.unserved(recipe)
     if recipe.trainer.ranks > count then
       return string.format("%d trainer ranks need %d GPUs, one each; this machine has %d", recipe.trainer.ranks,
         recipe.trainer.ranks, count), "trainer.ranks"
+    end
+  end
+  if runtime.probe then
+    local message, field = runtime.probe(recipe)
+    if message then
+      return message, field
     end
   end
   for index, step in ipairs(recipe.schedule or {}) do

@@ -1,13 +1,14 @@
 --- Rollout runtimes the host spawns and drives. `spawn(options)` starts one
 --- and returns its client (wsync.control.client) after the handshake; it must
 --- be called from a coroutine (the REPL, `wsync run`, and wsync.loop.spawn give
---- one). The reference runtime is built in: `wsync runtime` is its main process.
+--- one). The reference runtime is built in: `wsync runtime` is its main process;
+--- the vllm runtime is a Python process (wsync.runtime.vllm).
 local client = require("wsync.control.client")
 
 local M = {}
 
 ---@class wsync.RuntimeSpawnOptions
----@field kind "reference"?
+---@field kind "reference"|"vllm"|nil
 ---@field tp integer?
 ---@field backend string?
 ---@field devices integer[]?
@@ -27,9 +28,11 @@ local M = {}
 function M.spawn(options)
   options = options or {}
   local kind = options.kind or "reference"
-  if kind ~= "reference" then
+  if kind == "vllm" then
+    return require("wsync.runtime.vllm").spawn(options, client.spawn)
+  elseif kind ~= "reference" then
     require("wsync.errors").raise("RUNTIME_START", string.format("unknown runtime kind '%s' (this build has: "
-      .. "reference)", tostring(kind)))
+      .. "reference, vllm)", tostring(kind)))
   end
   local tp = options.tp or 1
   local devices = {}

@@ -82,6 +82,9 @@ function Worker:state()
 end
 
 function Worker:memory()
+  if self.external then
+    return { device_bytes = 0, host_bytes = 0 } -- (the engine's parameters: the engine's to say)
+  end
   return {
     device_bytes = (self.weights and self.weights:size() or 0) + (self.kv and self.kv:size() or 0),
     host_bytes = self.host_copy and self.host_copy:size() or 0,
@@ -215,7 +218,9 @@ function Worker:init_weights(payload)
     self.resident_index[tensor.name] = index
   end
   self.weights_bytes = plan.bytes
-  if self.weights_state == "awake" then
+  if self.external then
+    self:bind_residents(payload.residents)
+  elseif self.weights_state == "awake" then
     self.weights = release(self.weights)
     self.weights = self:_allocate(plan.bytes, "resident weights")
   else
@@ -230,7 +235,10 @@ function Worker:start_update(payload)
   if not self.plan then
     fatal("NOT_INITIALIZED", "start_update before init_weights")
   end
-  if self.weights_state ~= "awake" then
+  if self.external then
+    -- (The engine sleeps and wakes its own parameters; where they lie now.)
+    self:bind_residents(payload.residents)
+  elseif self.weights_state ~= "awake" then
     refuse(string.format("cannot update weights that are %s: wake weights first", self.weights_state))
   end
   self.epoch = (self.epoch or 0) + 1
@@ -273,9 +281,15 @@ function Worker:_plan_chunk(k, tensors)
           fatal("BAD_METADATA", string.format("%s holds %d bytes; its TP slice for rank %d needs %d", tensor.name,
             tensor.bytes, self.rank, span))
         end
-        copies[#copies + 1] = { target_offset = slice.dst, source_offset = tensor.offset + slice.src,
-          rows = slice.rows, width = slice.width, target_pitch = slice.dst_pitch, source_pitch = slice.src_pitch,
-          source = tensor.buffer }
+        local target, target_offset = nil, slice.dst
+        if self.external then
+          -- (Each resident tensor is its own memory: the engine's parameter.)
+          target = self.resident_index[slice.resident]
+          target_offset = slice.dst - self.plan.by_name[slice.resident].offset
+        end
+        copies[#copies + 1] = { target = target, target_offset = target_offset,
+          source_offset = tensor.offset + slice.src, rows = slice.rows, width = slice.width,
+          target_pitch = slice.dst_pitch, source_pitch = slice.src_pitch, source = tensor.buffer }
         -- The slice's expected synthetic values (a check on the device): the
         -- canonical tensor is a contiguous view of its trainer tensor
         -- `source` from byte `source_offset`, in bfloat16.
@@ -400,6 +414,9 @@ end
 --- models too large to read back). Returns {rank, checked, mismatches, op?,
 --- element?}.
 function Worker:resident_check(payload)
+  if self.external then
+    refuse("the resident tensors are the engine's parameters: this worker does not read them back")
+  end
   if not self.plan or not self.weights then
     refuse("no resident weights to check (not initialized, or asleep)")
   end
@@ -424,6 +441,9 @@ end
 
 --- resident_checksums{}: SHA-256 of every resident tensor, by name.
 function Worker:resident_checksums()
+  if self.external then
+    refuse("the resident tensors are the engine's parameters: this worker does not read them back")
+  end
   if not self.plan or not self.weights then
     refuse("no resident weights to checksum (not initialized, or asleep)")
   end
@@ -445,15 +465,45 @@ function Worker:resident_values()
   if not self.plan or not self.weights then
     refuse("no resident weights to sum (not initialized, or asleep)")
   end
-  local weights, message = self.transport.host_copy(self.weights)
+  local weights, message
+  if self.external then
+    weights, message = self:_gather_residents()
+  else
+    weights, message = self.transport.host_copy(self.weights)
+  end
   if not weights then
     fatal("VALUES_FAILED", string.format("TP worker %d: %s", self.rank, tostring(message)))
   end
   local ok, sums = pcall(require("wsync.plan.values").resident, self.plan, weights)
+  if self.external then
+    weights:close()
+  end
   if not ok then
     fatal("VALUES_FAILED", string.format("TP worker %d: %s", self.rank, tostring(sums)))
   end
   return { rank = self.rank, tensors = sums }
+end
+
+-- The engine's parameters in host memory, laid out as the loader plan lays
+-- out one worker's resident storage (the values check reads that layout).
+-- Returns the host buffer (the caller closes it), or nil and why.
+function Worker:_gather_residents()
+  local copy = require("wsync.native.copy")
+  local flat = allocate_host(self.plan.bytes, "host memory for the values check")
+  for index, tensor in ipairs(self.plan.tensors) do
+    local host, message = self.transport.host_copy(self.weights[index], self.context.device)
+    local moved = nil
+    if host then
+      local batch = copy.batch(1)
+      batch:add(tensor.offset, 0, 1, tensor.bytes)
+      moved, message = copy.run(flat, host, batch, tensor.name)
+    end
+    if not moved then
+      flat:close()
+      return nil, string.format("%s: %s", tensor.name, tostring(message))
+    end
+  end
+  return flat
 end
 
 -- Unmaps and frees every buffer this worker holds.
@@ -462,7 +512,11 @@ function Worker:release_all()
   self.imported = {}
   self:_forget_chunks()
   self.update = nil
-  self.weights = release(self.weights)
+  if self.external then
+    self.weights = nil -- (the engine's parameters)
+  else
+    self.weights = release(self.weights)
+  end
   self.host_copy = release(self.host_copy)
   self.kv = release(self.kv)
 end
@@ -470,6 +524,118 @@ end
 function Worker:close()
   self:release_all()
   self.server:close()
+end
+
+-- A worker over another engine's parameters ---------------------------------
+
+--- Binds the resident tensors of the loader plan to the engine's parameters
+--- (`residents`: name -> {pointer, size, dtype, shape}, the pointer a
+--- number): every tensor the plan fills must be there with its dtype, shape
+--- and size, and the engine may have no parameter the plan does not fill (it
+--- would keep stale weights). A chunk's load plan is made again only when a
+--- parameter moved.
+---@param residents table<string, {pointer: number, size: integer, dtype: string, shape: integer[]}>
+function Worker:bind_residents(residents)
+  if type(residents) ~= "table" then
+    fatal("DIRECT_UNSUPPORTED", "no resident parameters were given to the loader")
+  end
+  local regions, moved = {}, self.weights == nil
+  for index, tensor in ipairs(self.plan.tensors) do
+    local parameter = residents[tensor.name]
+    if type(parameter) ~= "table" then
+      fatal("DIRECT_UNSUPPORTED", string.format("TP worker %d: the engine has no parameter %s, which the loader "
+        .. "plan fills", self.rank, tensor.name))
+    end
+    local same_shape = type(parameter.shape) == "table" and #parameter.shape == #tensor.shape
+    for dim = 1, same_shape and #tensor.shape or 0 do
+      same_shape = same_shape and parameter.shape[dim] == tensor.shape[dim]
+    end
+    if parameter.dtype ~= tensor.dtype or not same_shape or parameter.size ~= tensor.bytes then
+      fatal("DIRECT_UNSUPPORTED", string.format("TP worker %d: the engine's %s is %s %s (%s bytes); the loader "
+        .. "plan fills %s %s (%d bytes)", self.rank, tensor.name, tostring(parameter.dtype),
+        require("cjson").encode(parameter.shape or {}), tostring(parameter.size), tensor.dtype,
+        require("cjson").encode(tensor.shape), tensor.bytes))
+    end
+    regions[index] = { pointer = parameter.pointer, size = parameter.size, device = self.context.device }
+    local before = self.weights and self.weights[index]
+    moved = moved or before == nil or before.pointer ~= parameter.pointer
+  end
+  for name in pairs(residents) do
+    if not self.plan.by_name[name] then
+      fatal("DIRECT_UNSUPPORTED", string.format("TP worker %d: the engine's parameter %s is not in the loader plan "
+        .. "(it would keep stale weights)", self.rank, name))
+    end
+  end
+  if moved then
+    self.weights = regions
+  end
+end
+
+--- A worker that loads into another engine's parameters (the vllm runtime's
+--- worker extension, through libwsync inside that engine's process): no
+--- resident memory of its own, no sleep or wake (the engine's), the same
+--- weight commands. `options`: {rank, world, backend, device}.
+---@param options {rank: integer, world: integer, backend: string, device: integer}
+---@return wsync.ReferenceWorker
+function M.external(options)
+  local info, message = device.query(options.backend, options.device)
+  if not info then
+    errors.raise("RUNTIME_START", string.format("TP worker %d: device %s:%s: %s", options.rank, options.backend,
+      tostring(options.device), message))
+  end
+  local self = setmetatable({
+    rank = options.rank,
+    world = options.world,
+    device = { backend = options.backend, index = info.index, uuid = info.uuid, name = info.name },
+    weights_state = "awake",
+    external = true,
+  }, Worker)
+  self.transport = transport_module.for_backend(options.backend)
+  self.context = { device = info.index }
+  return self
+end
+
+local embedded = nil
+local EMBEDDED_COMMANDS = { init_weights = true, start_update = true, load_chunk = true, finish_update = true,
+  info = true, resident_values = true }
+
+--- Runs one command on this process's external worker and answers JSON
+--- `{ok, result}` or `{ok = false, error = {code, message, fatal}}`: the
+--- entry of an engine's worker extension (bindings/python/wsync/vllm). "open"
+--- makes the worker ({rank, world, backend, device}), "close" drops it.
+---@param cmd string
+---@param payload_text string  JSON
+---@return string
+function M.embedded_command(cmd, payload_text)
+  local cjson = require("cjson")
+  local ok, result = pcall(function()
+    local payload = cjson.decode(payload_text)
+    if cmd == "open" then
+      if embedded then
+        embedded:release_all()
+      end
+      embedded = M.external(payload)
+      return embedded:info()
+    elseif cmd == "close" then
+      if embedded then
+        embedded:release_all()
+        embedded = nil
+      end
+      return {}
+    end
+    if not embedded then
+      fatal("NOT_INITIALIZED", cmd .. " before the worker was opened")
+    end
+    if not EMBEDDED_COMMANDS[cmd] then
+      errors.raise("UNKNOWN_COMMAND", "the embedded worker has no command '" .. tostring(cmd) .. "'")
+    end
+    return embedded[cmd](embedded, payload)
+  end)
+  if ok then
+    return cjson.encode({ ok = true, result = result })
+  end
+  local err = errors.is(result) and result or errors.new("WORKER_FAILED", tostring(result), { fatal = true })
+  return cjson.encode({ ok = false, error = { code = err.code, message = err.message, fatal = err.fatal ~= false } })
 end
 
 ---@class wsync.ReferenceWorkerOptions

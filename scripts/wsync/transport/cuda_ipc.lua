@@ -87,6 +87,14 @@ local function region_of(memory, device)
   return memory
 end
 
+-- The device of a memory: a buffer's or mapping's, or a region table's field.
+local function device_of(memory)
+  if type(memory) == "table" and getmetatable(memory) == nil then
+    return memory.device or 0
+  end
+  return memory:device()
+end
+
 function M.sources(memories, device)
   local regions = {}
   for index, memory in ipairs(memories) do
@@ -310,29 +318,38 @@ end
 --- A chunk's loads for one TP worker, planned once: copies from `buffer`
 --- (imported) into `resident`, `{target_offset, source_offset, rows, width,
 --- target_pitch, source_pitch}`. With `buffer` a list of imported memories
---- (the direct path), each copy names its `source` (1-based) in it. Returns
---- the plan, or nil, message, code.
+--- (the direct path), each copy names its `source` (1-based) in it; with
+--- `resident` a list of regions (`{pointer, size, device}`: another engine's
+--- parameters), each copy names its `target` (1-based) in it. One kernel
+--- launch whatever the number of copies. Returns the plan, or nil, message,
+--- code.
 function M.plan_load(resident, buffer, copies)
-  local regions = { resident }
-  local several = type(buffer) == "table"
+  local targets = (type(resident) == "table" and resident[1] ~= nil) and resident or { resident }
+  local regions = {}
+  for index, region in ipairs(targets) do
+    regions[index] = region
+  end
+  local first_source = #regions + 1
+  local several = type(buffer) == "table" and buffer[1] ~= nil
   if several then
-    for index, memory in ipairs(buffer) do
-      regions[index + 1] = memory
+    for _, memory in ipairs(buffer) do
+      regions[#regions + 1] = memory
     end
   else
-    regions[2] = buffer
+    regions[first_source] = buffer
   end
   local ops = {}
   for index, c in ipairs(copies) do
-    ops[index] = { target = 1, source = several and (c.source + 1) or 2, target_offset = c.target_offset,
-      source_offset = c.source_offset, rows = c.rows, width = c.width, target_pitch = c.target_pitch,
-      source_pitch = c.source_pitch }
+    ops[index] = { target = c.target or 1, source = several and (first_source + c.source - 1) or first_source,
+      target_offset = c.target_offset, source_offset = c.source_offset, rows = c.rows, width = c.width,
+      target_pitch = c.target_pitch, source_pitch = c.source_pitch }
   end
-  local plan, message, code = cuda().copy_plan(resident:device(), regions, ops)
+  local device = device_of(targets[1])
+  local plan, message, code = cuda().copy_plan(device, regions, ops)
   if not plan then
     return nil, message, code
   end
-  return { copy = plan, resident = resident, buffer = buffer }
+  return { copy = plan, resident = resident, buffer = buffer, device = device }
 end
 
 --- Runs a load plan and waits until the device finished it. Returns the
@@ -341,7 +358,7 @@ function M.load(resident, buffer, plan, what)
   if plan.resident ~= resident or plan.buffer ~= buffer then
     return nil, string.format("%s: the plan was made for other memory", what or "load"), "WS_ESTATE"
   end
-  local stream, message, code = stream_of(resident:device())
+  local stream, message, code = stream_of(plan.device)
   if not stream then
     return nil, message, code
   end

@@ -37,6 +37,12 @@ local M = {}
 --- The name a publication header gives this transport.
 M.NAME = "shm"
 
+-- True for a list of memories (resident parameters of another engine), as
+-- opposed to one memory.
+local function is_list(memory)
+  return type(memory) == "table" and memory[1] ~= nil
+end
+
 --- Plans here are offsets only: they fit any memory of the right size.
 M.BINDS_MEMORY = false
 
@@ -200,24 +206,52 @@ end
 
 --- A chunk's loads for one TP worker, planned once: `copies` are
 --- `{target_offset, source_offset, rows, width, target_pitch, source_pitch}`
---- from the imported buffer into resident memory.
+--- from the imported buffer into resident memory. With `resident` a list of
+--- memories (a worker over another engine's parameters), each copy names its
+--- `target` (1-based) in it: one batch per target.
+---@param resident any
 ---@param copies table[]
----@return wsync.CopyBatch
-function M.plan_load(_, _, copies)
-  local batch = copy.batch(#copies)
+---@return table plan
+function M.plan_load(resident, _, copies)
+  if not is_list(resident) then
+    local batch = copy.batch(#copies)
+    for _, c in ipairs(copies) do
+      batch:add(c.target_offset, c.source_offset, c.rows, c.width, c.target_pitch, c.source_pitch)
+    end
+    return batch
+  end
+  local by_target, order = {}, {}
   for _, c in ipairs(copies) do
+    local batch = by_target[c.target]
+    if not batch then
+      batch = copy.batch(4)
+      by_target[c.target] = batch
+      order[#order + 1] = c.target
+    end
     batch:add(c.target_offset, c.source_offset, c.rows, c.width, c.target_pitch, c.source_pitch)
   end
-  return batch
+  return { targets = order, batches = by_target }
 end
 
 --- Runs a load plan from `buffer` (imported) into `resident`. Returns the
 --- bytes moved and the seconds the copy took, or nil, message, code.
 function M.load(resident, buffer, plan, what)
   local started = uv.hrtime()
-  local bytes, message, code = copy.run(resident, buffer, plan, what)
-  if not bytes then
-    return nil, message, code
+  local bytes = 0
+  if plan.targets then
+    for _, target in ipairs(plan.targets) do
+      local moved, message, code = copy.run(resident[target], buffer, plan.batches[target], what)
+      if not moved then
+        return nil, message, code
+      end
+      bytes = bytes + moved
+    end
+  else
+    local message, code
+    bytes, message, code = copy.run(resident, buffer, plan, what)
+    if not bytes then
+      return nil, message, code
+    end
   end
   return bytes, (uv.hrtime() - started) / 1e9
 end

@@ -8,9 +8,6 @@ local leftovers = require("tests.helpers.leftovers")
 local process = require("tests.helpers.process")
 local recipe = require("wsync.recipe")
 
--- The backends this build's reference runtime serves, as check names them.
-local BACKENDS = require("wsync").cuda_built and "cuda and host" or "host"
-
 local RECIPES = fixtures.recipes
 
 local function check(args)
@@ -124,8 +121,13 @@ describe("wsync check and wsync run agree", function()
   -- fixture, and a plain part of the message
   local REFUSED = {
     { "no_model.lua", "the recipe has nothing to run: it defines neither `run` nor `model`" },
-    { "runtime_vllm.lua", "runtime.kind 'vllm' is not in this build (this build has: reference, on the " .. BACKENDS
-      .. " backend)" },
+    { "runtime_vllm.lua", "field 'runtime.model': the vllm runtime needs the directory of the model it serves" },
+    { "vllm_on_host.lua", "backend 'host': vLLM runs on the cuda backend (the vllm runtime on the host backend needs "
+      .. "an engine in place of vLLM, named by $WSYNC_VLLM_ENGINE, as the tests do)" },
+    { "vllm_no_config.lua", "runtime.model: tests/fixtures/recipes/../models/config.json cannot be read" },
+    { "vllm_other_model.lua", "config.json says vocab_size = 151936; the recipe's model has 1000" },
+    { "vllm_verify_synthetic.lua", "verify = true checks resident slices against wsync's synthetic values on the "
+      .. "runtime's own storage; the vllm runtime checks verify = \"values\" (load = \"direct\") or nothing" },
     { "runtime_transformers.lua", "runtime.kind 'transformers' is not in this build (this build has: reference" },
     { "huge_buffer.lua", "field 'buffers.bytes': must be at most 9007199254740992 (2^53, the largest integer a Lua "
       .. "number holds exactly), got 1e+308" },
@@ -187,16 +189,18 @@ describe("wsync check and wsync run agree", function()
     assert.are.equal(refused, ran.stderr)
   end)
 
-  it("the 30B recipe: check refuses it (no vllm runtime in this build); its plan checks with --plan-only", function()
+  it("the 30B recipe: check refuses it without four GPUs and vLLM; its plan checks with --plan-only", function()
     local refused = check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua" })
     assert.are.equal(3, refused.code)
-    assert.matches("runtime.kind 'vllm' is not in this build", refused.stderr, 1, true)
     local summary = cjson.decode(check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua", "--plan-only",
       "--json" }).stdout)
     assert.is_false(summary.runs_here)
-    assert.are.equal("runtime.kind 'vllm' is not in this build (this build has: reference, on the " .. BACKENDS
-      .. " backend)",
-      summary.not_runnable)
+    -- (No GPU here, or fewer than four, or no vLLM: whichever comes first.)
+    assert.matches(summary.not_runnable, refused.stderr, 1, true)
+    assert.are.same({ kind = "vllm", tp = 4, load = "direct", model = "recipes/models/qwen3-30b-a3b" },
+      summary.runtime)
+    local text = check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua", "--plan-only" }).stdout
+    assert.matches("\n  runtime      vllm TP4, load direct, model recipes/models/qwen3-30b-a3b\n", text, 1, true)
     assert.is_true(cjson.decode(check({ "check", "recipes/demo.lua", "--json" }).stdout).runs_here)
   end)
 

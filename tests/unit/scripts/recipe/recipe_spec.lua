@@ -431,12 +431,28 @@ describe("recipe.unserved", function()
   end)
 
   it("names runtime.kind and what this build has for the runtimes it lacks", function()
-    for _, kind in ipairs({ "vllm", "transformers" }) do
-      local message, field = recipe.unserved(validated({ runtime = { kind = kind } }))
-      assert.are.equal("runtime.kind", field)
-      assert.are.equal("runtime.kind '" .. kind .. "' is not in this build (this build has: reference, on the "
-        .. (require("wsync").cuda_built and "cuda and host" or "host") .. " backend)", message)
+    local message, field = recipe.unserved(validated({ runtime = { kind = "transformers" } }))
+    assert.are.equal("runtime.kind", field)
+    local backends = require("wsync").cuda_built and "cuda and host" or "host"
+    assert.are.equal("runtime.kind 'transformers' is not in this build (this build has: reference, on the "
+      .. backends .. " backend; vllm, on the " .. backends .. " backend)", message)
+  end)
+
+  it("refuses the vllm runtime on the host backend without an engine in place of vLLM", function()
+    local unavailable = require("wsync.runtime.vllm").unavailable
+    local validated_recipe = validated({ runtime = { kind = "vllm", model = "tests/fixtures/models/tiny" } })
+    local saved = os.getenv
+    os.getenv = function(name) -- luacheck: ignore 122 (this process's view of the variable)
+      if name == "WSYNC_VLLM_ENGINE" then
+        return nil
+      end
+      return saved(name)
     end
+    local ok, message, field = pcall(unavailable, validated_recipe)
+    os.getenv = saved -- luacheck: ignore 122
+    assert.is_true(ok, message)
+    assert.are.equal("backend", field)
+    assert.matches("^backend 'host': vLLM runs on the cuda backend", message)
   end)
 
   it("names the backend that the reference runtime's workers cannot hold weights on in this build", function()
@@ -498,11 +514,25 @@ describe("recipe.check", function()
   end)
 
   it("refuses a runtime this build lacks, naming runtime.kind at its line", function()
-    local path = fixtures.recipes .. "/runtime_vllm.lua"
+    local path = fixtures.recipes .. "/runtime_transformers.lua"
     local err = error_of(recipe.check, loaded(path))
     assert.are.equal("RECIPE_INVALID", err.code)
     assert.are.equal("runtime.kind", err.field)
     assert.are.equal(fixtures.bad_line(path), err.line)
+  end)
+
+  it("refuses a vllm runtime without its model directory, naming runtime.model at its line", function()
+    local path = fixtures.recipes .. "/runtime_vllm.lua"
+    local err = error_of(recipe.load, path)
+    assert.are.equal("RECIPE_INVALID", err.code)
+    assert.are.equal("runtime.model", err.field)
+    assert.are.equal(fixtures.bad_line(path), err.line)
+  end)
+
+  it("refuses vllm runtime fields on another runtime, naming the field", function()
+    local failure = refused({ runtime = { kind = "reference", load = "native" } })
+    assert.are.same({ path = "runtime.load", message = "is for the vllm runtime; this recipe's runtime is reference" },
+      failure)
   end)
 
   it("with plan_only checks the plan of a recipe this build cannot serve", function()

@@ -1,0 +1,17 @@
+"""The vllm rollout runtime of wsync, Python side.
+
+The wsync host spawns ``python3 -m wsync.vllm`` (a recipe with ``runtime.kind = "vllm"``); that
+process owns ``vllm.LLM`` and answers wsync's control protocol on fd 3, as the reference
+runtime does. Modules:
+
+- ``protocol``, ``server``: the framing and the serving end of wsync's control protocol;
+- ``runtime``: the runtime's state machine and commands (versions, headers, receipts,
+  generation stamped with the committed version);
+- ``receipts``: per-worker receipts and their check;
+- ``engine``: the engine behind it, vLLM's ``LLM`` with wsync's worker extension;
+- ``extension``: the worker extension that runs inside each of vLLM's TP workers;
+- ``wire``: vLLM 0.26's packed IPC ``update_info``, for the ``native`` load mode.
+
+Importing this package imports neither vLLM nor torch; ``engine``, ``extension`` and ``wire``
+do when they are used.
+"""

@@ -1,0 +1,131 @@
+"""The engine behind the vllm runtime: ``vllm.LLM`` with wsync's worker extension.
+
+The runtime (wsync.vllm.runtime) keeps versions, headers and receipts; this module turns its
+calls into vLLM's: sleep and wake with tags, ``collective_rpc`` to every TP worker's
+extension (wsync.vllm.extension) for the weight commands, the prefix-cache reset at commit,
+and generation from token ids with the sampled tokens' log-probabilities.
+
+vLLM is imported here, when the engine starts (15-25 s), never by the package.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .server import Failure
+
+#: What vLLM 0.26's LLM needs for wsync; a recipe's ``runtime.vllm`` may not set these.
+FIXED_ARGUMENTS = ("model", "tensor_parallel_size", "enable_sleep_mode", "weight_transfer_config",
+                   "worker_extension_cls")
+
+#: Sampling parameters generate passes on to vLLM's SamplingParams (anything else is refused).
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "stop_token_ids",
+                 "ignore_eos", "prompt_logprobs", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def _inner(timeout: float) -> float:
+    """A little less than the host gives the command, so that the hop that stopped answering is
+    the one named (wsync.control.client.inner_timeouts)."""
+    return max(timeout - 1, timeout * 0.8)
+
+
+class VllmEngine:
+    transport = "cuda_ipc"
+
+    def __init__(self, tp: int, devices: list[int], backend: str, model: str, load: str,
+                 engine_args: dict[str, Any], timeouts: dict[str, float]) -> None:
+        if backend != "cuda":
+            raise Failure("RUNTIME_START", f"vLLM runs on the cuda backend, not {backend}")
+        fixed = sorted(set(engine_args) & set(FIXED_ARGUMENTS))
+        if fixed:
+            raise Failure("RUNTIME_START", f"runtime.vllm sets {', '.join(fixed)}, which wsync sets itself")
+        self.backend, self.tp, self.load, self.timeouts = backend, tp, load, timeouts
+        from vllm import LLM
+        from vllm.config import WeightTransferConfig
+        arguments = dict(engine_args)
+        arguments.setdefault("logprobs_mode", "processed_logprobs")
+        self.llm = LLM(model=model, tensor_parallel_size=tp, enable_sleep_mode=True,
+                       weight_transfer_config=WeightTransferConfig(backend="ipc"),
+                       worker_extension_cls="wsync.vllm.extension.WorkerExtension", **arguments)
+        self.llm.init_weight_transfer_engine({"init_info": {}})
+        self._identities = self.llm.collective_rpc("wsync_identity", timeout=_inner(timeouts.get("startup", 600)))
+        order = [identity["rank"] for identity in self._identities]
+        if order != list(range(tp)):
+            raise Failure("RUNTIME_START", f"vLLM's TP workers answered as ranks {order}, not 0..{tp - 1} in order")
+        self._state = {"weights": "awake", "kv_cache": "reserved"}
+        self._closed = False
+
+    def workers(self) -> list[dict[str, Any]]:
+        return [{"rank": identity["rank"], "pid": identity["pid"], "device": identity["device"],
+                 "resident_parameters": identity["resident_tensors"]} for identity in self._identities]
+
+    def state(self) -> dict[str, str]:
+        return dict(self._state)
+
+    def sleep(self, level: int) -> None:
+        self.llm.sleep(level=level)
+        offloaded = level == 1 and self._state["weights"] == "awake"
+        self._state = {"weights": "offloaded" if offloaded else "discarded", "kv_cache": "free"}
+
+    def wake(self, tags: list[str]) -> None:
+        self.llm.wake_up(tags=tags)
+        if "weights" in tags:
+            self._state["weights"] = "awake"
+        if "kv_cache" in tags:
+            self._state["kv_cache"] = "reserved"
+
+    def _command(self, cmd: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        timeout = _inner(self.timeouts.get(cmd, self.timeouts.get("default", 60)))
+        answers = self.llm.collective_rpc("wsync_command", timeout=timeout, args=(cmd, json.dumps(payload)))
+        results = []
+        for rank, text in enumerate(answers):
+            answer = json.loads(text)
+            if not answer.get("ok"):
+                error = answer.get("error") or {}
+                raise Failure(error.get("code", "WORKER_FAILED"), f"TP worker {rank}: {error.get('message')}",
+                              fatal=error.get("fatal", True), rank=rank)
+            results.append(answer["result"])
+        return results
+
+    def init_weights(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        return self._command("init_weights", dict(payload, load=self.load))
+
+    def start_update(self, header: dict[str, Any]) -> None:
+        self._command("start_update", {"header": header})
+
+    def load_chunk(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        return self._command("load_chunk", payload)
+
+    def finish_update(self, header: dict[str, Any]) -> list[dict[str, Any]]:
+        return self._command("finish_update", {"publication_id": header["publication_id"],
+                                               "model_version": header["model_version"]})
+
+    def commit(self, model_version: int) -> None:
+        self.llm.reset_prefix_cache()
+
+    def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[dict[str, Any]]:
+        from vllm import SamplingParams, TokensPrompt
+        unknown = sorted(set(sampling) - set(SAMPLING_KEYS))
+        if unknown:
+            raise Failure("INVALID_ARGUMENT", f"generate: unknown sampling parameters {', '.join(unknown)} (known: "
+                          f"{', '.join(SAMPLING_KEYS)})")
+        params = SamplingParams(logprobs=0, **sampling)
+        requests = [TokensPrompt(prompt_token_ids=prompt) for prompt in prompts]
+        outputs = []
+        for result in self.llm.generate(requests, params, use_tqdm=False):
+            completion = result.outputs[0]
+            sampled = [step[token].logprob for step, token in zip(completion.logprobs or [], completion.token_ids)]
+            output = {"token_ids": list(completion.token_ids), "logprobs": sampled}
+            if result.prompt_logprobs is not None:
+                output["prompt_logprobs"] = [None if step is None else step[token].logprob
+                                             for step, token in zip(result.prompt_logprobs, result.prompt_token_ids)]
+            outputs.append(output)
+        return outputs
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        shutdown = getattr(self.llm.llm_engine, "shutdown", None)
+        if shutdown is not None:
+            shutdown()

@@ -1,0 +1,253 @@
+"""wsync's worker extension for vLLM (``LLM(worker_extension_cls="wsync.vllm.extension.WorkerExtension")``).
+
+vLLM mixes this class into each of its TP workers; the vllm runtime's main process calls it
+through ``LLM.collective_rpc`` (wsync.vllm.engine). Each worker answers for itself: its rank,
+its physical GPU's UUID, and the weight commands of a publication, the same commands and
+payloads as a TP worker of the reference runtime (init_weights, start_update, load_chunk,
+finish_update), each worker taking its own rank's packed buffers from the payload.
+
+Two load modes:
+
+- ``native``: each chunk goes through vLLM's own packed IPC path: this worker builds vLLM
+  0.26's ``update_info`` for the chunk (wsync.vllm.wire) and calls the worker's own
+  ``update_weights``, so vLLM's IPCWeightTransferEngine parses it and vLLM's loader writes the
+  parameters; ``start_weight_update`` / ``finish_weight_update`` bracket the publication.
+- ``direct``: the chunk is copied straight from the packed buffer into the resident
+  parameters by wsync's loader (the reference worker's, scripts/wsync/runtime/worker.lua,
+  running in libwsync inside this process over vLLM's parameter memory): one batched copy per
+  chunk, planned once per session.
+
+Either way the receipt is built here, from what this worker loaded: the publication id and
+version, the TP rank and world, the GPU UUID, the manifest of the loaded tensors' records
+and the number of resident parameters filled.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+from ..manifest import Manifest
+from .receipts import receipt
+from .server import Failure
+
+
+def _lua_long_string(text: str) -> str:
+    level = 0
+    while f"]{'=' * level}]" in text:
+        level += 1
+    return f"[{'=' * level}[{text}]{'=' * level}]"
+
+
+class LoaderPlan:
+    """This rank's loader plan from libwsync (wsync.plan's family module): the resident
+    parameters it fills and, per canonical tensor, which of them it writes."""
+
+    def __init__(self, host: Any, family: str, config: dict[str, Any], world: int, rank: int) -> None:
+        code = ("local cjson = require('cjson') local family = require('wsync.plan').family(" + repr(family) + ") "
+                "local config = family.config(cjson.decode(" + _lua_long_string(json.dumps(config)) + ")) "
+                f"local plan = family.loader_plan(config, {int(world)}, {int(rank)}) "
+                "local residents, writes = {}, {} "
+                "for _, t in ipairs(plan.tensors) do residents[#residents + 1] = { t.name, t.dtype, t.shape, t.bytes } end "
+                "for canonical, slices in pairs(plan.copies) do local names = {} "
+                "for _, s in ipairs(slices) do names[#names + 1] = s.resident end writes[canonical] = names end "
+                "return cjson.encode({ residents = residents, writes = writes })")
+        answer = json.loads(host.eval(code, result_bytes=256 << 20))
+        self.residents = [{"name": name, "dtype": dtype, "shape": shape, "bytes": nbytes}
+                          for name, dtype, shape, nbytes in answer["residents"]]
+        self.writes: dict[str, list[str]] = answer["writes"]
+
+
+class _Native:
+    """Loads through vLLM's own packed IPC update (see the module's doc)."""
+
+    mode = "native"
+
+    def __init__(self, worker: Any, identity: dict[str, Any], host: Any) -> None:
+        self.worker, self.identity, self.host = worker, identity, host
+        self.chunks: dict[int, list[dict[str, Any]]] = {}
+        self.update: Optional[dict[str, Any]] = None
+        self.ref_counter = f"/wsync-{os.getpid()}-no-refcount".encode()
+
+    def init_weights(self, payload: dict[str, Any]) -> dict[str, Any]:
+        rank = self.identity["rank"]
+        self.descriptors = payload["buffers"][rank]
+        self.plan = LoaderPlan(self.host, payload["family"], payload["config"], payload["tp"], rank)
+        self.chunks = {}
+        return {"rank": rank, "resident_tensors": len(self.plan.residents), "buffers": len(self.descriptors)}
+
+    def start_update(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self.worker.start_weight_update()
+        self.update = {"header": payload["header"], "loaded": [], "touched": set(), "tensors": 0, "bytes": 0}
+        return {}
+
+    def load_chunk(self, payload: dict[str, Any]) -> dict[str, Any]:
+        import torch
+        from . import wire
+        update = self.update
+        if update is None:
+            raise Failure("NOT_UPDATING", "load_chunk outside start_update/finish_update", fatal=True)
+        k = payload["chunk"]
+        if payload.get("tensors") is not None:
+            self.chunks[k] = payload["tensors"]
+        tensors = self.chunks.get(k)
+        if tensors is None:
+            raise Failure("BAD_METADATA", f"chunk {k} comes without tensor metadata, and none came before", fatal=True)
+        slot = payload["buffer"]
+        if not isinstance(slot, int) or not 1 <= slot <= len(self.descriptors):
+            raise Failure("NO_BUFFER", f"load_chunk names buffer {slot}; {len(self.descriptors)} are mapped", fatal=True)
+        started = time.perf_counter()
+        for run in wire.runs(tensors):
+            info = wire.update_info_v026(torch, run, self.identity["device"]["uuid"], self.descriptors[slot - 1],
+                                         self.ref_counter)
+            self.worker.update_weights(info)
+        torch.cuda.synchronize(self.worker.device)
+        seconds = time.perf_counter() - started
+        for tensor in tensors:
+            written = self.plan.writes.get(tensor["name"])
+            if written is None:
+                raise Failure("UNKNOWN_TENSOR", f"TP worker {self.identity['rank']} has no loader plan for "
+                              f"{tensor['name']}", fatal=True)
+            update["touched"].update(written)
+        update["loaded"].append(k)
+        update["tensors"] += len(tensors)
+        nbytes = sum(tensor["bytes"] for tensor in tensors)
+        update["bytes"] += nbytes
+        return {"rank": self.identity["rank"], "tensors": len(tensors), "bytes": nbytes, "copy_seconds": seconds}
+
+    def finish_update(self, payload: dict[str, Any]) -> dict[str, Any]:
+        update = self.update
+        if update is None:
+            raise Failure("NOT_UPDATING", "finish_update without start_update", fatal=True)
+        header = update["header"]
+        if payload.get("publication_id") != header["publication_id"]:
+            raise Failure("WRONG_PUBLICATION", f"finish_update for publication {payload.get('publication_id')}; this "
+                          f"worker is updating {header['publication_id']}", fatal=True)
+        self.update = None
+        self.worker.finish_weight_update()
+        manifest = Manifest()
+        for k in update["loaded"]:
+            for tensor in self.chunks[k]:
+                manifest.add(tensor["name"], tensor["dtype"], tensor["shape"])
+        return receipt(header, self.identity["rank"], self.identity["device"]["uuid"], manifest.hexdigest(),
+                       update["tensors"], update["bytes"], len(update["touched"]))
+
+
+class DirectLoader:
+    """Loads with wsync's loader inside this process (see the module's doc): the commands go
+    to scripts/wsync/runtime/worker.lua's embedded worker in ``host`` (a wsync.Host), over
+    the engine's parameters, which ``residents()`` lists where they lie now: name ->
+    {pointer, size, dtype, shape}."""
+
+    mode = "direct"
+
+    def __init__(self, identity: dict[str, Any], host: Any,
+                 residents: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self.identity, self.host, self.residents = identity, host, residents
+        self.opened = False
+
+    def _call(self, cmd: str, payload: dict[str, Any]) -> dict[str, Any]:
+        answer = json.loads(self.host.eval(
+            "return require('wsync.runtime.worker').embedded_command(" + repr(cmd) + ", "
+            + _lua_long_string(json.dumps(payload)) + ")", result_bytes=16 << 20))
+        if not answer.get("ok"):
+            error = answer.get("error") or {}
+            raise Failure(error.get("code", "WORKER_FAILED"), error.get("message", "(no message)"),
+                          fatal=error.get("fatal", True), rank=self.identity["rank"])
+        return answer.get("result") or {}
+
+    def init_weights(self, payload: dict[str, Any]) -> dict[str, Any]:
+        if not self.opened:
+            device = self.identity["device"]
+            self._call("open", {"rank": self.identity["rank"], "world": self.identity["world"],
+                                "backend": device["backend"], "device": device["index"]})
+            self.opened = True
+        # (Each worker maps its own rank's buffers, as the reference runtime's do.)
+        return self._call("init_weights", dict(payload, buffers=payload["buffers"][self.identity["rank"]],
+                                               residents=self.residents()))
+
+    def start_update(self, payload: dict[str, Any]) -> dict[str, Any]:
+        # (vLLM's sleep mode keeps a parameter's address through sleep and wake;
+        # the loader re-plans the chunks when one moved.)
+        return self._call("start_update", dict(payload, residents=self.residents()))
+
+    def load_chunk(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return self._call("load_chunk", payload)
+
+    def finish_update(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return self._call("finish_update", payload)
+
+    def resident_values(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return self._call("resident_values", payload)
+
+    def close(self) -> None:
+        if self.opened:
+            self._call("close", {})
+            self.opened = False
+
+
+def torch_residents(model: Any) -> dict[str, dict[str, Any]]:
+    """A torch module's parameters as the direct loader takes them (each must be
+    contiguous: the loader writes rows of bytes)."""
+    found = {}
+    for name, parameter in model.named_parameters():
+        data = parameter.data
+        if not data.is_contiguous():
+            raise Failure("DIRECT_UNSUPPORTED", f"vLLM's parameter {name} is not contiguous; load = \"native\" "
+                          "serves this model", fatal=True)
+        found[name] = {"pointer": data.data_ptr(), "size": data.numel() * data.element_size(),
+                       "dtype": str(data.dtype).split(".")[-1], "shape": list(data.shape)}
+    return found
+
+
+class WorkerExtension:
+    """Mixed into vLLM's GPU worker (``self`` is the worker). Every method name starts with
+    ``wsync_``, so none collides with the worker's own."""
+
+    def wsync_identity(self) -> dict[str, Any]:
+        """This TP worker: rank, world, pid, device (index and torch-style UUID) and the
+        count of its resident parameters."""
+        import torch
+        index = self.device.index
+        return {
+            "rank": self.rank, "world": self.parallel_config.tensor_parallel_size, "pid": os.getpid(),
+            "device": {"backend": "cuda", "index": index, "uuid": str(torch.cuda.get_device_properties(index).uuid)},
+            "resident_tensors": sum(1 for _ in self.get_model().named_parameters()),
+        }
+
+    def wsync_command(self, cmd: str, payload_json: str) -> str:
+        """Runs one weight command on this worker; answers JSON {ok, result} or {ok: false,
+        error: {code, message, fatal, traceback}} (an exception must not end vLLM's worker
+        loop: the runtime decides)."""
+        try:
+            payload = json.loads(payload_json)
+            loader = self.__dict__.get("_wsync_loader")
+            if cmd == "init_weights":
+                from .. import Host
+                host = self.__dict__.get("_wsync_host") or Host()
+                self.__dict__["_wsync_host"] = host
+                identity = self.wsync_identity()
+                mode = payload.get("load", "direct")
+                if mode not in ("direct", "native"):
+                    raise Failure("INVALID_ARGUMENT", f"load mode {mode!r} is neither direct nor native", fatal=True)
+                if loader is None or loader.mode != mode:
+                    if mode == "direct":
+                        loader = DirectLoader(identity, host, lambda: torch_residents(self.get_model()))
+                    else:
+                        loader = _Native(self, identity, host)
+                    self.__dict__["_wsync_loader"] = loader
+            elif loader is None:
+                raise Failure("NOT_INITIALIZED", f"{cmd} before init_weights", fatal=True)
+            handler = getattr(loader, cmd, None)
+            if handler is None:
+                raise Failure("UNKNOWN_COMMAND", f"the worker extension has no command '{cmd}'")
+            return json.dumps({"ok": True, "result": handler(payload)})
+        except Failure as failed:
+            return json.dumps({"ok": False, "error": {"code": failed.code, "message": failed.message,
+                                                      "fatal": failed.fatal}})
+        except Exception as error:
+            return json.dumps({"ok": False, "error": {"code": "WORKER_FAILED", "fatal": True,
+                                                      "message": f"{cmd}: {type(error).__name__}: {error}",
+                                                      "traceback": traceback.format_exc()}})

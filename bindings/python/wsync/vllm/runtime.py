@@ -1,0 +1,330 @@
+"""The vllm runtime's main process: what the host's runtime client talks to over fd 3.
+
+It owns an engine (wsync.vllm.engine.VllmEngine: ``vllm.LLM`` and its TP workers) and keeps
+the runtime's state the way the reference runtime does (scripts/wsync/runtime/reference.lua):
+the committed model version, the publication being updated, the header it checked, and
+whether it broke. A failure that leaves the engine in doubt (a failed weight command, a
+lost worker) is fatal: the answer says so, the host destroys this process's tree, and any
+later command is refused until then. Generation is refused between start and finish; each
+result is stamped with the model version committed when its request was dispatched.
+"""
+from __future__ import annotations
+
+import os
+import re
+import resource
+from typing import Any, Optional, Protocol
+
+from . import protocol
+from .receipts import check_receipts
+from .server import Failure, Server
+
+SLEEP_LEVELS = (1, 2)
+WAKE_TAGS = ("weights", "kv_cache")
+_HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")
+_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+class Engine(Protocol):
+    """What the runtime needs of the rollout engine behind it. Every method that touches the
+    workers raises Failure (fatal when the engine is in doubt afterwards, with the TP rank
+    when one is to blame)."""
+
+    backend: str
+    transport: str
+
+    def workers(self) -> list[dict[str, Any]]:
+        """Each TP worker, by rank: {rank, pid, device: {uuid, index}}."""
+
+    def state(self) -> dict[str, str]:
+        """{weights, kv_cache}: "awake", "offloaded" or "discarded"; "reserved" or "free"."""
+
+    def sleep(self, level: int) -> None: ...
+
+    def wake(self, tags: list[str]) -> None: ...
+
+    def init_weights(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        """Imports the packed buffers of every TP rank (payload["buffers"][rank]) once and
+        makes what its load mode needs; the workers' results by rank."""
+
+    def start_update(self, header: dict[str, Any]) -> None: ...
+
+    def load_chunk(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        """Loads chunk payload["chunk"] from buffer slot payload["buffer"]; by rank,
+        {rank, tensors, bytes, copy_seconds}."""
+
+    def finish_update(self, header: dict[str, Any]) -> list[dict[str, Any]]:
+        """Ends the update; each worker's receipt by rank (wsync.vllm.receipts)."""
+
+    def commit(self, model_version: int) -> None:
+        """Serves ``model_version`` from now on and drops the prefix cache."""
+
+    def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[dict[str, Any]]:
+        """Per prompt: {token_ids, logprobs} (the sampled tokens' log-probabilities)."""
+
+    def close(self) -> None: ...
+
+
+def _memory() -> dict[str, int]:
+    with open("/proc/self/statm") as statm:
+        resident_pages = int(statm.read().split()[1])
+    return {"rss_bytes": resident_pages * resource.getpagesize(), "pid": os.getpid()}
+
+
+class Runtime:
+    """The runtime's state and its command handlers (the host's wsync.control.client is the
+    other end)."""
+
+    name = "vllm runtime"
+
+    def __init__(self, engine: Engine, tp: int, load: str, version: str = "") -> None:
+        self.engine, self.tp, self.load, self.version = engine, tp, load, version
+        self.model_version = 0
+        self.update: Optional[dict[str, Any]] = None
+        self.expected_resident: Optional[list[int]] = None
+        self.initialized = False
+        self.transport: Optional[str] = None
+        self.broken: Optional[Failure] = None
+        self.prefix_cache_resets = 0
+        self.generated = 0
+
+    # Failures -----------------------------------------------------------------------
+
+    def _check_alive(self) -> None:
+        if self.broken is not None:
+            raise Failure("RUNTIME_BROKEN", f"the runtime broke earlier and serves nothing: {self.broken.message}",
+                          fatal=True, rank=self.broken.rank)
+
+    def _engine_call(self, what: str, call: Any, *args: Any) -> Any:
+        """Runs an engine call that must not fail: any failure breaks the runtime."""
+        try:
+            return call(*args)
+        except Failure as failed:
+            if failed.fatal:
+                self.broken = failed
+            raise
+        except Exception as error:
+            self.broken = Failure("WORKER_FAILED", f"{what}: {type(error).__name__}: {error}", fatal=True)
+            raise self.broken from error
+
+    # State ----------------------------------------------------------------------------
+
+    def info(self, _payload: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        self._check_alive()
+        state = self.engine.state()
+        workers = [dict(worker, state=state) for worker in self.engine.workers()]
+        return {
+            "protocol": protocol.VERSION,
+            "runtime": "vllm",
+            "load": self.load,
+            "version": self.version,
+            "pid": os.getpid(),
+            "tp_world": self.tp,
+            "backend": self.engine.backend,
+            "capabilities": {"generate": True, "sleep_levels": list(SLEEP_LEVELS), "wake_tags": list(WAKE_TAGS)},
+            "state": state,
+            "workers": workers,
+            "model_version": self.model_version,
+            "updating": self.update is not None,
+            "prefix_cache_resets": self.prefix_cache_resets,
+        }
+
+    def sleep(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        if self.update is not None:
+            raise Failure("STATE_REFUSED", "cannot sleep during a weight update")
+        level = payload.get("level")
+        if level not in SLEEP_LEVELS:
+            raise Failure("INVALID_ARGUMENT", f"sleep level must be 1 or 2, got {level}")
+        self._engine_call(f"sleep level {level}", self.engine.sleep, level)
+        return self.info()
+
+    def wake(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        tags = payload.get("tags")
+        if tags == {}:  # (an empty Lua table arrives as an object)
+            tags = []
+        if not isinstance(tags, list) or not tags or any(tag not in WAKE_TAGS for tag in tags):
+            raise Failure("INVALID_ARGUMENT", f"wake tags must be a non-empty list of {', '.join(WAKE_TAGS)}; "
+                          f"got {tags!r}")
+        self._engine_call(f"wake {tags}", self.engine.wake, tags)
+        return self.info()
+
+    # Generation -----------------------------------------------------------------------
+
+    def generate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        if self.update is not None:
+            raise Failure("STATE_REFUSED", f"no generation during a weight update (publication "
+                          f"{self.update['publication_id']} is between start and finish)")
+        state = self.engine.state()
+        if state.get("weights") != "awake" or state.get("kv_cache") != "reserved":
+            raise Failure("STATE_REFUSED", f"generation needs the weights awake and the KV cache reserved; weights "
+                          f"are {state.get('weights')}, the KV cache is {state.get('kv_cache')}")
+        prompts = payload.get("prompts", [])
+        if prompts == {}:
+            prompts = []
+        if not isinstance(prompts, list) or not all(
+                isinstance(prompt, list) and prompt and all(isinstance(token, int) and token >= 0 for token in prompt)
+                for prompt in prompts):
+            raise Failure("INVALID_ARGUMENT", "generate: prompts must be a list of non-empty lists of token ids")
+        sampling = payload.get("sampling") or {}
+        if not isinstance(sampling, dict):
+            raise Failure("INVALID_ARGUMENT", "generate: sampling must be an object of sampling parameters")
+        # The version committed when the requests are dispatched: no update can start
+        # while this command runs (one request in flight per connection).
+        version = self.model_version
+        outputs = self._engine_call("generate", self.engine.generate, prompts, sampling) if prompts else []
+        self.generated += len(outputs)
+        for output in outputs:
+            output["model_version"] = version
+        return {"model_version": version, "outputs": outputs}
+
+    # Weight transfer ------------------------------------------------------------------
+
+    def init_weights(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        if self.update is not None:
+            raise Failure("STATE_REFUSED", "init_weights during an update", fatal=True)
+        if payload.get("tp") != self.tp:
+            raise Failure("TOPOLOGY", f"init_weights for TP {payload.get('tp')} sent to a runtime of TP {self.tp}",
+                          fatal=True)
+        if payload.get("transport") != self.engine.transport:
+            raise Failure("TRANSPORT", f"init_weights for transport {payload.get('transport')}; this runtime's "
+                          f"workers move weights over {self.engine.transport}", fatal=True)
+        buffers = payload.get("buffers")
+        if not isinstance(buffers, list) or len(buffers) != self.tp:
+            raise Failure("BAD_METADATA", f"init_weights needs the packed buffers of each of the {self.tp} TP ranks",
+                          fatal=True)
+        results = self._engine_call("init_weights", self.engine.init_weights, payload)
+        self.initialized, self.transport = True, payload["transport"]
+        return {"workers": results}
+
+    def check_header(self, header: Any) -> None:
+        """A header must match this runtime: protocol, transport, a 128-bit id, a version
+        above the committed one, a manifest, the TP world and the workers' devices in
+        order (the reference runtime's rules)."""
+        def bad(message: str) -> Failure:
+            return Failure("BAD_HEADER", message, fatal=True)
+        if not isinstance(header, dict):
+            raise bad("start_update without a publication header")
+        if header.get("protocol") != protocol.VERSION:
+            raise bad(f"header for protocol {header.get('protocol')}; this runtime speaks {protocol.VERSION}")
+        if header.get("transport") != self.transport:
+            raise bad(f"header for transport {header.get('transport')}; the buffers this runtime imported are "
+                      f"{self.transport}")
+        if not isinstance(header.get("publication_id"), str) or not _HEX32.match(header["publication_id"]):
+            raise bad(f"publication id {header.get('publication_id')} is not 128 bits in hex")
+        version = header.get("model_version")
+        if isinstance(version, bool) or not isinstance(version, int) or version <= self.model_version:
+            raise bad(f"model version {version} does not follow the committed version {self.model_version}")
+        if not isinstance(header.get("manifest"), str) or not _HEX64.match(header["manifest"]):
+            raise bad(f"manifest {header.get('manifest')} is not a SHA-256 in hex")
+        uuids = header.get("uuids")
+        if not isinstance(uuids, list):
+            raise bad("header without the ordered device UUIDs")
+        if header.get("tp_world") != self.tp:
+            raise bad(f"header for TP {header.get('tp_world')}, runtime has {self.tp} workers")
+        for worker in self.engine.workers():
+            rank = worker["rank"]
+            named = uuids[rank] if rank < len(uuids) else None
+            if named != worker["device"]["uuid"]:
+                raise bad(f"header puts rank {rank} on device {named}; TP worker {rank} is on "
+                          f"{worker['device']['uuid']}")
+
+    def start_update(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        if not self.initialized:
+            raise Failure("NOT_INITIALIZED", "start_update before init_weights", fatal=True)
+        if self.update is not None:
+            raise Failure("STATE_REFUSED", f"start_update while publication {self.update['publication_id']} is "
+                          "being updated", fatal=True)
+        header = payload.get("header")
+        self.check_header(header)
+        if self.engine.state().get("weights") != "awake":
+            raise Failure("STATE_REFUSED", f"cannot update weights that are {self.engine.state().get('weights')}: "
+                          "wake weights first", fatal=True)
+        self._engine_call("start_update", self.engine.start_update, header)
+        resident = header.get("resident_tensors")
+        self.expected_resident = resident if isinstance(resident, list) else None
+        self.update = header
+        return {}
+
+    def load_chunk(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        if self.update is None:
+            raise Failure("NOT_UPDATING", "load_chunk outside an update", fatal=True)
+        results = self._engine_call(f"load_chunk {payload.get('chunk')}", self.engine.load_chunk, payload)
+        return {
+            "chunk": payload.get("chunk"),
+            "bytes": sum(int(result["bytes"]) for result in results),
+            # (the slowest worker's copy: they load at once)
+            "copy_seconds": max((float(result.get("copy_seconds", 0)) for result in results), default=0.0),
+        }
+
+    def finish_update(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        header = self.update
+        if header is None:
+            raise Failure("NOT_UPDATING", "finish_update without start_update", fatal=True)
+        if payload.get("publication_id") != header["publication_id"] or \
+                payload.get("model_version") != header["model_version"]:
+            raise Failure("WRONG_PUBLICATION", f"finish_update for publication {payload.get('publication_id')} "
+                          f"version {payload.get('model_version')}; this runtime is updating publication "
+                          f"{header['publication_id']} version {header['model_version']}", fatal=True)
+        receipts = self._engine_call("finish_update", self.engine.finish_update, header)
+        self.update = None
+        try:
+            check_receipts(header, receipts, self.expected_resident)
+        except Failure as failed:
+            self.broken = failed
+            raise
+        # Commit: the version is served from now on; prefixes cached with the old weights
+        # are dropped.
+        self._engine_call("commit", self.engine.commit, header["model_version"])
+        self.model_version = header["model_version"]
+        self.prefix_cache_resets += 1
+        return {"model_version": self.model_version, "receipts": receipts, "prefix_cache_reset": True}
+
+    def release(self, _payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        if self.update is not None:
+            raise Failure("STATE_REFUSED", "release during an update", fatal=True)
+        return {"workers": [{"rank": worker["rank"]} for worker in self.engine.workers()]}
+
+    def resident_values(self, _payload: dict[str, Any]) -> dict[str, Any]:
+        """Each worker's values sums of its resident tensors (verify = "values"), by rank."""
+        self._check_alive()
+        if self.update is not None:
+            raise Failure("STATE_REFUSED", "resident_values during an update")
+        return {"workers": self._engine_call("resident_values", self.engine.resident_values)}
+
+    def process_memory(self, _payload: dict[str, Any]) -> dict[str, Any]:
+        return {"main": _memory(), "workers": []}
+
+    def handlers(self, server: Server) -> dict[str, Any]:
+        """The commands this runtime answers."""
+        def shutdown(_payload: dict[str, Any]) -> dict[str, Any]:
+            def close() -> None:
+                server.closed = True
+            self.engine.close()
+            server.after_answer = close
+            return {}
+
+        def not_supported(what: str) -> Any:
+            def refuse(_payload: dict[str, Any]) -> dict[str, Any]:
+                self._check_alive()
+                raise Failure("NOT_SUPPORTED", f"the vllm runtime has no {what}; use verify = false, or the "
+                              "reference runtime for checks against wsync's synthetic values")
+            return refuse
+
+        return {
+            "info": self.info, "sleep": self.sleep, "wake": self.wake, "generate": self.generate,
+            "init_weights": self.init_weights, "start_update": self.start_update, "load_chunk": self.load_chunk,
+            "finish_update": self.finish_update, "release": self.release, "process_memory": self.process_memory,
+            "shutdown": shutdown,
+            "resident_checksums": not_supported("checksums of its resident tensors"),
+            "resident_check": not_supported("check of its resident tensors against synthetic values"),
+            "resident_values": self.resident_values if hasattr(self.engine, "resident_values")
+            else not_supported("values sums of its resident tensors"),
+        }

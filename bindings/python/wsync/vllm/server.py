@@ -1,0 +1,96 @@
+"""The serving end of wsync's control protocol over an inherited channel (fd 3): reads
+one request at a time, runs its handler, answers. The host sends one request at a time
+to a runtime and times each out itself; this end never answers out of order."""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any, Callable, Optional
+
+from . import protocol
+
+Handler = Callable[[dict[str, Any]], Optional[dict[str, Any]]]
+
+
+class Failure(Exception):
+    """A command failed. ``fatal``: this process can no longer be trusted (the host
+    destroys its tree); otherwise only the command was refused. ``rank``: the TP rank
+    that failed, when one did."""
+
+    def __init__(self, code: str, message: str, fatal: bool = False, rank: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.fatal, self.rank = code, message, fatal, rank
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class Server:
+    """Answers requests on ``fd`` with ``handlers`` (cmd -> function of the payload that
+    returns the result). ``after_answer``, when a handler sets it, runs once the answer
+    has been written (``shutdown`` closes then)."""
+
+    def __init__(self, handlers: dict[str, Handler], fd: int = 3, limit: int = protocol.MAX_FRAME,
+                 name: str = "runtime") -> None:
+        self.handlers, self.fd, self.name = handlers, fd, name
+        self.decoder = protocol.Decoder(limit)
+        self.after_answer: Optional[Callable[[], None]] = None
+        self.closed = False
+
+    def answer(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The response to one decoded message."""
+        code, reason = protocol.check_request(message)
+        if code:
+            return protocol.failure(message, code, str(reason))
+        handler = self.handlers.get(message["cmd"])
+        if handler is None:
+            return protocol.failure(message, "UNKNOWN_COMMAND", f"{self.name} has no command '{message['cmd']}' "
+                                    f"(it has: {', '.join(sorted(self.handlers))})")
+        payload = message.get("payload")
+        try:
+            result = handler(payload if isinstance(payload, dict) else {})
+        except Failure as failed:
+            return protocol.failure(message, failed.code, failed.message, fatal=failed.fatal or None,
+                                    rank=failed.rank)
+        except Exception as error:  # a bug or an engine failure: this process is not to be trusted
+            return protocol.failure(message, "RUNTIME_ERROR", f"{message['cmd']}: {type(error).__name__}: {error}",
+                                    fatal=True, traceback=traceback.format_exc())
+        if result is not None and not isinstance(result, dict):
+            return protocol.failure(message, "RUNTIME_ERROR", f"{message['cmd']} returned a "
+                                    f"{type(result).__name__}, not an object", fatal=True)
+        return protocol.success(message, result)
+
+    def _write(self, frame: bytes) -> None:
+        view = memoryview(frame)
+        while view:
+            written = os.write(self.fd, view)
+            view = view[written:]
+
+    def serve(self) -> str:
+        """Serves until the host closes the channel or a handler asks to close; returns
+        why it stopped: "EOF", "closed", or the framing error that ended it."""
+        while not self.closed:
+            try:
+                data = os.read(self.fd, 1 << 20)
+            except OSError as error:
+                return f"read failed: {error}"
+            if not data:
+                return "EOF"
+            try:
+                messages = self.decoder.push(data)
+            except protocol.FrameError as error:
+                print(f"wsync: {self.name}: {error}; closing the control channel", file=sys.stderr, flush=True)
+                return str(error)
+            for message in messages:
+                response = self.answer(message)
+                try:
+                    self._write(protocol.encode(response))
+                except ValueError as error:  # over the frame limit: say so within the limit
+                    self._write(protocol.encode(protocol.failure(message, "RUNTIME_ERROR", str(error), fatal=True)))
+                except OSError as error:
+                    return f"write failed: {error}"
+                if self.after_answer is not None:
+                    after, self.after_answer = self.after_answer, None
+                    after()
+        return "closed"

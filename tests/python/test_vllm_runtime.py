@@ -1,0 +1,281 @@
+"""The vllm runtime's Python side without vLLM: its protocol codec, its state machine over an
+engine in place of vLLM (vllm_stand_in), its header and receipt checks, and the manifest
+encoding it shares with the C core."""
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from vllm_stand_in import Engine as StandIn
+from wsync import Host
+from wsync.manifest import Manifest, digest
+from wsync.vllm import protocol
+from wsync.vllm.receipts import check_receipts, receipt
+from wsync.vllm.runtime import Runtime
+from wsync.vllm.server import Failure, Server
+
+
+def frame(message: dict) -> bytes:
+    return protocol.encode(message)
+
+
+class TestProtocol:
+    def test_frames_round_trip_across_any_split(self):
+        messages = [protocol.success({"id": 3, "cmd": "info"}, {"a": 1}),
+                    protocol.failure({"id": 4, "cmd": "x"}, "NOPE", "no", fatal=True)]
+        stream = b"".join(frame(message) for message in messages)
+        for cut in range(len(stream) + 1):
+            decoder = protocol.Decoder()
+            assert decoder.push(stream[:cut]) + decoder.push(stream[cut:]) == messages
+
+    def test_a_bad_stream_fails_for_good(self):
+        decoder = protocol.Decoder(limit=8)
+        with pytest.raises(protocol.FrameError, match="frame of 9 bytes exceeds the 8-byte limit"):
+            decoder.push(struct.pack(">I", 9))
+        with pytest.raises(protocol.FrameError, match="exceeds"):
+            decoder.push(b"")
+        for body, says in ((b"[1]", "a JSON list, not an object"), (b"{no", "undecodable frame")):
+            with pytest.raises(protocol.FrameError, match=says):
+                protocol.Decoder().push(struct.pack(">I", len(body)) + body)
+
+    def test_encoding_refuses_an_oversize_body(self):
+        with pytest.raises(ValueError, match="exceeds the 10-byte limit"):
+            protocol.encode({"text": "x" * 20}, limit=10)
+
+    @pytest.mark.parametrize("message, code, says", [
+        ({"protocol": 2, "id": 1, "cmd": "info"}, "PROTOCOL_MISMATCH", "peer speaks protocol 2"),
+        ({"protocol": 1, "id": "1", "cmd": "info"}, "BAD_REQUEST", "numeric id"),
+        ({"protocol": 1, "id": 1.5, "cmd": "info"}, "BAD_REQUEST", "not an integer"),
+        ({"protocol": 1, "id": True, "cmd": "info"}, "BAD_REQUEST", "numeric id"),
+        ({"protocol": 1, "id": 1, "cmd": "info", "payload": 3}, "BAD_REQUEST", "payload is not an object"),
+    ])
+    def test_requests_are_checked(self, message, code, says):
+        got_code, reason = protocol.check_request(message)
+        assert got_code == code and says in reason
+
+    def test_the_server_answers_in_order_and_names_unknown_commands(self):
+        server = Server({"echo": lambda payload: {"said": payload.get("x")}}, name="test runtime")
+        assert server.answer({"protocol": 1, "id": 7, "cmd": "echo", "payload": {"x": 1}}) == \
+            {"protocol": 1, "id": 7, "cmd": "echo", "ok": True, "result": {"said": 1}}
+        unknown = server.answer({"protocol": 1, "id": 8, "cmd": "fly"})
+        assert unknown["error"]["code"] == "UNKNOWN_COMMAND" and "(it has: echo)" in unknown["error"]["message"]
+        refused = server.answer({"protocol": 1, "id": "x", "cmd": "echo"})
+        assert refused["id"] == 0 and refused["error"]["code"] == "BAD_REQUEST"
+
+    def test_an_exception_in_a_handler_is_fatal_with_its_traceback(self):
+        def broken(_payload):
+            raise KeyError("missing")
+        answer = Server({"go": broken}).answer({"protocol": 1, "id": 1, "cmd": "go"})
+        assert answer["error"]["fatal"] is True and "KeyError" in answer["error"]["message"]
+        assert "Traceback" in answer["error"]["traceback"]
+
+
+def header(runtime: Runtime, **changes) -> dict:
+    base = {"protocol": 1, "transport": "shm", "publication_id": "ab" * 16, "model_version": runtime.model_version + 1,
+            "manifest": "", "tp_world": runtime.tp, "uuids": [w["device"]["uuid"] for w in runtime.engine.workers()]}
+    base["manifest"] = digest([("a", "bfloat16", [2, 3])])
+    base.update(changes)
+    return base
+
+
+class Recording(StandIn):
+    """The stand-in with weight commands that only record what they are told (the state
+    machine's tests need no buffers): receipts from the records of the chunks loaded."""
+
+    def init_weights(self, payload):
+        self.chunks, self.loaded = {}, []
+        return [{"rank": rank} for rank in range(self.tp)]
+
+    def start_update(self, header):
+        self.loaded = []
+
+    def load_chunk(self, payload):
+        if self.fault == f"load_chunk:{payload['chunk']}":
+            raise Failure("LOAD_FAILED", "TP worker 0: injected failure", fatal=True, rank=0)
+        self.chunks.setdefault(payload["chunk"], payload.get("tensors"))
+        self.loaded.append(payload["chunk"])
+        return [{"rank": rank, "bytes": 12} for rank in range(self.tp)]
+
+    def finish_update(self, header):
+        manifest = Manifest()
+        for chunk in self.loaded:
+            for tensor in self.chunks[chunk]:
+                manifest.add(tensor["name"], tensor["dtype"], tensor["shape"])
+        digest_hex = "0" * 64 if self.fault == "finish:receipt" else manifest.hexdigest()
+        return [receipt(header, rank, self.uuids[rank], digest_hex, manifest.count, manifest.bytes, 1)
+                for rank in range(self.tp)]
+
+
+@pytest.fixture
+def runtime():
+    engine = Recording(tp=2, devices=[0, 1], backend="host", model="", load="direct", engine_args={}, timeouts={})
+    runtime = Runtime(engine, tp=2, load="direct")
+    runtime.init_weights({"tp": 2, "transport": "shm", "buffers": [["a"], ["b"]]})
+    yield runtime
+    engine.close()
+
+
+def publish(runtime: Runtime, **changes) -> dict:
+    started = header(runtime, **changes)
+    runtime.start_update({"header": started})
+    tensors = [{"name": "a", "dtype": "bfloat16", "shape": [2, 3], "offset": 0, "bytes": 12}]
+    runtime.load_chunk({"chunk": 1, "buffer": 1, "tensors": tensors})
+    return runtime.finish_update({"publication_id": started["publication_id"],
+                                  "model_version": started["model_version"]})
+
+
+class TestRuntime:
+    def test_a_publication_commits_its_version_and_stamps_later_results(self, runtime):
+        before = runtime.generate({"prompts": [[1, 2]], "sampling": {"max_tokens": 2}})
+        assert before["model_version"] == 0
+        finished = publish(runtime)
+        assert finished["model_version"] == 1 and finished["prefix_cache_reset"] is True
+        assert [r["tp_rank"] for r in finished["receipts"]] == [0, 1]
+        after = runtime.generate({"prompts": [[1, 2]], "sampling": {"max_tokens": 2}})
+        assert after["model_version"] == 1 and after["outputs"][0]["model_version"] == 1
+        assert after["outputs"][0]["token_ids"] != before["outputs"][0]["token_ids"]
+        assert runtime.info()["prefix_cache_resets"] == 1
+
+    def test_no_generation_between_start_and_finish(self, runtime):
+        runtime.start_update({"header": header(runtime)})
+        with pytest.raises(Failure) as refused:
+            runtime.generate({"prompts": [[1]]})
+        assert refused.value.code == "STATE_REFUSED" and not refused.value.fatal
+        assert "between start and finish" in refused.value.message
+
+    @pytest.mark.parametrize("changes, says", [
+        ({"protocol": 2}, "header for protocol 2"),
+        ({"transport": "cuda_ipc"}, "header for transport cuda_ipc; the buffers this runtime imported are shm"),
+        ({"publication_id": "xyz"}, "publication id xyz is not 128 bits in hex"),
+        ({"model_version": 0}, "model version 0 does not follow the committed version 0"),
+        ({"manifest": "00"}, "manifest 00 is not a SHA-256 in hex"),
+        ({"tp_world": 4}, "header for TP 4, runtime has 2 workers"),
+        ({"uuids": ["x", "y"]}, "header puts rank 0 on device x; TP worker 0 is on"),
+    ])
+    def test_a_header_that_does_not_match_breaks_the_runtime(self, runtime, changes, says):
+        with pytest.raises(Failure) as failed:
+            runtime.start_update({"header": header(runtime, **changes)})
+        assert failed.value.code == "BAD_HEADER" and failed.value.fatal and says in failed.value.message
+
+    def test_a_failed_weight_command_breaks_it_for_good(self, runtime):
+        runtime.engine.fault = "load_chunk:1"
+        runtime.start_update({"header": header(runtime)})
+        with pytest.raises(Failure) as failed:
+            runtime.load_chunk({"chunk": 1, "buffer": 1, "tensors": []})
+        assert failed.value.fatal and failed.value.rank == 0
+        with pytest.raises(Failure) as later:
+            runtime.info()
+        assert later.value.code == "RUNTIME_BROKEN" and "injected failure" in later.value.message
+
+    def test_a_bad_receipt_is_refused_before_the_commit(self, runtime):
+        runtime.engine.fault = "finish:receipt"
+        with pytest.raises(Failure) as failed:
+            publish(runtime)
+        assert failed.value.code == "RECEIPT_INVALID" and "consumed manifest 000" in failed.value.message
+        assert runtime.model_version == 0
+
+    def test_finish_must_name_the_publication_being_updated(self, runtime):
+        runtime.start_update({"header": header(runtime)})
+        with pytest.raises(Failure) as failed:
+            runtime.finish_update({"publication_id": "cd" * 16, "model_version": 1})
+        assert failed.value.code == "WRONG_PUBLICATION"
+
+
+class TestReceipts:
+    HEADER = {"publication_id": "ab" * 16, "model_version": 3, "tp_world": 2, "uuids": ["u0", "u1"],
+              "manifest": "m" * 64}
+
+    def receipts(self):
+        return [receipt(self.HEADER, rank, f"u{rank}", "m" * 64, 5, 10, 7) for rank in range(2)]
+
+    @pytest.mark.parametrize("field, value, says", [
+        ("publication_id", "cd" * 16, "publication id"),
+        ("model_version", 2, "model version 2 is not 3"),
+        ("tp_rank", 0, "claims TP rank 0 of 2"),
+        ("uuid", "u9", "device u9, the header says u1"),
+        ("manifest", "x" * 64, "consumed manifest"),
+        ("resident_tensors", 6, "filled 6 resident tensors of 7"),
+    ])
+    def test_each_field_is_checked_naming_the_rank(self, field, value, says):
+        receipts = self.receipts()
+        check_receipts(self.HEADER, receipts, [7, 7])
+        receipts[1][field] = value
+        with pytest.raises(Failure) as failed:
+            check_receipts(self.HEADER, receipts, [7, 7])
+        assert failed.value.rank == 1 and f"receipt of TP rank 1: {says}" in failed.value.message
+
+    def test_one_receipt_per_rank(self):
+        with pytest.raises(Failure, match="1 receipts for TP 2"):
+            check_receipts(self.HEADER, self.receipts()[:1])
+
+
+def test_the_manifest_is_the_c_cores():
+    """The demo plan's manifest, computed here and by libwsync, record by record."""
+    with Host() as host:
+        tensors = json.loads(host.eval(
+            "local plan = require('wsync.plan').build({ family = 'qwen3_moe', config = 'tiny' }, "
+            "{ bytes = 163840, count = 2 }) local records = {} "
+            "for _, t in ipairs(plan.canonical) do records[#records + 1] = { t.name, t.dtype, t.shape } end "
+            "return require('cjson').encode({ records = records, manifest = plan.manifest })"))
+    ours = Manifest()
+    for name, dtype, shape in tensors["records"]:
+        ours.add(name, dtype, shape)
+    assert ours.count == 45
+    assert ours.hexdigest() == tensors["manifest"]
+    with pytest.raises(ValueError, match="dtype 'complex' is not one wsync knows"):
+        ours.add("x", "complex", [1])
+
+
+class TestWire:
+    """vLLM 0.26's packed update_info as wsync builds it (vLLM's own parser reads it in the gpu
+    tier; here the layout, with a stand-in for torch's classes)."""
+
+    TORCH = __import__("types").SimpleNamespace(Tensor="Tensor", Size=lambda dims: ("Size", tuple(dims)),
+                                                storage=__import__("types").SimpleNamespace(TypedStorage="Typed"),
+                                                uint8="uint8")
+    HANDLE = bytes(range(64))
+    DESCRIPTOR = f"4096:{bytes(range(64)).hex()}"
+
+    @staticmethod
+    def tensors(*spans):
+        return [{"name": f"t{index}", "dtype": "bfloat16", "shape": [size // 2], "offset": offset, "bytes": size}
+                for index, (offset, size) in enumerate(spans)]
+
+    def test_descriptors_and_storage_handles(self):
+        from wsync.vllm import wire
+        assert wire.parse_descriptor(self.DESCRIPTOR) == (4096, self.HANDLE)
+        for bad in ("4096", "x:00", f"4096:{'00' * 63}", f"0:{self.HANDLE.hex()}"):
+            with pytest.raises(ValueError, match="descriptor"):
+                wire.parse_descriptor(bad)
+        handle = wire.storage_handle(self.HANDLE)
+        assert len(handle) == 66 and handle[0] == 2 and handle[1:2] == b"c" and handle[2:] == self.HANDLE
+
+    def test_a_chunk_is_one_update_unless_it_has_a_gap(self):
+        from wsync.vllm import wire
+        assert [len(run) for run in wire.runs(self.tensors((64, 8), (0, 64), (72, 8)))] == [3]
+        assert [[t["offset"] for t in run] for run in wire.runs(self.tensors((0, 8), (16, 8)))] == [[0], [16]]
+        with pytest.raises(ValueError, match="overlaps"):
+            wire.runs(self.tensors((0, 8), (4, 8)))
+
+    def test_update_info_has_exactly_the_keys_vllm_026_takes(self):
+        from wsync.vllm import wire
+        run = wire.runs(self.tensors((128, 64), (192, 32)))[0]
+        info = wire.update_info_v026(self.TORCH, run, "uuid-0", self.DESCRIPTOR, b"/refcount")
+        assert set(info) == {"names", "dtype_names", "shapes", "packed", "tensor_sizes", "ipc_handles"}
+        assert info["names"] == ["t0", "t1"] and info["tensor_sizes"] == [64, 32] and info["packed"] is True
+        assert info["shapes"] == [[32], [16]] and info["dtype_names"] == ["bfloat16", "bfloat16"]
+        args = info["ipc_handles"]["uuid-0"]
+        assert len(args) == 15
+        assert args[0] == "Tensor" and args[1] == ("Size", (96,)) and args[3] == 128 and args[5] == "uint8"
+        assert args[7] == wire.storage_handle(self.HANDLE) and args[8] == 4096 and args[9] == 0
+        assert args[11] == b"/refcount" and args[14] is False
+        with pytest.raises(ValueError, match="beyond the 4096-byte buffer"):
+            wire.update_info_v026(self.TORCH, self.tensors((4090, 8)), "uuid-0", self.DESCRIPTOR, b"")
+
+    def test_lua_long_strings_hold_any_text(self):
+        from wsync.vllm.extension import _lua_long_string
+        text = 'a]]b]=]c"'
+        with Host() as host:
+            assert host.eval("return " + _lua_long_string(text)) == text

@@ -1,0 +1,152 @@
+"""A stand-in for vLLM behind the vllm runtime (``WSYNC_VLLM_ENGINE=vllm_stand_in:Engine``), for
+tests of the runtime's protocol, states, process tree and direct loader without vLLM or a GPU.
+
+It is not a rollout engine. Its TP workers are child processes that only sleep (as vLLM's
+EngineCore and workers are children of the runtime), so that tests see the whole tree
+destroyed. Its devices are the host backend's (wsync's UUIDs for ``host:N``). Its "parameters"
+are host memory laid out as the loader plan's resident tensors, one allocation each, and
+they are written by the very loader the vllm runtime's direct mode runs inside vLLM's
+workers (wsync.vllm.extension.DirectLoader over scripts/wsync/runtime/worker.lua, here on the
+shm transport): what a publication leaves there can be checked (verify = "values"). Its
+"generation" is a toy: each next token is a function of the context and the committed model
+version, with log-probability -(token % 7) / 8. $WSYNC_STAND_IN_FAULT makes one command fail
+("load_chunk:2" fails chunk 2's load; "finish:receipt" returns a receipt with a wrong
+manifest; "finish:corrupt" flips a bit of a parameter after its load; "start:crash" kills a
+worker process).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from typing import Any, Optional
+
+from wsync import Host
+from wsync.vllm.extension import DirectLoader, LoaderPlan
+from wsync.vllm.server import Failure
+
+
+class Engine:
+    transport = "shm"
+
+    def __init__(self, tp: int, devices: list[int], backend: str, model: str, load: str,
+                 engine_args: dict[str, Any], timeouts: dict[str, float]) -> None:
+        if backend != "host":
+            raise Failure("RUNTIME_START", f"the stand-in engine runs on the host backend, not {backend}")
+        self.backend, self.tp, self.devices, self.load = backend, tp, devices, load
+        self.fault = os.environ.get("WSYNC_STAND_IN_FAULT", "")
+        self.processes = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+                          for _ in range(tp)]
+        self._state = {"weights": "awake", "kv_cache": "reserved"}
+        self.hosts = [Host() for _ in range(tp)]
+        self.uuids = [self.hosts[0].eval(f"return require('wsync.native.device').query('host', {int(device)}).uuid")
+                      for device in devices]
+        self.loaders = [self._loader(rank) for rank in range(tp)]
+        self.memories: list[list[Any]] = [[] for _ in range(tp)]
+        self.residents: list[dict[str, dict[str, Any]]] = [{} for _ in range(tp)]
+        self.version = 0
+
+    def _check_workers(self) -> None:
+        for rank, worker in enumerate(self.processes):
+            if worker.poll() is not None:
+                raise Failure("WORKER_DIED", f"TP worker {rank} (pid {worker.pid}) exited ({worker.returncode})",
+                              fatal=True, rank=rank)
+
+    def workers(self) -> list[dict[str, Any]]:
+        return [{"rank": rank, "pid": worker.pid, "device": {"backend": "host", "index": self.devices[rank],
+                                                              "uuid": self.uuids[rank]}}
+                for rank, worker in enumerate(self.processes)]
+
+    def state(self) -> dict[str, str]:
+        return dict(self._state)
+
+    def sleep(self, level: int) -> None:
+        self._check_workers()
+        self._state = {"weights": "offloaded" if level == 1 and self._state["weights"] == "awake" else "discarded",
+                       "kv_cache": "free"}
+
+    def wake(self, tags: list[str]) -> None:
+        self._check_workers()
+        if "weights" in tags:
+            self._state["weights"] = "awake"
+        if "kv_cache" in tags:
+            self._state["kv_cache"] = "reserved"
+
+    def _loader(self, rank: int) -> DirectLoader:
+        identity = {"rank": rank, "world": self.tp, "device": {"backend": "host", "index": self.devices[rank],
+                                                                "uuid": self.uuids[rank]}}
+        return DirectLoader(identity, self.hosts[rank], lambda: self.residents[rank])
+
+    def init_weights(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        self._check_workers()
+        results = []
+        for rank in range(self.tp):
+            plan = LoaderPlan(self.hosts[rank], payload["family"], payload["config"], self.tp, rank)
+            memories = [ctypes.create_string_buffer(resident["bytes"]) for resident in plan.residents]
+            self.memories[rank] = memories
+            self.residents[rank] = {
+                resident["name"]: {"pointer": ctypes.addressof(memory), "size": resident["bytes"],
+                                   "dtype": resident["dtype"], "shape": resident["shape"]}
+                for resident, memory in zip(plan.residents, memories)}
+            results.append(self.loaders[rank].init_weights(payload))
+        return results
+
+    def start_update(self, header: dict[str, Any]) -> None:
+        self._check_workers()
+        if self.fault == "start:crash":
+            os.kill(self.processes[0].pid, signal.SIGKILL)
+            self.processes[0].wait()
+            self._check_workers()
+        for loader in self.loaders:
+            loader.start_update({"header": header})
+
+    def load_chunk(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        self._check_workers()
+        chunk = payload["chunk"]
+        if self.fault == f"load_chunk:{chunk}":
+            raise Failure("LOAD_FAILED", f"TP worker 0, chunk {chunk}: injected failure", fatal=True, rank=0)
+        return [loader.load_chunk(payload) for loader in self.loaders]
+
+    def finish_update(self, header: dict[str, Any]) -> list[dict[str, Any]]:
+        self._check_workers()
+        payload = {"publication_id": header["publication_id"], "model_version": header["model_version"]}
+        receipts = [loader.finish_update(payload) for loader in self.loaders]
+        if self.fault == "finish:receipt":
+            receipts[0]["manifest"] = "0" * 64
+        if self.fault == "finish:corrupt":  # one byte of TP rank 1's second parameter, after its load
+            memory = self.memories[1][1]
+            memory[0] = bytes([memory.raw[0] ^ 0x40])
+        return receipts
+
+    def resident_values(self) -> list[dict[str, Any]]:
+        self._check_workers()
+        return [loader.resident_values({}) for loader in self.loaders]
+
+    def commit(self, model_version: int) -> None:
+        self.version = model_version
+
+    def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[dict[str, Any]]:
+        self._check_workers()
+        count = int(sampling.get("max_tokens", 4))
+        outputs = []
+        for prompt in prompts:
+            context, tokens = list(prompt), []
+            for _ in range(count):
+                token = (sum(context) * 31 + self.version * 7 + len(context)) % 1000
+                tokens.append(token)
+                context.append(token)
+            outputs.append({"token_ids": tokens, "logprobs": [-(token % 7) / 8 for token in tokens]})
+        return outputs
+
+    def close(self) -> None:
+        for loader in self.loaders:
+            loader.close()
+        for host in self.hosts:
+            host.close()
+        self.loaders, self.hosts = [], []
+        for worker in self.processes:
+            if worker.poll() is None:
+                worker.kill()
+            worker.wait()
