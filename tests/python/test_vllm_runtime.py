@@ -274,8 +274,8 @@ class TestWire:
         with pytest.raises(ValueError, match="beyond the 4096-byte buffer"):
             wire.update_info_v026(self.TORCH, self.tensors((4090, 8)), "uuid-0", self.DESCRIPTOR, b"")
 
-    def test_lua_long_strings_hold_any_text(self):
-        from wsync.vllm.extension import _lua_long_string
-        text = 'a]]b]=]c"'
+    def test_lua_literals_hold_any_text(self):
+        from wsync.host import lua_literal
+        text = 'a]]b]=]c"\n\\\u00e9'
         with Host() as host:
-            assert host.eval("return " + _lua_long_string(text)) == text
+            assert host.eval("return " + lua_literal(text)) == text

@@ -92,6 +92,24 @@ class Host:
         self._agents.append(agent)
         return agent
 
+    def generate(self, prompts: list[list[int]], **sampling: Any) -> dict[str, Any]:
+        """Generates from token-id prompts in the rollout runtime the session publishes into,
+        between publications: ``{model_version, outputs: [{token_ids, logprobs, ...}]}``,
+        each output stamped with the model version committed when it was dispatched.
+        ``sampling`` is the runtime's sampling parameters (the vllm runtime: ``max_tokens``,
+        ``temperature``, ``prompt_logprobs``, ...)."""
+        return self._rollout("generate", {"prompts": [list(map(int, prompt)) for prompt in prompts],
+                                          "sampling": sampling})
+
+    def runtime_info(self) -> dict[str, Any]:
+        """What the session's rollout runtime says of itself (``info``)."""
+        return self._rollout("info", {})
+
+    def _rollout(self, cmd: str, payload: dict[str, Any]) -> dict[str, Any]:
+        text = json.dumps(payload)
+        code = (f"return require('wsync.cli.embedded').rollout({lua_literal(cmd)}, {lua_literal(text)})")
+        return json.loads(self.eval(code, result_bytes=64 << 20))
+
     def finish(self) -> None:
         """Closes this host's agents and waits until the session of ``Host(recipe)`` ends:
         returns when it ended well, raises its failure otherwise."""
@@ -147,14 +165,14 @@ def trainer_tensors(recipe: str, **overrides: Any) -> list[TrainerTensor]:
     each rank registers (its rows of dim 0 of each), e.g. to map a model's parameter names."""
     words = [f"{key}={value}" for key, value in overrides.items()]
     with Host() as host:
-        arguments = f"{_lua_string(recipe)}, {{{', '.join(_lua_string(word) for word in words)}}}"
+        arguments = f"{lua_literal(recipe)}, {{{', '.join(lua_literal(word) for word in words)}}}"
         text = host.eval(f"return require('wsync.cli.embedded').trainer_tensors({arguments})",
                          result_bytes=64 << 20)
     return [TrainerTensor(item["name"], item["dtype"], tuple(item["shape"])) for item in json.loads(text)]
 
 
-def _lua_string(text: str) -> str:
-    """A Lua string literal of `text`."""
+def lua_literal(text: str) -> str:
+    """A Lua string literal of `text` (any bytes: every one outside a safe set escaped)."""
     safe = set(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ./_-=+:,@")
     return '"' + "".join(chr(byte) if byte in safe else f"\\{byte:03d}" for byte in text.encode()) + '"'
 

@@ -107,6 +107,49 @@ function M.abort()
   end
 end
 
+--- The commands a trainer may send the started session's rollout runtime
+--- itself, between its publications.
+M.ROLLOUT_COMMANDS = { generate = true, info = true }
+
+--- Sends the started session's rollout runtime `cmd` with the JSON payload
+--- `payload_text` and runs the loop until it answers; returns the result as
+--- JSON. For a single-process trainer that generates through the runtime its
+--- weights are published into (Python's wsync.Host.generate). Between
+--- publications only: the runtime answers one request at a time.
+---@param cmd string
+---@param payload_text string
+---@return string
+function M.rollout(cmd, payload_text)
+  local cjson = require("cjson")
+  if not M.ROLLOUT_COMMANDS[cmd] then
+    errors.raise("INVALID_ARGUMENT", string.format("the rollout runtime's %s is not for trainers (they may send: "
+      .. "generate, info)", tostring(cmd)))
+  end
+  local state = started
+  if not state or state.done then
+    errors.raise("HOST_IDLE", "no recipe's session runs on this host")
+  end
+  local rollout = state.session and state.session.rollout
+  if not rollout then
+    errors.raise("STATE_REFUSED", "the session's runtime has not started yet (it starts once every trainer rank "
+      .. "registered)")
+  end
+  local payload = cjson.decode(payload_text)
+  local done, ok, result = false, nil, nil
+  loop.spawn(function()
+    return rollout:request(cmd, payload)
+  end, function(finished, value)
+    done, ok, result = true, finished, value
+  end)
+  loop.run_until(function()
+    return done
+  end)
+  if not ok then
+    error(result, 0)
+  end
+  return cjson.encode(result)
+end
+
 --- Runs a Lua chunk outside the loop (it must not wait on it) and returns
 --- what it returned as a string (ws_host_eval).
 ---@param code string

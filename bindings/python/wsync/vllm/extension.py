@@ -29,16 +29,10 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
+from ..host import lua_literal
 from ..manifest import Manifest
 from .receipts import receipt
 from .server import Failure
-
-
-def _lua_long_string(text: str) -> str:
-    level = 0
-    while f"]{'=' * level}]" in text:
-        level += 1
-    return f"[{'=' * level}[{text}]{'=' * level}]"
 
 
 class LoaderPlan:
@@ -47,7 +41,7 @@ class LoaderPlan:
 
     def __init__(self, host: Any, family: str, config: dict[str, Any], world: int, rank: int) -> None:
         code = ("local cjson = require('cjson') local family = require('wsync.plan').family(" + repr(family) + ") "
-                "local config = family.config(cjson.decode(" + _lua_long_string(json.dumps(config)) + ")) "
+                "local config = family.config(cjson.decode(" + lua_literal(json.dumps(config)) + ")) "
                 f"local plan = family.loader_plan(config, {int(world)}, {int(rank)}) "
                 "local residents, writes = {}, {} "
                 "for _, t in ipairs(plan.tensors) do residents[#residents + 1] = { t.name, t.dtype, t.shape, t.bytes } end "
@@ -151,7 +145,7 @@ class DirectLoader:
     def _call(self, cmd: str, payload: dict[str, Any]) -> dict[str, Any]:
         answer = json.loads(self.host.eval(
             "return require('wsync.runtime.worker').embedded_command(" + repr(cmd) + ", "
-            + _lua_long_string(json.dumps(payload)) + ")", result_bytes=16 << 20))
+            + lua_literal(json.dumps(payload)) + ")", result_bytes=16 << 20))
         if not answer.get("ok"):
             error = answer.get("error") or {}
             raise Failure(error.get("code", "WORKER_FAILED"), error.get("message", "(no message)"),
