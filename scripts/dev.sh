@@ -33,6 +33,7 @@ usage: scripts/dev.sh COMMAND
           lint (luacheck), fuzz (a bounded smoke of the fuzz target))
   bundle  build, then gather bin/wsync, busted, the Python package with
           libwsync and its shared objects for a GPU machine into build/bundle
+          (and build/bundle.tar.xz, the same as one archive)
   fuzz [SECONDS]
           setup, then build the fuzz target into build-fuzz/ (clang, libFuzzer,
           ASan, UBSan) and fuzz the control protocol and the recipe loader
@@ -121,7 +122,10 @@ export PATH="$bundle/bin:$PATH"
 export PYTHONPATH="$bundle/python${PYTHONPATH:+:$PYTHONPATH}"
 export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ENV
-  echo "dev.sh: bundle in $out ($(du -sh "$out" | cut -f1)); bin/wsync needs only: $(ldd "$out/bin/wsync" | awk '{print $1}' | tr '\n' ' ')"
+  # The same as one archive (about 3 MB): what a GPU run carries beside the
+  # 51 MiB vLLM bundle within its 64 MiB (tests/gpu/run.sh unpacks it).
+  tar -C "$build" -cJf "$build/bundle.tar.xz" bundle
+  echo "dev.sh: bundle in $out ($(du -sh "$out" | cut -f1); $build/bundle.tar.xz $(du -sh "$build/bundle.tar.xz" | cut -f1)); bin/wsync needs only: $(ldd "$out/bin/wsync" | awk '{print $1}' | tr '\n' ' ')"
 }
 
 case "${1:-}" in

@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# On the GPU machine: runs the GPU test tier, the PyTorch/FSDP2 trainer
-# through the Python package (tests/python/torch_fsdp2.py), and the GPU benchmarks (the
-# batched copy kernel against the floors, whole 30B-A3B publications) from
-# the bundle that `scripts/dev.sh bundle` made here (carried as build/bundle),
-# writing every log under $OUT (default ./gpu-out) and a summary.
+# On the GPU machine: runs the GPU test tier, the PyTorch/FSDP2 trainer through the
+# Python package (tests/python/torch_fsdp2.py), the GPU benchmarks (the batched copy
+# kernel against the floors, whole 30B-A3B publications) and, when the vLLM bundle is
+# carried (.vllm, ../shared/tools/vllm-bundle), the vLLM specs and the benchmark against
+# vLLM's own weight sync, from the bundle that `scripts/dev.sh bundle` made here (carried
+# as build/bundle or build/bundle.tar.xz), writing every log under $OUT (default
+# ./gpu-out) and a summary.
 #
-#   tests/gpu/run.sh [SCALE]     SCALE: the copy benchmark's fraction of the
-#                                30B-A3B bytes (default 1: 61.06 GB)
+#   [STAGES="tier fsdp2 copy publish vllm vllm-bench"] tests/gpu/run.sh [SCALE]
+#     STAGES: which to run (default all; one device call has 10 minutes)
+#     SCALE: the copy benchmark's fraction of the 30B-A3B bytes (default 1: 61.06 GB)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=${OUT:-./gpu-out}
 mkdir -p "$out"
 scale=${1:-1}
+stages=" ${STAGES:-tier fsdp2 copy publish vllm vllm-bench} "
+# The bundle, or its archive (carried beside the vLLM bundle: both must fit in one
+# run's 64 MiB).
+if [ ! -f build/bundle/env.sh ] && [ -f build/bundle.tar.xz ]; then
+  tar -C build -xJf build/bundle.tar.xz
+fi
 # shellcheck source=/dev/null
 source build/bundle/env.sh
 {
@@ -21,17 +30,49 @@ source build/bundle/env.sh
   date -u
 } >"$out/machine.txt" 2>&1
 status=0
-echo "== gpu tier" | tee "$out/summary.txt"
-timeout 420 wsync test tests/gpu -o utfTerminal >"$out/gpu_tier.log" 2>&1 || status=1
-tail -n 3 "$out/gpu_tier.log" | tee -a "$out/summary.txt"
-grep -E "^(Failure|Error) ->" -A6 "$out/gpu_tier.log" | head -60 | tee -a "$out/summary.txt"
-echo "== python: FSDP2 trainer through wsync (tests/python/torch_fsdp2.py --device cuda)" | tee -a "$out/summary.txt"
-timeout 300 python3 tests/python/torch_fsdp2.py --device cuda >"$out/torch_fsdp2.log" 2>&1 || status=1
-grep -E "^torch_fsdp2|verdict|Error|error" "$out/torch_fsdp2.log" | tail -n 20 | tee -a "$out/summary.txt"
-echo "== cuda copy benchmark (scale $scale)" | tee -a "$out/summary.txt"
-timeout 150 wsync tests/bench/cuda_copy.lua "$scale" 3 >"$out/cuda_copy.log" 2>&1 || status=1
-tail -n 30 "$out/cuda_copy.log" | tee -a "$out/summary.txt"
-echo "== cuda publish benchmark" | tee -a "$out/summary.txt"
-timeout 200 wsync tests/bench/cuda_publish.lua 4,8,direct 5 >"$out/cuda_publish.log" 2>&1 || status=1
-grep -v "^trainer rank\|^wsync:" "$out/cuda_publish.log" | tail -n 12 | tee -a "$out/summary.txt"
+stage() { [[ "$stages" == *" $1 "* ]]; }
+if stage tier; then
+  echo "== gpu tier" | tee "$out/summary.txt"
+  timeout 420 wsync test tests/gpu -o utfTerminal >"$out/gpu_tier.log" 2>&1 || status=1
+  tail -n 3 "$out/gpu_tier.log" | tee -a "$out/summary.txt"
+  grep -E "^(Failure|Error) ->" -A6 "$out/gpu_tier.log" | head -60 | tee -a "$out/summary.txt"
+fi
+if stage fsdp2; then
+  echo "== python: FSDP2 trainer through wsync (tests/python/torch_fsdp2.py --device cuda)" | tee -a "$out/summary.txt"
+  timeout 300 python3 tests/python/torch_fsdp2.py --device cuda >"$out/torch_fsdp2.log" 2>&1 || status=1
+  grep -E "^torch_fsdp2|verdict|Error|error" "$out/torch_fsdp2.log" | tail -n 20 | tee -a "$out/summary.txt"
+fi
+if stage copy; then
+  echo "== cuda copy benchmark (scale $scale)" | tee -a "$out/summary.txt"
+  timeout 150 wsync tests/bench/cuda_copy.lua "$scale" 3 >"$out/cuda_copy.log" 2>&1 || status=1
+  tail -n 30 "$out/cuda_copy.log" | tee -a "$out/summary.txt"
+fi
+if stage publish; then
+  echo "== cuda publish benchmark" | tee -a "$out/summary.txt"
+  timeout 200 wsync tests/bench/cuda_publish.lua 4,8,direct 5 >"$out/cuda_publish.log" 2>&1 || status=1
+  grep -v "^trainer rank\|^wsync:" "$out/cuda_publish.log" | tail -n 12 | tee -a "$out/summary.txt"
+fi
+if stage vllm || stage vllm-bench; then
+  if [ -f .vllm/activate.sh ]; then
+    # (Only now: the tier above runs without vLLM, its vLLM spec pending.)
+    # shellcheck source=/dev/null
+    source .vllm/activate.sh
+    if stage vllm; then
+      echo "== vLLM specs (tests/gpu/vllm_spec.lua: vllm_e2e.py direct and native, vllm_faults.py)" \
+        | tee -a "$out/summary.txt"
+      timeout 540 wsync test tests/gpu/vllm_spec.lua -o utfTerminal >"$out/vllm_spec.log" 2>&1 || status=1
+      grep -E "^vllm_e2e|^vllm_faults|successes|^(Failure|Error) ->" "$out/vllm_spec.log" | tail -n 40 \
+        | tee -a "$out/summary.txt"
+    fi
+    if stage vllm-bench; then
+      echo "== vLLM: wsync native and direct against vLLM's own weight sync (tests/bench/vllm_publish.py)" \
+        | tee -a "$out/summary.txt"
+      timeout 540 python3 tests/bench/vllm_publish.py 3 >"$out/vllm_publish.log" 2>&1 || status=1
+      grep -E "^vllm_publish|^way|^floor|^vLLM|^wsync|^\(wsync|Error" "$out/vllm_publish.log" | tail -n 30 \
+        | tee -a "$out/summary.txt"
+    fi
+  else
+    echo "== vLLM: not carried (.vllm): its specs stay pending, its benchmark is not run" | tee -a "$out/summary.txt"
+  fi
+fi
 exit $status

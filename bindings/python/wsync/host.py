@@ -105,6 +105,12 @@ class Host:
         """What the session's rollout runtime says of itself (``info``)."""
         return self._rollout("info", {})
 
+    def reports(self) -> list[dict[str, Any]]:
+        """The session's publication reports so far: ``model_version``, ``step``, ``bytes``,
+        ``gbps`` and ``timings`` (seconds of each phase: ``total``, ``init``, ``fill``,
+        ``load``, ``finish``; ``fill_copy`` and ``load_copy`` the copies alone)."""
+        return json.loads(self.eval("return require('wsync.cli.embedded').reports()"))
+
     def _rollout(self, cmd: str, payload: dict[str, Any]) -> dict[str, Any]:
         text = json.dumps(payload)
         code = (f"return require('wsync.cli.embedded').rollout({lua_literal(cmd)}, {lua_literal(text)})")

@@ -150,6 +150,21 @@ function M.rollout(cmd, payload_text)
   return cjson.encode(result)
 end
 
+--- The started session's publication reports so far (the newest it keeps),
+--- as JSON: [{model_version, step, bytes, gbps, timings = {total, init, fill,
+--- load, finish, fill_copy, load_copy, ...} in seconds}].
+---@return string
+function M.reports()
+  local state = started
+  local session = state and state.session
+  local out = {}
+  for index, report in ipairs(session and session.reports or {}) do
+    out[index] = { model_version = report.model_version, step = report.step, bytes = report.bytes,
+      gbps = report.gbps, timings = report.timings }
+  end
+  return #out > 0 and require("cjson").encode(out) or "[]"
+end
+
 --- Runs a Lua chunk outside the loop (it must not wait on it) and returns
 --- what it returned as a string (ws_host_eval).
 ---@param code string

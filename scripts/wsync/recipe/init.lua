@@ -84,12 +84,16 @@ M.schema = schema.record({
         -- the Python that runs it.
         model = schema.string({}),
         load = schema.enum({ "direct", "native" }),
+        -- When the direct loader is checked bitwise against vLLM's own
+        -- loader: in the first publication of a session (default), every
+        -- publication, or never.
+        check = schema.enum({ "first", "every", "never" }),
         vllm = schema.map({ item = schema.any({}) }),
         python = schema.string({}),
       },
       check = function(runtime)
         if runtime.kind ~= "vllm" then
-          for _, field in ipairs({ "model", "load", "vllm", "python" }) do
+          for _, field in ipairs({ "model", "load", "check", "vllm", "python" }) do
             if runtime[field] ~= nil then
               return false, string.format("is for the vllm runtime; this recipe's runtime is %s", runtime.kind),
                 field

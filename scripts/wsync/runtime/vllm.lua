@@ -13,7 +13,8 @@
 ---   - "direct" (the default): wsync's worker extension imports the packed
 ---     buffers once and copies each chunk into the resident parameters with
 ---     the loader plan of wsync.plan (one batched copy per chunk); the plan is
----     checked bitwise against vLLM's own loader once per session.
+---     checked bitwise against vLLM's own loader in the first publication of
+---     a session (`runtime.check`: "first", "every" or "never").
 local cjson = require("cjson")
 local errors = require("wsync.errors")
 
@@ -154,6 +155,7 @@ end
 ---@class wsync.VllmRuntimeOptions: wsync.RuntimeSpawnOptions
 ---@field model string     the model directory
 ---@field load string?     "direct" or "native"
+---@field check string?    when the direct loader is checked against vLLM's: "first", "every", "never"
 ---@field engine table?    engine arguments for vllm.LLM
 ---@field python string?
 
@@ -189,6 +191,7 @@ function M.spawn(options, spawn_client)
       "--devices", table.concat(devices, ","),
       "--model", options.model,
       "--load", load,
+      "--check", options.check or "first",
       "--engine-args", cjson.encode(options.engine or {}),
       "--timeouts", cjson.encode(timeouts),
     },

@@ -595,9 +595,24 @@ function M.external(options)
   return self
 end
 
+--- mapped{buffer}: where this worker's mapping of its rank's packed buffer
+--- `buffer` (a slot, 1-based) lies: {pointer, size, device} (the check of the
+--- direct loader against the engine's own loader reads the chunk there).
+function Worker:mapped(payload)
+  local memory = self.imported and self.imported[payload.buffer]
+  if not memory then
+    fatal("NO_BUFFER", string.format("mapped names buffer %s; %d are mapped", tostring(payload.buffer),
+      #(self.imported or {})))
+  end
+  if type(memory.region) ~= "function" then
+    refuse(string.format("the %s transport's buffers are not device regions", self.transport.NAME))
+  end
+  return memory:region()
+end
+
 local embedded = nil
 local EMBEDDED_COMMANDS = { init_weights = true, start_update = true, load_chunk = true, finish_update = true,
-  info = true, resident_values = true }
+  info = true, resident_values = true, mapped = true }
 
 --- Runs one command on this process's external worker and answers JSON
 --- `{ok, result}` or `{ok = false, error = {code, message, fatal}}`: the

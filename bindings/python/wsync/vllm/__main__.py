@@ -30,6 +30,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model", required=True, help="the model directory vLLM serves")
     parser.add_argument("--load", choices=("direct", "native"), default="direct",
                         help="how weights reach vLLM's parameters")
+    parser.add_argument("--check", choices=("first", "every", "never"), default="first",
+                        help="when the direct loader is checked bitwise against vLLM's own loader")
     parser.add_argument("--engine-args", default="{}", help="engine arguments for vllm.LLM, a JSON object")
     parser.add_argument("--timeouts", default="{}", help="the host's per-command timeouts in seconds, JSON")
     return parser.parse_args(argv)
@@ -61,8 +63,10 @@ def make_engine(options: argparse.Namespace, timeouts: dict[str, float]) -> Any:
         engine_class = getattr(importlib.import_module(module_name), class_name)
     else:
         from .engine import VllmEngine as engine_class
-    return engine_class(tp=options.tp, devices=devices, backend=options.backend, model=options.model,
-                        load=options.load, engine_args=engine_args, timeouts=timeouts)
+    engine = engine_class(tp=options.tp, devices=devices, backend=options.backend, model=options.model,
+                          load=options.load, engine_args=engine_args, timeouts=timeouts)
+    engine.check = options.check
+    return engine
 
 
 def main(argv: list[str]) -> int:

@@ -10,6 +10,8 @@ vLLM is imported here, when the engine starts (15-25 s), never by the package.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from typing import Any
 
 from .server import Failure
@@ -21,6 +23,33 @@ FIXED_ARGUMENTS = ("model", "tensor_parallel_size", "enable_sleep_mode", "weight
 #: Sampling parameters generate passes on to vLLM's SamplingParams (anything else is refused).
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "n", "stop_token_ids",
                  "ignore_eos", "prompt_logprobs", "repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of the live processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(name))
+    return found
+
+
+def _faults() -> dict[str, str]:
+    """$WSYNC_VLLM_FAULT, for the GPU tier's fault tests: "kind@where,...", where a command
+    name and optionally its chunk ("load_chunk#2"). Kinds: kill_engine (SIGKILL to this
+    process's children, vLLM's EngineCore, before the command), bad_receipt (TP rank 0's
+    receipt names another manifest)."""
+    faults = {}
+    for item in filter(None, os.environ.get("WSYNC_VLLM_FAULT", "").split(",")):
+        kind, _, where = item.partition("@")
+        faults[where] = kind
+    return faults
 
 
 def _inner(timeout: float) -> float:
@@ -54,6 +83,12 @@ class VllmEngine:
             raise Failure("RUNTIME_START", f"vLLM's TP workers answered as ranks {order}, not 0..{tp - 1} in order")
         self._state = {"weights": "awake", "kv_cache": "reserved"}
         self._closed = False
+        self._faults = _faults()
+
+    def _inject(self, where: str) -> None:
+        if self._faults.get(where) == "kill_engine":
+            for child in _children(os.getpid()):
+                os.kill(child, signal.SIGKILL)
 
     def workers(self) -> list[dict[str, Any]]:
         return [{"rank": identity["rank"], "pid": identity["pid"], "device": identity["device"],
@@ -88,17 +123,28 @@ class VllmEngine:
         return results
 
     def init_weights(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
-        return self._command("init_weights", dict(payload, load=self.load))
+        return self._command("init_weights", dict(payload, load=self.load, check=getattr(self, "check", "first")))
 
     def start_update(self, header: dict[str, Any]) -> None:
         self._command("start_update", {"header": header})
 
     def load_chunk(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
+        self._inject(f"load_chunk#{payload.get('chunk')}")
         return self._command("load_chunk", payload)
 
     def finish_update(self, header: dict[str, Any]) -> list[dict[str, Any]]:
-        return self._command("finish_update", {"publication_id": header["publication_id"],
-                                               "model_version": header["model_version"]})
+        self._inject("finish_update")
+        receipts = self._command("finish_update", {"publication_id": header["publication_id"],
+                                                   "model_version": header["model_version"]})
+        if self._faults.get("finish_update") == "bad_receipt":
+            receipts[0]["manifest"] = "f" * 64
+        return receipts
+
+    def resident_values(self) -> list[dict[str, Any]]:
+        if self.load != "direct":
+            raise Failure("NOT_SUPPORTED", "the values check reads vLLM's parameters through wsync's loader: "
+                          "load = \"direct\" only")
+        return self._command("resident_values", {})
 
     def commit(self, model_version: int) -> None:
         self.llm.reset_prefix_cache()

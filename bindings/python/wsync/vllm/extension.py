@@ -182,6 +182,83 @@ class DirectLoader:
             self.opened = False
 
 
+class _CudaBytes:
+    """Device bytes as torch.as_tensor takes them (``__cuda_array_interface__``)."""
+
+    def __init__(self, pointer: int, size: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (pointer, False),
+                                         "version": 3}
+
+
+class CheckedDirectLoader(DirectLoader):
+    """The direct loader inside a vLLM worker, checked against vLLM's own loader: in the
+    publications ``check`` says ("first" of a session, "every", "never"), each chunk, once
+    copied by the direct loader, is loaded again by the model's own ``load_weights`` from
+    the same bytes of the packed buffer, and every parameter the chunk touched must then be
+    bitwise what the direct loader wrote. Any difference fails the publication (fatal),
+    naming the parameter and where it first differs: ``load = "native"`` serves such a
+    model."""
+
+    def __init__(self, worker: Any, identity: dict[str, Any], host: Any) -> None:
+        super().__init__(identity, host, lambda: torch_residents(worker.get_model()))
+        self.worker = worker
+        self.check, self.checked, self.checking = "first", False, False
+        self.chunks: dict[int, list[dict[str, Any]]] = {}
+
+    def init_weights(self, payload: dict[str, Any]) -> dict[str, Any]:
+        result = super().init_weights(payload)
+        self.check = payload.get("check", "first")
+        self.plan = LoaderPlan(self.host, payload["family"], payload["config"], payload["tp"], self.identity["rank"])
+        self.chunks, self.checked = {}, False
+        return result
+
+    def start_update(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self.checking = self.check == "every" or (self.check == "first" and not self.checked)
+        return super().start_update(payload)
+
+    def load_chunk(self, payload: dict[str, Any]) -> dict[str, Any]:
+        if payload.get("tensors") is not None:
+            self.chunks[payload["chunk"]] = payload["tensors"]
+        result = super().load_chunk(payload)
+        if self.checking:
+            started = time.perf_counter()
+            self._check_chunk(payload["chunk"], payload["buffer"])
+            result["check_seconds"] = time.perf_counter() - started
+        return result
+
+    def finish_update(self, payload: dict[str, Any]) -> dict[str, Any]:
+        result = super().finish_update(payload)
+        if self.checking:
+            self.checked = True
+            result["checked_against_vllm"] = True
+        return result
+
+    def _check_chunk(self, chunk: int, slot: int) -> None:
+        import torch
+        tensors = self.chunks[chunk]
+        region = self._call("mapped", {"buffer": slot})
+        device = self.worker.device
+        buffer = torch.as_tensor(_CudaBytes(int(region["pointer"]), int(region["size"])), device=device)
+        model = self.worker.get_model()
+        parameters = dict(model.named_parameters())
+        touched = sorted({resident for tensor in tensors for resident in self.plan.writes[tensor["name"]]})
+        direct = {name: parameters[name].data.clone() for name in touched}
+        weights = [(tensor["name"], buffer[tensor["offset"]:tensor["offset"] + tensor["bytes"]]
+                    .view(getattr(torch, tensor["dtype"])).view(tensor["shape"])) for tensor in tensors]
+        model.load_weights(weights)
+        torch.cuda.synchronize(device)
+        for name in touched:
+            own = parameters[name].data.reshape(-1).view(torch.uint8)
+            ours = direct[name].reshape(-1).view(torch.uint8)
+            if not torch.equal(own, ours):
+                first = int((own != ours).nonzero()[0])
+                raise Failure("DIRECT_PLAN_MISMATCH", f"TP worker {self.identity['rank']}, chunk {chunk}: vLLM's own "
+                              f"loader writes {name} differently from wsync's direct loader (first at byte {first} "
+                              f"of {own.numel()}); load = \"native\" serves this model", fatal=True,
+                              rank=self.identity["rank"])
+        del direct
+
+
 def torch_residents(model: Any) -> dict[str, dict[str, Any]]:
     """A torch module's parameters as the direct loader takes them (each must be
     contiguous: the loader writes rows of bytes)."""
@@ -228,7 +305,7 @@ class WorkerExtension:
                     raise Failure("INVALID_ARGUMENT", f"load mode {mode!r} is neither direct nor native", fatal=True)
                 if loader is None or loader.mode != mode:
                     if mode == "direct":
-                        loader = DirectLoader(identity, host, lambda: torch_residents(self.get_model()))
+                        loader = CheckedDirectLoader(self, identity, host)
                     else:
                         loader = _Native(self, identity, host)
                     self.__dict__["_wsync_loader"] = loader

@@ -1,0 +1,180 @@
+"""wsync against vLLM's own weight sync, into real vLLM, in one run (issue 11's benchmark).
+
+On the GPU machine with the vLLM bundle (`. .vllm/activate.sh`) and the wsync bundle's
+environment (`. build/bundle/env.sh`):
+
+    python3 tests/bench/vllm_publish.py [REPEATS]
+
+The Qwen3-30B-A3B shape (18,867 canonical tensors, 61.06 GB in bfloat16), TP1, one H200,
+vLLM with dummy weights. The trainer's tensors are the transformers-v5 layout (packed
+experts) as views of one allocation; the same tensors go four ways, in this order:
+
+1. the floor: one flat device copy of all the bytes (torch's copy_);
+2. vLLM's own path: `IPCWeightTransferEngine.trainer_send_weights(packed=True, 1 GiB)` into an
+   `LLM` in this process, between `start_weight_update` and `finish_weight_update` (the
+   canonical tensors as views of the trainer's storage; the update goes to vLLM as
+   `ipc_handles_pickled`, which needs VLLM_ALLOW_INSECURE_SERIALIZATION=1);
+3. wsync, load = "native" (tests/fixtures/recipes/vllm_30b_bench_native.lua);
+4. wsync, load = "direct" (tests/fixtures/recipes/vllm_30b_bench.lua; its first publication
+   also checks the plan against vLLM's own loader, reported apart).
+
+Each is timed REPEATS times (default 3) after one warm-up; each vLLM engine is shut down
+before the next starts. Prints a table in milliseconds with the split of wsync's publications
+(fill, load, control: the rest of the total) and the ratios to the floor and to vLLM's own.
+"""
+from __future__ import annotations
+
+import base64
+import gc
+import os
+import pickle
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ROOT / "recipes" / "models" / "qwen3-30b-a3b"
+RECIPES = {"native": "tests/fixtures/recipes/vllm_30b_bench_native.lua",
+           "direct": "tests/fixtures/recipes/vllm_30b_bench.lua"}
+GiB = 1024 ** 3
+
+
+def say(text: str) -> None:
+    print(f"vllm_publish: {text}", flush=True)
+
+
+def trainer_storage(wsync) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The trainer's tensors (the recipe's layout), views of one bfloat16 allocation."""
+    layout = wsync.trainer_tensors(RECIPES["direct"])
+    total = sum(int(torch.Size(t.shape).numel()) for t in layout)
+    storage = torch.empty(total, dtype=torch.bfloat16, device="cuda")
+    storage.normal_(0, 0.02)
+    tensors, offset = {}, 0
+    for t in layout:
+        count = int(torch.Size(t.shape).numel())
+        tensors[t.name] = storage[offset:offset + count].view(t.shape)
+        offset += count
+    return storage, tensors
+
+
+def canonical(tensors: dict[str, torch.Tensor], config: dict) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint-format stream vLLM's loader takes: per-expert views of the packed experts."""
+    out = []
+    inter = config["moe_intermediate_size"]
+    for name, tensor in tensors.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name[: -len("gate_up_proj")]
+            for e in range(tensor.shape[0]):
+                out.append((f"{prefix}{e}.gate_proj.weight", tensor[e, :inter]))
+                out.append((f"{prefix}{e}.up_proj.weight", tensor[e, inter:]))
+        elif name.endswith("mlp.experts.down_proj"):
+            prefix = name[: -len("down_proj")]
+            for e in range(tensor.shape[0]):
+                out.append((f"{prefix}{e}.down_proj.weight", tensor[e]))
+        else:
+            out.append((name, tensor))
+    return out
+
+
+def timed(run, repeats: int) -> list[float]:
+    run()
+    seconds = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        run()
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def vllm_own(stream: list[tuple[str, torch.Tensor]], repeats: int) -> list[float]:
+    from vllm import LLM
+    from vllm.config import WeightTransferConfig
+    from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerSendWeightsArgs, IPCWeightTransferEngine
+    llm = LLM(model=str(MODEL), load_format="dummy", enforce_eager=True, skip_tokenizer_init=True,
+              gpu_memory_utilization=0.47, max_model_len=1024,
+              weight_transfer_config=WeightTransferConfig(backend="ipc"))
+    llm.init_weight_transfer_engine({"init_info": {}})
+
+    def send(info) -> None:
+        llm.update_weights({"update_info": {
+            "names": info.names, "dtype_names": info.dtype_names, "shapes": info.shapes, "packed": True,
+            "tensor_sizes": info.tensor_sizes,
+            "ipc_handles_pickled": base64.b64encode(pickle.dumps(info.ipc_handles)).decode()}})
+
+    def once() -> None:
+        llm.start_weight_update()
+        IPCWeightTransferEngine.trainer_send_weights(iter(stream), IPCTrainerSendWeightsArgs(
+            send_mode=send, packed=True, packed_buffer_size_bytes=GiB))
+        llm.finish_weight_update()
+
+    seconds = timed(once, repeats)
+    llm.llm_engine.shutdown()
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    return seconds
+
+
+def wsync_way(wsync, tensors: dict[str, torch.Tensor], load: str, repeats: int) -> list[dict]:
+    with wsync.Host(RECIPES[load]) as host:
+        agent = host.agent(rank=0, world=1, backend="cuda", device=0)
+        for name, tensor in tensors.items():
+            agent.register_tensor(name, tensor)
+        agent.ready()
+        for step in range(1, repeats + 2):
+            agent.publish(step)
+        return host.reports()
+
+
+def main() -> int:
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    os.chdir(ROOT)
+    import json
+    import wsync
+    torch.cuda.set_device(0)
+    config = json.loads((MODEL / "config.json").read_text())
+    storage, tensors = trainer_storage(wsync)
+    stream = canonical(tensors, config)
+    nbytes = storage.numel() * 2
+    say(f"{len(tensors)} trainer tensors, {len(stream)} canonical, {nbytes / 1e9:.2f} GB; {torch.cuda.get_device_name()}")
+    target = torch.empty_like(storage)
+    floor = timed(lambda: target.copy_(storage), repeats)
+    del target
+    torch.cuda.empty_cache()
+    say(f"floor (one flat copy): {min(floor) * 1e3:.1f} ms")
+    own = vllm_own(stream, repeats)
+    say(f"vLLM's own packed IPC update: {min(own) * 1e3:.1f} ms (of {', '.join(f'{s * 1e3:.0f}' for s in own)})")
+    rows = {}
+    for load in ("native", "direct"):
+        reports = wsync_way(wsync, tensors, load, repeats)
+        rows[load] = reports
+        for report in reports:
+            t = report["timings"]
+            say(f"wsync {load} version {report['model_version']}: total {t['total'] * 1e3:.1f} ms (init "
+                f"{t['init'] * 1e3:.1f}, fill {t['fill'] * 1e3:.1f}, load {t['load'] * 1e3:.1f}, finish "
+                f"{t['finish'] * 1e3:.1f})")
+    best_floor, best_own = min(floor), min(own)
+    print("\nway                      best ms   fill ms   load ms   control ms   x floor   vs vLLM's own")
+    print(f"floor (flat copy)        {best_floor * 1e3:8.1f}")
+    print(f"vLLM's own               {best_own * 1e3:8.1f}                                  "
+          f"{best_own / best_floor:7.1f}x")
+    for load, reports in rows.items():
+        steady = reports[1:]  # (the first: init, and direct's check against vLLM's loader)
+        best = min(steady, key=lambda r: r["timings"]["total"])
+        t = best["timings"]
+        control = t["total"] - t["fill"] - t["load"]
+        print(f"wsync {load:<18} {t['total'] * 1e3:8.1f}  {t['fill'] * 1e3:8.1f}  {t['load'] * 1e3:8.1f}  "
+              f"{control * 1e3:10.1f}  {t['total'] / best_floor:7.2f}x  {best_own / t['total']:7.1f}x faster")
+    checked = rows["direct"][0]["timings"]["total"]
+    print(f"(wsync direct's first publication, with init and the check against vLLM's loader: {checked * 1e3:.0f} ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

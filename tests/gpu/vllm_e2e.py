@@ -1,0 +1,140 @@
+"""On the GPU machine, with vLLM (the bundle's activate.sh): a PyTorch trainer publishes into
+real vLLM through wsync and checks what vLLM then computes.
+
+A small Qwen3-MoE from transformers (tests/fixtures/models/gpu_tiny, random init, no
+download) is sharded with FSDP2 on one rank and trained for three AdamW steps; the session
+runs in this process (wsync.Host) and vLLM serves the same config.json with dummy weights
+until the first publication. Before the first publication and after each, the prompt
+log-probabilities that vLLM gives a fixed token sequence are compared with the trainer's own
+forward pass over its updated parameters.
+
+Tolerance: max |delta| <= 0.1 nat and mean |delta| <= 0.02 nat over the sequence. The weights
+are the same bfloat16 bits on both sides, but the kernels are not (FlashAttention against
+torch's attention, vLLM's fused MoE against transformers' expert loop, other accumulation
+orders), and bfloat16 keeps 8 bits of mantissa: differences of a few thousandths of a nat per
+token are expected, a wrong weight gives tenths or more. Before the first publication (vLLM's
+dummy weights) the mean difference must be at least 0.2 nat: the trainer's embeddings and
+head are scaled so that its distribution is far from uniform.
+
+Also checked: the version stamped on each generation moves with each publication, and the
+first publication of the direct mode checks the loader plan against vLLM's own loader.
+
+    python3 tests/gpu/vllm_e2e.py [--load direct|native]
+Prints one line per step and "vllm_e2e: ok"; exits non-zero on any failure.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+from torch_fsdp2 import OptimizerOffload  # noqa: E402
+
+import wsync  # noqa: E402
+
+MODEL = ROOT / "tests" / "fixtures" / "models" / "gpu_tiny"
+RECIPES = {"direct": "tests/fixtures/recipes/vllm_tiny_cuda.lua",
+           "native": "tests/fixtures/recipes/vllm_tiny_cuda_native.lua"}
+STEPS = 3
+MAX_DELTA, MEAN_DELTA, BEFORE_DELTA = 0.1, 0.02, 0.2
+
+
+def trainer_logprobs(model: torch.nn.Module, tokens: list[int]) -> list[float]:
+    ids = torch.tensor([tokens], device="cuda")
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()[0, :-1]
+    return torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0].tolist()
+
+
+def vllm_logprobs(host: wsync.Host, tokens: list[int]) -> tuple[int, list[float]]:
+    result = host.generate([tokens], max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    output = result["outputs"][0]
+    if output["model_version"] != result["model_version"]:
+        raise AssertionError(f"an output stamped {output['model_version']} in a result of {result['model_version']}")
+    return result["model_version"], [float(value) for value in output["prompt_logprobs"][1:]]
+
+
+def deltas(a: list[float], b: list[float]) -> tuple[float, float]:
+    if len(a) != len(b):
+        raise AssertionError(f"{len(a)} log-probabilities against {len(b)}")
+    diffs = [abs(x - y) for x, y in zip(a, b)]
+    return max(diffs), sum(diffs) / len(diffs)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--load", choices=sorted(RECIPES), default="direct")
+    load = parser.parse_args().load
+    recipe = RECIPES[load]
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    os.chdir(ROOT)
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig.from_pretrained(str(MODEL))
+    model = Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
+    with torch.no_grad():  # a distribution far from uniform (see the module's doc)
+        model.model.embed_tokens.weight.mul_(40)
+        model.lm_head.weight.mul_(40)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    offload = OptimizerOffload(optimizer)
+    generator = torch.Generator().manual_seed(1)
+    sequence = torch.randint(0, config.vocab_size, (48,), generator=generator).tolist()
+    failures = []
+
+    with wsync.Host(recipe) as host:
+        agent = host.agent(rank=0, world=1, backend="cuda", device=0)
+        agent.register_module(model)
+        agent.register_callback("offload_optimizer", offload.offload)
+        agent.register_callback("onload_optimizer", offload.onload)
+        agent.ready()
+        version, before = vllm_logprobs(host, sequence)
+        worst, mean = deltas(before, trainer_logprobs(model, sequence))
+        print(f"vllm_e2e: before any publication: version {version}, mean |delta| {mean:.4f}, max {worst:.4f}",
+              flush=True)
+        if version != 0 or mean < BEFORE_DELTA:
+            failures.append(f"before publication: version {version}, mean |delta| {mean:.4f} (want >= {BEFORE_DELTA})")
+        for step in range(1, STEPS + 1):
+            tokens = torch.randint(0, config.vocab_size, (4, 32), device="cuda")
+            loss = model(input_ids=tokens, labels=tokens).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            publication = agent.publish(step)
+            version, got = vllm_logprobs(host, sequence)
+            worst, mean = deltas(got, trainer_logprobs(model, sequence))
+            print(f"vllm_e2e: step {step}: loss {loss.item():.4f}, model version {publication.model_version} "
+                  f"(generation stamped {version}), mean |delta| {mean:.4f}, max {worst:.4f}", flush=True)
+            if version != publication.model_version:
+                failures.append(f"step {step}: generation stamped {version}, published {publication.model_version}")
+            if worst > MAX_DELTA or mean > MEAN_DELTA:
+                failures.append(f"step {step}: |delta| max {worst:.4f} mean {mean:.4f} (tolerance {MAX_DELTA}, "
+                                f"{MEAN_DELTA})")
+        for report in host.reports():
+            timings = report["timings"]
+            print(f"vllm_e2e: version {report['model_version']}: total {timings['total'] * 1e3:.1f} ms (fill "
+                  f"{timings['fill'] * 1e3:.1f}, load {timings['load'] * 1e3:.1f}, finish "
+                  f"{timings['finish'] * 1e3:.1f})", flush=True)
+    dist.destroy_process_group()
+    for failure in failures:
+        print(f"vllm_e2e: FAILED: {failure}", file=sys.stderr)
+    if failures:
+        return 1
+    print(f"vllm_e2e: ok ({load}: {STEPS} publications, vLLM's log-probabilities follow the trainer's)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+-- Real vLLM 0.26 behind the vllm runtime, on the GPU machine with the vLLM
+-- bundle sourced (`. .vllm/activate.sh`): the trainer's parameters published
+-- into vLLM give vLLM's log-probabilities the trainer's own, in both load
+-- modes (tests/gpu/vllm_e2e.py), and failed publications leave nothing
+-- (tests/gpu/vllm_faults.py). Pending without a usable device or without
+-- vLLM importable by python3 (as in CI).
+local process = require("tests.helpers.process")
+local support = require("tests.gpu.support")
+
+local count, reason = support.devices()
+
+-- Why python3 cannot run vLLM here, or nil (without importing it: 15-25 s).
+local function no_vllm()
+  local result = process.run({ program = "python3", args = { "-c",
+    "import importlib.util as u, sys; sys.exit(0 if u.find_spec('vllm') and u.find_spec('torch') "
+    .. "and u.find_spec('wsync.vllm') else 3)" }, timeout = 60000 })
+  if result.code ~= 0 then
+    return "python3 finds no vllm, torch or wsync.vllm (source the vLLM bundle's activate.sh and the wsync "
+      .. "bundle's env.sh)"
+  end
+  return nil
+end
+
+describe("the vllm runtime with vLLM", function()
+  if count == 0 then
+    pending("no CUDA device: " .. reason)
+    return
+  end
+  local missing = no_vllm()
+  if missing then
+    pending(missing)
+    return
+  end
+
+  local function script(args, timeout)
+    local result = process.run({ program = "python3", args = args, timeout = timeout })
+    io.stdout:write(result.stdout, result.stderr)
+    return result
+  end
+
+  for _, load in ipairs({ "direct", "native" }) do
+    it("publishes a trainer's steps into vLLM whose log-probabilities then follow the trainer's (" .. load .. ")",
+      function()
+        local result = script({ "tests/gpu/vllm_e2e.py", "--load", load }, 420000)
+        assert.are.equal(0, result.code, result.stderr)
+        assert.matches("vllm_e2e: ok (" .. load, result.stdout, 1, true)
+      end)
+  end
+
+  it("fails fail-stop when vLLM's engine dies mid-chunk or a worker's receipt is wrong, leaving nothing", function()
+    local result = script({ "tests/gpu/vllm_faults.py" }, 420000)
+    assert.are.equal(0, result.code, result.stderr)
+    assert.matches("vllm_faults: ok", result.stdout, 1, true)
+  end)
+end)
