@@ -17,28 +17,12 @@
 -- a hang costs about 2 s.
 local uv = require("luv")
 local fixtures = require("tests.helpers.fixtures")
+local faults = require("tests.helpers.faults")
 local leftovers = require("tests.helpers.leftovers")
 
 local RECIPE = fixtures.recipes .. "/publish_faults.lua"
 
--- Runtime commands of one publication, where a fault fires, and the phase
--- the error must name. The demo's plan has three chunks.
-local COMMANDS = {
-  { at = "init_weights", cmd = "init_weights", phase = "init" },
-  { at = "start_update", cmd = "start_update", phase = "start" },
-  { at = "load_chunk#1", cmd = "load_chunk", phase = "chunks" },
-  { at = "load_chunk#2", cmd = "load_chunk", phase = "chunks" },
-  { at = "load_chunk#3", cmd = "load_chunk", phase = "chunks" },
-  { at = "finish_update", cmd = "finish_update", phase = "finish" },
-  { at = "release", cmd = "release", phase = "release" },
-}
-
--- What the error says for each misbehaviour of the runtime.
-local KINDS = {
-  { kind = "crash", causes = { "the control channel closed (EOF)", "exited" } },
-  { kind = "hang", causes = { "timeout: no answer to" } },
-  { kind = "garbage", causes = { "undecodable frame" } },
-}
+local COMMANDS, KINDS, says_any = faults.COMMANDS, faults.KINDS, faults.says_any
 
 local timings = {}
 
@@ -46,50 +30,11 @@ local function escape(text)
   return (text:gsub("%p", "%%%0"))
 end
 
-local function says_any(text, candidates)
-  for _, candidate in ipairs(candidates) do
-    if text:find(candidate, 1, true) then
-      return true
-    end
-  end
-  return false
-end
-
--- Runs the recipe with `env` and checks what every case shares. Returns the
--- host's error (the verdict after "FAILED: ").
--- `published`: versions committed before the fault (default none).
----@param options {env: string[]?, recipe: string?, survivors: integer, label: string, published: integer?}
+-- faults.run_failing on this spec's recipe, timed.
 local function run_failing(options)
-  local result = leftovers.run({ "run", options.recipe or RECIPE }, { env = options.env, timeout = 30000 })
-  timings[#timings + 1] = { label = options.label, wall = result.wall }
-  leftovers.assert_clean(result)
-  assert.are_not.equal(0, result.code)
-  assert.is_false(result.timed_out)
-
-  local failure = result.stdout:match("\nwsync: verdict: FAILED: ([^\n]*)\n")
-  assert.is_not_nil(failure, "no failed verdict:\n" .. result.stdout)
-  -- Every surviving rank and the host print the same error, and nothing else.
-  local stderr = leftovers.lines(result.stderr)
-  for _, line in ipairs(stderr) do
-    assert.are.equal("wsync: " .. failure, line)
-  end
-  assert.are.equal(options.survivors + 1, #stderr, result.stderr)
-
-  -- Nothing committed (after the versions before the fault): no host line,
-  -- no report row.
-  local committed, rows = 0, 0
-  for _ in result.stdout:gmatch("\nwsync: published model version") do
-    committed = committed + 1
-  end
-  for _ in result.stdout:gmatch("\nwsync:   %d+ +%d+ +%d+") do
-    rows = rows + 1
-  end
-  assert.are.equal(options.published or 0, committed, result.stdout)
-  assert.are.equal(options.published or 0, rows, "the closing report lists another version")
-  if not options.published then
-    assert.is_nil(result.stdout:find("published model version", 1, true), result.stdout)
-  end
-  return failure, result
+  options.recipe = options.recipe or RECIPE
+  options.timings = timings
+  return faults.run_failing(options)
 end
 
 describe("publication faults", function()

@@ -6,6 +6,7 @@
 -- sleep, so that the tree can be seen gone. The GPU tier runs vLLM itself.
 local uv = require("luv")
 local async = require("tests.helpers.async")
+local faults = require("tests.helpers.faults")
 local fixtures = require("tests.helpers.fixtures")
 local leftovers = require("tests.helpers.leftovers")
 local process_helper = require("tests.helpers.process")
@@ -229,4 +230,41 @@ describe("wsync run into the vllm runtime (an engine in place of vLLM)", functio
       assert.is_nil(result.stdout:find("published model version", 1, true), "nothing is committed")
     end)
   end
+end)
+
+-- The reference runtime's fault matrix (tests/functional/publish/
+-- publish_faults_spec.lua), run against the vllm runtime's main process: at
+-- every weight command it crashes, hangs or answers garbage, and the host
+-- fails the run fail-stop, naming the phase, the command and the cause,
+-- committing nothing, leaving nothing.
+describe("the vllm runtime under the reference runtime's fault matrix", function()
+  for _, kind in ipairs(faults.KINDS) do
+    for _, command in ipairs(faults.COMMANDS) do
+      local spec = kind.kind .. "@" .. command.at
+      it(spec .. ": fails in " .. command.phase .. ", naming the cause", function()
+        local failure = faults.run_failing({ recipe = fixtures.recipes .. "/vllm_stand_in_faults.lua",
+          env = with({ "WSYNC_RUNTIME_FAULT=" .. spec }), survivors = 2, label = spec })
+        assert.matches("^%[phase " .. command.phase, failure)
+        assert.matches("vllm runtime broken during " .. command.cmd .. ": ", failure, 1, true)
+        assert.is_true(faults.says_any(failure, kind.causes), "the cause is not named: " .. failure)
+      end)
+    end
+  end
+
+  it("wrong_id@load_chunk#2 and bad_result@finish_update: an answer that does not fit breaks it", function()
+    for _, case in ipairs({ { "wrong_id@load_chunk#2", "does not match request id" },
+      { "bad_result@finish_update", "result of finish_update is a string, not an object" } }) do
+      local failure = faults.run_failing({ recipe = fixtures.recipes .. "/vllm_stand_in_faults.lua",
+        env = with({ "WSYNC_RUNTIME_FAULT=" .. case[1] }), survivors = 2, label = case[1] })
+      assert.matches(case[2], failure, 1, true)
+    end
+  end)
+
+  it("refuses a bad fault spec at its handshake, naming it", function()
+    run_async(function()
+      local err = raised(spawn, { env = { "WSYNC_RUNTIME_FAULT=worker1:crash@load_chunk" } })
+      assert.are.equal("RUNTIME_START", err.code)
+      assert.matches("bad fault spec item 'worker1:crash@load_chunk'", err.message, 1, true)
+    end)
+  end)
 end)

@@ -15,7 +15,7 @@ import traceback
 from typing import Any
 
 from .runtime import Runtime
-from .server import Failure, Server
+from .server import Failure, Faults, Server
 
 PR_SET_PDEATHSIG = 1
 
@@ -82,6 +82,7 @@ def main(argv: list[str]) -> int:
     die_with_parent()
     timeouts = json.loads(options.timeouts)
     try:
+        faults = Faults(os.environ.get("WSYNC_RUNTIME_FAULT", ""))
         engine = make_engine(options, timeouts)
     except BaseException as error:  # the handshake says why, then this process ends
         failure = error if isinstance(error, Failure) else Failure(
@@ -96,7 +97,7 @@ def main(argv: list[str]) -> int:
         server.serve()
         return 1
     runtime = Runtime(engine, tp=options.tp, load=options.load, version=_version())
-    server = Server({}, name="vllm runtime")
+    server = Server({}, name="vllm runtime", faults=faults)
     server.handlers = runtime.handlers(server)
     try:
         why = server.serve()

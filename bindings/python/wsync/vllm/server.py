@@ -4,6 +4,8 @@ to a runtime and times each out itself; this end never answers out of order."""
 from __future__ import annotations
 
 import os
+import signal
+import struct
 import sys
 import traceback
 from typing import Any, Callable, Optional
@@ -26,15 +28,50 @@ class Failure(Exception):
         return f"{self.code}: {self.message}"
 
 
+#: Fault kinds of $WSYNC_RUNTIME_FAULT (scripts/wsync/control/fault.lua has the same spec).
+FAULT_KINDS = ("crash", "hang", "stop", "stubborn", "eof", "wrong_id", "wrong_cmd", "wrong_protocol", "bad_result",
+               "garbage", "oversize", "error")
+
+
+class Faults:
+    """Fault injection for tests: ``KIND@CMD[#N]`` items, comma-separated, make this process
+    misbehave at the N-th (default first) request CMD, as the reference runtime's processes
+    do (scripts/wsync/control/fault.lua), so that the host's fail-stop handling is proved
+    against this runtime too. ``worker<R>:`` items name the reference runtime's own TP
+    workers and are refused here."""
+
+    def __init__(self, spec: str) -> None:
+        self.items: list[dict[str, Any]] = []
+        for item in filter(None, spec.split(",")):
+            kind, _, where = item.partition("@")
+            cmd, _, nth = where.partition("#")
+            if kind not in FAULT_KINDS or not cmd or (nth and not nth.isdigit()):
+                raise ValueError(f"bad fault spec item '{item}' (want KIND@CMD[#N]; this runtime has no "
+                                 "worker<R>: items)")
+            self.items.append({"kind": kind, "cmd": cmd, "nth": int(nth or 1), "seen": 0})
+
+    def take(self, cmd: str) -> Optional[str]:
+        """The fault kind to perform for this request of ``cmd``, or None (every item of the
+        command counts it, so that #N is always the N-th request)."""
+        kind = None
+        for item in self.items:
+            if item["cmd"] == cmd:
+                item["seen"] += 1
+                if item["seen"] == item["nth"] and kind is None:
+                    kind = item["kind"]
+        return kind
+
+
 class Server:
     """Answers requests on ``fd`` with ``handlers`` (cmd -> function of the payload that
     returns the result). ``after_answer``, when a handler sets it, runs once the answer
     has been written (``shutdown`` closes then)."""
 
     def __init__(self, handlers: dict[str, Handler], fd: int = 3, limit: int = protocol.MAX_FRAME,
-                 name: str = "runtime") -> None:
-        self.handlers, self.fd, self.name = handlers, fd, name
+                 name: str = "runtime", faults: "Faults | str" = "") -> None:
+        self.handlers, self.fd, self.name, self.limit = handlers, fd, name, limit
         self.decoder = protocol.Decoder(limit)
+        self.faults = faults if isinstance(faults, Faults) else Faults(faults)
         self.after_answer: Optional[Callable[[], None]] = None
         self.closed = False
 
@@ -61,6 +98,39 @@ class Server:
                                     f"{type(result).__name__}, not an object", fatal=True)
         return protocol.success(message, result)
 
+    def _inject(self, kind: str, message: dict[str, Any]) -> bool:
+        """Misbehaves as ``kind`` says; True when the request gets no normal answer."""
+        if kind == "crash":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)  # stopped, not dead: only SIGKILL ends it
+        elif kind == "stubborn":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif kind == "eof":
+            os.close(self.fd)
+            self.closed = True
+        elif kind == "garbage":
+            self._write(b"\0\0\0\x0c{{not json}}")
+        elif kind == "oversize":
+            self._write(struct.pack(">I", self.limit + 1) + b"{")
+        elif kind == "error":
+            self._write(protocol.encode(protocol.failure(message, "INJECTED", f"injected failure of {message['cmd']}")))
+        elif kind != "hang":
+            return False  # wrong_id, wrong_cmd, wrong_protocol, bad_result alter the answer
+        return True
+
+    @staticmethod
+    def _alter(kind: Optional[str], response: dict[str, Any]) -> dict[str, Any]:
+        if kind == "wrong_id":
+            response["id"] = response["id"] + 1000
+        elif kind == "wrong_cmd":
+            response["cmd"] = "not_" + response["cmd"]
+        elif kind == "wrong_protocol":
+            response["protocol"] = protocol.VERSION + 1
+        elif kind == "bad_result":
+            response["result"] = "not an object"
+        return response
+
     def _write(self, frame: bytes) -> None:
         view = memoryview(frame)
         while view:
@@ -83,7 +153,12 @@ class Server:
                 print(f"wsync: {self.name}: {error}; closing the control channel", file=sys.stderr, flush=True)
                 return str(error)
             for message in messages:
-                response = self.answer(message)
+                kind = self.faults.take(str(message.get("cmd")))
+                if kind is not None and self._inject(kind, message):
+                    if self.closed:
+                        return "closed"
+                    continue
+                response = self._alter(kind, self.answer(message))
                 try:
                     self._write(protocol.encode(response))
                 except ValueError as error:  # over the frame limit: say so within the limit

@@ -1,0 +1,83 @@
+--- Test helper: a `wsync run` that must fail fail-stop, and what every such
+--- run shares (tests/functional/publish/publish_faults_spec.lua and the vllm
+--- runtime's conformance, tests/functional/runtime/vllm_runtime_spec.lua):
+--- a non-zero exit, a failed verdict that every surviving rank prints too (and
+--- nothing else on stderr), no version committed after those before the
+--- fault, and nothing left behind.
+local assert = require("luassert")
+local leftovers = require("tests.helpers.leftovers")
+
+local M = {}
+
+--- Runtime commands of one publication, where a fault fires, and the phase
+--- the error must name. The demo's plan has three chunks.
+M.COMMANDS = {
+  { at = "init_weights", cmd = "init_weights", phase = "init" },
+  { at = "start_update", cmd = "start_update", phase = "start" },
+  { at = "load_chunk#1", cmd = "load_chunk", phase = "chunks" },
+  { at = "load_chunk#2", cmd = "load_chunk", phase = "chunks" },
+  { at = "load_chunk#3", cmd = "load_chunk", phase = "chunks" },
+  { at = "finish_update", cmd = "finish_update", phase = "finish" },
+  { at = "release", cmd = "release", phase = "release" },
+}
+
+--- What the error says for each misbehaviour of the runtime.
+M.KINDS = {
+  { kind = "crash", causes = { "the control channel closed (EOF)", "exited" } },
+  { kind = "hang", causes = { "timeout: no answer to" } },
+  { kind = "garbage", causes = { "undecodable frame" } },
+}
+
+--- True when `text` holds one of `candidates` (plain text).
+function M.says_any(text, candidates)
+  for _, candidate in ipairs(candidates) do
+    if text:find(candidate, 1, true) then
+      return true
+    end
+  end
+  return false
+end
+
+--- Runs `wsync run options.recipe` with `options.env` and checks what every
+--- case shares; `survivors`: the trainer ranks alive to print the error;
+--- `published`: versions committed before the fault (default none);
+--- `timings` (a list) gets {label, wall}. Returns the host's error (the
+--- verdict after "FAILED: ") and the run's result.
+---@param options {recipe: string, env: string[]?, survivors: integer, label: string, published: integer?,
+---  timings: table[]?}
+function M.run_failing(options)
+  local result = leftovers.run({ "run", options.recipe }, { env = options.env, timeout = 30000 })
+  if options.timings then
+    options.timings[#options.timings + 1] = { label = options.label, wall = result.wall }
+  end
+  leftovers.assert_clean(result)
+  assert.are_not.equal(0, result.code)
+  assert.is_false(result.timed_out)
+
+  local failure = result.stdout:match("\nwsync: verdict: FAILED: ([^\n]*)\n")
+  assert.is_not_nil(failure, "no failed verdict:\n" .. result.stdout)
+  -- Every surviving rank and the host print the same error, and nothing else.
+  local stderr = leftovers.lines(result.stderr)
+  for _, line in ipairs(stderr) do
+    assert.are.equal("wsync: " .. failure, line)
+  end
+  assert.are.equal(options.survivors + 1, #stderr, result.stderr)
+
+  -- Nothing committed (after the versions before the fault): no host line,
+  -- no report row.
+  local committed, rows = 0, 0
+  for _ in result.stdout:gmatch("\nwsync: published model version") do
+    committed = committed + 1
+  end
+  for _ in result.stdout:gmatch("\nwsync:   %d+ +%d+ +%d+") do
+    rows = rows + 1
+  end
+  assert.are.equal(options.published or 0, committed, result.stdout)
+  assert.are.equal(options.published or 0, rows, "the closing report lists another version")
+  if not options.published then
+    assert.is_nil(result.stdout:find("published model version", 1, true), result.stdout)
+  end
+  return failure, result
+end
+
+return M
