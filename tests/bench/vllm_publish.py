@@ -114,7 +114,8 @@ def vllm_own(stream: list[tuple[str, torch.Tensor]], repeats: int) -> list[float
         llm.finish_weight_update()
 
     seconds = timed(once, repeats)
-    llm.llm_engine.shutdown()
+    from wsync.vllm.engine import shutdown_engine
+    shutdown_engine(llm)
     del llm
     gc.collect()
     torch.cuda.empty_cache()

@@ -2,7 +2,9 @@
 -- bundle sourced (`. .vllm/activate.sh`): the trainer's parameters published
 -- into vLLM give vLLM's log-probabilities the trainer's own, in both load
 -- modes (tests/gpu/vllm_e2e.py), and failed publications leave nothing
--- (tests/gpu/vllm_faults.py). Pending without a usable device or without
+-- (tests/gpu/vllm_faults.py); and first, without vLLM, its direct loader
+-- over CUDA IPC into parameters in device memory (an engine in place of vLLM,
+-- tests/python/vllm_stand_in.py). Pending without a usable device, torch or
 -- vLLM importable by python3 (as in CI).
 local process = require("tests.helpers.process")
 local support = require("tests.gpu.support")
@@ -20,6 +22,44 @@ local function no_vllm()
   end
   return nil
 end
+
+describe("the vllm runtime's direct loader on cuda (an engine in place of vLLM, its parameters torch's)", function()
+  if count == 0 then
+    pending("no CUDA device: " .. reason)
+    return
+  end
+  local torch = process.run({ program = "python3", args = { "-c",
+    "import importlib.util as u, sys; sys.exit(0 if u.find_spec('torch') else 3)" }, timeout = 60000 })
+  if torch.code ~= 0 then
+    pending("python3 finds no torch")
+    return
+  end
+  local leftovers = require("tests.helpers.leftovers")
+  local path = os.getenv("PYTHONPATH")
+  local env = { "WSYNC_VLLM_ENGINE=vllm_stand_in:Engine",
+    "PYTHONPATH=tests/python" .. (path and path ~= "" and (":" .. path) or "") }
+
+  it("publishes three versions into parameters in device memory, each checked against the trainer's values",
+    function()
+      local result = leftovers.run({ "run", "tests/fixtures/recipes/vllm_stand_in_cuda.lua" }, { env = env,
+        timeout = 120000 })
+      leftovers.assert_clean(result)
+      assert.are.equal(0, result.code, result.stdout .. result.stderr)
+      local _, verified = result.stdout:gsub("resident weights verified", "")
+      assert.are.equal(3, verified, result.stdout)
+    end)
+
+  it("fails the values check when a parameter in device memory was changed after its load", function()
+    env[#env + 1] = "WSYNC_STAND_IN_FAULT=finish:corrupt"
+    local result = leftovers.run({ "run", "tests/fixtures/recipes/vllm_stand_in_cuda.lua" }, { env = env,
+      timeout = 120000 })
+    env[#env] = nil
+    leftovers.assert_clean(result)
+    assert.are_not.equal(0, result.code)
+    assert.matches("TP worker 0 holds model.layers.0.self_attn.qkv_proj.weight with values sum", result.stdout, 1,
+      true)
+  end)
+end)
 
 describe("the vllm runtime with vLLM", function()
   if count == 0 then

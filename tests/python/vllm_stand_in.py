@@ -1,16 +1,17 @@
 """A stand-in for vLLM behind the vllm runtime (``WSYNC_VLLM_ENGINE=vllm_stand_in:Engine``), for
-tests of the runtime's protocol, states, process tree and direct loader without vLLM or a GPU.
+tests of the runtime's protocol, states, process tree and direct loader without vLLM (on the
+host backend, or on cuda with torch for the parameters' device memory).
 
 It is not a rollout engine. Its TP workers are child processes that only sleep (as vLLM's
 EngineCore and workers are children of the runtime), so that tests see the whole tree
-destroyed. Its devices are the host backend's (wsync's UUIDs for ``host:N``). Its "parameters"
-are host memory laid out as the loader plan's resident tensors, one allocation each, and
-they are written by the very loader the vllm runtime's direct mode runs inside vLLM's
-workers (wsync.vllm.extension.DirectLoader over scripts/wsync/runtime/worker.lua, here on the
-shm transport): what a publication leaves there can be checked (verify = "values"). Its
-"generation" is a toy: each next token is a function of the context and the committed model
-version, with log-probability -(token % 7) / 8. $WSYNC_STAND_IN_FAULT makes one command fail
-("load_chunk:2" fails chunk 2's load; "finish:receipt" returns a receipt with a wrong
+destroyed. Its devices are the backend's (wsync's UUIDs). Its "parameters" are memory (host
+memory, or torch device memory on cuda) laid out as the loader plan's resident tensors, one
+allocation each, written by the very loader the vllm runtime's direct mode runs inside vLLM's
+workers (wsync.vllm.extension.DirectLoader over scripts/wsync/runtime/worker.lua, on the shm or
+the cuda_ipc transport): what a publication leaves there can be checked (verify = "values").
+Its "generation" is a toy: each next token is a function of the context and the committed
+model version, with log-probability -(token % 7) / 8. $WSYNC_STAND_IN_FAULT makes one command
+fail ("load_chunk:2" fails chunk 2's load; "finish:receipt" returns a receipt with a wrong
 manifest; "finish:corrupt" flips a bit of a parameter after its load; "start:crash" kills a
 worker process).
 """
@@ -29,19 +30,18 @@ from wsync.vllm.server import Failure
 
 
 class Engine:
-    transport = "shm"
-
     def __init__(self, tp: int, devices: list[int], backend: str, model: str, load: str,
                  engine_args: dict[str, Any], timeouts: dict[str, float]) -> None:
-        if backend != "host":
-            raise Failure("RUNTIME_START", f"the stand-in engine runs on the host backend, not {backend}")
+        if backend not in ("host", "cuda"):
+            raise Failure("RUNTIME_START", f"the stand-in engine runs on the host or cuda backend, not {backend}")
         self.backend, self.tp, self.devices, self.load = backend, tp, devices, load
+        self.transport = "shm" if backend == "host" else "cuda_ipc"
         self.fault = os.environ.get("WSYNC_STAND_IN_FAULT", "")
         self.processes = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
                           for _ in range(tp)]
         self._state = {"weights": "awake", "kv_cache": "reserved"}
         self.hosts = [Host() for _ in range(tp)]
-        self.uuids = [self.hosts[0].eval(f"return require('wsync.native.device').query('host', {int(device)}).uuid")
+        self.uuids = [self.hosts[0].eval(f"return require('wsync.native.device').query('{backend}', {int(device)}).uuid")
                       for device in devices]
         self.loaders = [self._loader(rank) for rank in range(tp)]
         self.memories: list[list[Any]] = [[] for _ in range(tp)]
@@ -79,15 +79,25 @@ class Engine:
                                                                 "uuid": self.uuids[rank]}}
         return DirectLoader(identity, self.hosts[rank], lambda: self.residents[rank])
 
+    def _allocate(self, rank: int, nbytes: int) -> Any:
+        """One parameter's memory: host memory, or device memory from torch on cuda."""
+        if self.backend == "host":
+            return ctypes.create_string_buffer(nbytes)
+        import torch
+        return torch.zeros(nbytes, dtype=torch.uint8, device=f"cuda:{self.devices[rank]}")
+
+    def _address(self, memory: Any) -> int:
+        return ctypes.addressof(memory) if self.backend == "host" else memory.data_ptr()
+
     def init_weights(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
         self._check_workers()
         results = []
         for rank in range(self.tp):
             plan = LoaderPlan(self.hosts[rank], payload["family"], payload["config"], self.tp, rank)
-            memories = [ctypes.create_string_buffer(resident["bytes"]) for resident in plan.residents]
+            memories = [self._allocate(rank, resident["bytes"]) for resident in plan.residents]
             self.memories[rank] = memories
             self.residents[rank] = {
-                resident["name"]: {"pointer": ctypes.addressof(memory), "size": resident["bytes"],
+                resident["name"]: {"pointer": self._address(memory), "size": resident["bytes"],
                                    "dtype": resident["dtype"], "shape": resident["shape"]}
                 for resident, memory in zip(plan.residents, memories)}
             results.append(self.loaders[rank].init_weights(payload))
@@ -115,9 +125,12 @@ class Engine:
         receipts = [loader.finish_update(payload) for loader in self.loaders]
         if self.fault == "finish:receipt":
             receipts[0]["manifest"] = "0" * 64
-        if self.fault == "finish:corrupt":  # one byte of TP rank 1's second parameter, after its load
-            memory = self.memories[1][1]
-            memory[0] = bytes([memory.raw[0] ^ 0x40])
+        if self.fault == "finish:corrupt":  # one byte of the last TP rank's second parameter, after its load
+            memory = self.memories[-1][1]
+            if self.backend == "host":
+                memory[0] = bytes([memory.raw[0] ^ 0x40])
+            else:
+                memory[0] ^= 0x40
         return receipts
 
     def resident_values(self) -> list[dict[str, Any]]:

@@ -172,6 +172,11 @@ class VllmEngine:
         if self._closed:
             return
         self._closed = True
-        shutdown = getattr(self.llm.llm_engine, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        shutdown_engine(self.llm)
+
+
+def shutdown_engine(llm: Any) -> None:
+    """Ends an LLM's EngineCore (vLLM 0.26: its core client's shutdown) and its workers."""
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None:
+        core.shutdown()
