@@ -89,19 +89,29 @@ function M.abort()
     -- Unlike `wsync run`, this process goes on: reap the killed runtime's
     -- tree (its client collects the group once the main process exited),
     -- for at most ABORT_WAIT_MS.
-    local client = state.session.rollout and state.session.rollout.client
-    if client and not client.dead and not loop.is_running() then
+    local clients = state.session.rollout and state.session.rollout:clients() or {}
+    local function all_dead()
+      for _, client in ipairs(clients) do
+        if not client.dead then
+          return false
+        end
+      end
+      return true
+    end
+    if not all_dead() and not loop.is_running() then
       local expired = false
       local timer = loop.after(M.ABORT_WAIT_MS, function()
         expired = true
       end)
       pcall(loop.run_until, function()
-        return client.dead or expired
+        return all_dead() or expired
       end)
       loop.cancel(timer)
-      if not client.dead then
-        io.stderr:write(string.format("wsync: the runtime's process group %s was not gone %d ms after SIGKILL\n",
-          tostring(client.group), M.ABORT_WAIT_MS))
+      for _, client in ipairs(clients) do
+        if not client.dead then
+          io.stderr:write(string.format("wsync: the runtime's process group %s was not gone %d ms after SIGKILL\n",
+            tostring(client.group), M.ABORT_WAIT_MS))
+        end
       end
     end
   end

@@ -164,7 +164,7 @@ function commands.check(args)
     summary.trainer_ranks, summary.tp = topology.world, topology.tp
     summary.peak_device_bytes, summary.peak_step = memory.peak, memory.peak_step
     summary.device_budget_bytes = memory.budget
-    summary.runtime = { kind = recipe.runtime.kind, tp = topology.tp }
+    summary.runtime = { kind = recipe.runtime.kind, tp = topology.tp, replicas = topology.replicas }
     if recipe.runtime.kind == "vllm" then
       summary.runtime.load = recipe.runtime.load or "direct"
       summary.runtime.model = require("wsync.runtime.vllm").model_dir(recipe)
@@ -189,8 +189,8 @@ function commands.check(args)
   if plan then
     local format_bytes = require("wsync.plan").format_bytes
     local lines = {
-      string.format("model        %s (%s), FSDP%d -> TP%d", plan.family, recipe.model.preset or "config",
-        topology.world, topology.tp),
+      string.format("model        %s (%s), FSDP%d -> %sTP%d", plan.family, recipe.model.preset or "config",
+        topology.world, (topology.replicas or 1) > 1 and (topology.replicas .. " x ") or "", topology.tp),
       string.format("tensors      %d canonical (%d trainer tensors)", summary.tensors, summary.trainer_tensors),
       string.format("bytes        %d (%s)", summary.bytes, format_bytes(summary.bytes)),
       string.format("largest      %s, %d bytes (%s)", summary.largest_tensor, summary.largest_tensor_bytes,
@@ -200,7 +200,8 @@ function commands.check(args)
       string.format("peak memory  %d bytes (%s) per device, at %s; budget %s", memory.peak,
         format_bytes(memory.peak), memory.peak_step, memory.budget and format_bytes(memory.budget) or "not set"),
       string.format("manifest     %s", summary.manifest),
-      string.format("runtime      %s TP%d%s", summary.runtime.kind, summary.runtime.tp, summary.runtime.load
+      string.format("runtime      %s %sTP%d%s", summary.runtime.kind, summary.runtime.replicas > 1
+        and (summary.runtime.replicas .. " replicas x ") or "", summary.runtime.tp, summary.runtime.load
         and string.format(", load %s, model %s", summary.runtime.load, summary.runtime.model) or ""),
     }
     if unserved then

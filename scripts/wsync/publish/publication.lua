@@ -20,7 +20,6 @@ local uv = require("luv")
 local errors = require("wsync.errors")
 local loop = require("wsync.loop")
 local protocol = require("wsync.control.protocol")
-local receipts_module = require("wsync.publish.receipts")
 local rollout_module = require("wsync.publish.rollout")
 
 local M = {}
@@ -44,8 +43,10 @@ function M.preflight(context)
   local function refuse(message, fields)
     fail("PREFLIGHT", message, fields)
   end
-  if #agents ~= tp then
-    refuse(string.format("trainer world %d does not equal the TP size %d", #agents, tp))
+  local replicas = context.topology.replicas or 1
+  if #agents ~= tp * replicas then
+    refuse(replicas == 1 and string.format("trainer world %d does not equal the TP size %d", #agents, tp)
+      or string.format("trainer world %d does not equal %d replicas x TP %d", #agents, replicas, tp))
   end
   local hostname = uv.os_gethostname()
   local seen_uuid = {}
@@ -72,7 +73,9 @@ function M.preflight(context)
     seen_uuid[uuid] = rank
     local worker = workers[index]
     if not worker or worker.device.uuid ~= uuid then
-      refuse(string.format("trainer rank %d is on device %s but TP worker %d is on %s", rank, uuid, rank,
+      local which = replicas == 1 and string.format("TP worker %d", rank)
+        or string.format("TP worker %d of replica %d", rank % tp, math.floor(rank / tp))
+      refuse(string.format("trainer rank %d is on device %s but %s is on %s", rank, uuid, which,
         worker and worker.device.uuid or "nothing"), { rank = rank })
     end
     local free = memory[index] and memory[index].free_bytes
@@ -370,15 +373,9 @@ function Publication:finish()
     local result = self.rollout:request("finish_update", {
       publication_id = header.publication_id, model_version = header.model_version,
     })
-    if result.model_version ~= header.model_version then
-      fail("RECEIPT_INVALID", string.format("the runtime committed version %s, not %d", tostring(result.model_version),
-        header.model_version))
-    end
-    if result.prefix_cache_reset ~= true then
-      fail("RECEIPT_INVALID", "the runtime committed without resetting its prefix cache (cached prefixes of the old "
-        .. "weights would be served)")
-    end
-    receipts_module.check(header, result.receipts, header.resident_tensors)
+    -- (With several replicas: each one's answer, against its part of the
+    -- header; the version counts as committed only once all finished.)
+    self.rollout:check_finish(header, result)
     return result
   end)
   return self.result.receipts

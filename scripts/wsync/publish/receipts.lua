@@ -41,4 +41,21 @@ function M.check(header, receipts, resident_tensors)
   end
 end
 
+--- Validates a runtime's answer to `finish_update` for `header` (the host's
+--- check after the runtime's own): the version it committed, the reset of
+--- its prefix cache, and every receipt (M.check). Raises RECEIPT_INVALID.
+---@param header table
+---@param result table  {model_version, prefix_cache_reset, receipts}
+function M.check_finish(header, result)
+  if result.model_version ~= header.model_version then
+    errors.raise("RECEIPT_INVALID", string.format("the runtime committed version %s, not %d",
+      tostring(result.model_version), header.model_version))
+  end
+  if result.prefix_cache_reset ~= true then
+    errors.raise("RECEIPT_INVALID", "the runtime committed without resetting its prefix cache (cached prefixes of "
+      .. "the old weights would be served)")
+  end
+  M.check(header, result.receipts, header.resident_tensors)
+end
+
 return M

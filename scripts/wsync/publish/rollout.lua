@@ -127,4 +127,234 @@ function Rollout:state()
   return { state = self.client.state, pid = self.client.pid, workers = #self.info.workers }
 end
 
+--- The runtime clients (one; a replica set has one per replica).
+---@return wsync.RuntimeClient[]
+function Rollout:clients()
+  return { self.client }
+end
+
+--- Validates the answer of `finish_update` to `header` (the host's check
+--- after the runtime's own: wsync.publish.receipts.check_finish).
+---@param header table
+---@param result table
+function Rollout:check_finish(header, result)
+  require("wsync.publish.receipts").check_finish(header, result)
+end
+
+--- A resident-check answer as one list of worker results per replica.
+---@param reported table
+---@return table[][]
+function Rollout:by_replica(reported)
+  return { reported.workers }
+end
+
+-- Several replicas -----------------------------------------------------------
+
+--- R rollout replicas of TP size T each, driven as one: trainer rank r feeds
+--- TP worker r % T of replica r // T, on the same device. Each replica is its
+--- own runtime (process group, client, state, receipts); a command goes to
+--- every replica at once, each with its part of the payload (its ranks'
+--- buffers, its part of the header), and fails when one replica fails. The
+--- session commits a version only once every replica finished it, and a
+--- failure in any replica destroys them all (wsync.publish.publication).
+---@class wsync.ReplicaSet
+---@field replicas wsync.Rollout[]
+---@field tp integer
+---@field info table   the first replica's info
+---@field poisoned wsync.Error?
+local ReplicaSet = {}
+ReplicaSet.__index = ReplicaSet
+M.ReplicaSet = ReplicaSet
+
+--- Spawns `count` replicas of `options.tp` workers each, at once: replica i
+--- on `options.devices[i*tp + 1 .. (i+1)*tp]`. The fault of replica i, for
+--- tests, is $WSYNC_RUNTIME_FAULT_<i> when set. Raises RUNTIME_START naming
+--- the replica that did not start (the others are destroyed first).
+---@param options table
+---@param count integer
+---@return wsync.ReplicaSet
+function M.spawn_replicas(options, count)
+  local tp = options.tp or 1
+  local results, failed, err = require("wsync.loop").all(count, function(index)
+    local own = {}
+    for key, value in pairs(options) do
+      own[key] = value
+    end
+    own.devices = {}
+    for rank = 1, tp do
+      own.devices[rank] = options.devices and options.devices[(index - 1) * tp + rank] or ((index - 1) * tp + rank - 1)
+    end
+    own.fault = os.getenv("WSYNC_RUNTIME_FAULT_" .. (index - 1)) or options.fault
+    return M.spawn(own)
+  end)
+  if failed then
+    for index = 1, count do
+      if results[index] then
+        results[index]:destroy("another replica did not start")
+      end
+    end
+    errors.raise("RUNTIME_START", string.format("replica %d: %s", failed - 1,
+      errors.is(err) and err.message or tostring(err)), { replica = failed - 1 })
+  end
+  return setmetatable({ replicas = results, tp = tp, info = results[1].info, initialized = false }, ReplicaSet)
+end
+
+-- Runs `task(replica, index)` on every replica at once; returns the results,
+-- or raises the first failure naming its replica (the error keeps its code
+-- and fields, the message says which replica).
+local function each(self, task)
+  local results, failed, err = require("wsync.loop").all(#self.replicas, function(index)
+    return task(self.replicas[index], index)
+  end)
+  if failed then
+    if errors.is(err) then
+      err.message = string.format("replica %d: %s", failed - 1, err.message)
+      err.replica = failed - 1
+      error(err, 0)
+    end
+    errors.raise("RUNTIME_FAILED", string.format("replica %d: %s", failed - 1, tostring(err)),
+      { replica = failed - 1 })
+  end
+  return results
+end
+
+-- The part of `header` that replica `index` (1-based) gets: its devices.
+local function header_of(header, tp, index)
+  local own = {}
+  for key, value in pairs(header) do
+    own[key] = value
+  end
+  own.uuids = {}
+  for rank = 1, tp do
+    own.uuids[rank] = header.uuids[(index - 1) * tp + rank]
+  end
+  return own
+end
+
+--- Every replica's TP workers, in trainer rank order.
+function ReplicaSet:workers()
+  local all = {}
+  for _, replica in ipairs(self.replicas) do
+    for _, worker in ipairs(replica:workers()) do
+      all[#all + 1] = worker
+    end
+  end
+  return all
+end
+
+--- Sends `cmd` to every replica; `start_update` gets each replica its part
+--- of the header. Returns the first replica's result, with `replicas` (every
+--- replica's, in order) and, for answers with `workers`, all of them.
+function ReplicaSet:request(cmd, payload)
+  local results = each(self, function(replica, index)
+    local own = payload
+    if cmd == "start_update" and payload and payload.header then
+      own = { header = header_of(payload.header, self.tp, index) }
+    end
+    return replica:request(cmd, own)
+  end)
+  local merged = {}
+  for key, value in pairs(results[1]) do
+    merged[key] = value
+  end
+  merged.replicas = results
+  if type(results[1].workers) == "table" then
+    merged.workers = {}
+    for _, result in ipairs(results) do
+      for _, worker in ipairs(result.workers or {}) do
+        merged.workers[#merged.workers + 1] = worker
+      end
+    end
+  end
+  if cmd == "finish_update" then
+    merged.receipts = {}
+    for _, result in ipairs(results) do
+      for _, receipt in ipairs(result.receipts or {}) do
+        merged.receipts[#merged.receipts + 1] = receipt
+      end
+    end
+  end
+  return merged
+end
+
+--- Initializes every replica's weights with its ranks' buffers.
+function ReplicaSet:init_weights(plan, tp, transport, descriptors)
+  each(self, function(replica, index)
+    local own = {}
+    for rank = 1, tp do
+      own[rank] = descriptors[(index - 1) * tp + rank]
+    end
+    replica:init_weights(plan, tp, transport, own)
+  end)
+  self.initialized = true
+end
+
+--- Every replica loads chunk `k`; the bytes of all, the slowest copy.
+function ReplicaSet:load_chunk(plan, k, buffer, tensors)
+  local answers = each(self, function(replica)
+    return replica:load_chunk(plan, k, buffer, tensors)
+  end)
+  local bytes, copy_seconds = 0, 0
+  for _, answer in ipairs(answers) do
+    bytes = bytes + (answer.bytes or 0)
+    copy_seconds = math.max(copy_seconds, tonumber(answer.copy_seconds) or 0)
+  end
+  return { chunk = k, bytes = bytes, copy_seconds = copy_seconds }
+end
+
+--- Validates every replica's answer to `finish_update` with its part of the
+--- header.
+function ReplicaSet:check_finish(header, result)
+  for index, replica in ipairs(self.replicas) do
+    local ok, err = pcall(replica.check_finish, replica, header_of(header, self.tp, index), result.replicas[index])
+    if not ok then
+      if errors.is(err) then
+        err.message = string.format("replica %d: %s", index - 1, err.message)
+      end
+      error(err, 0)
+    end
+  end
+end
+
+--- A resident-check answer as one list of worker results per replica.
+function ReplicaSet:by_replica(reported)
+  local lists = {}
+  for index, result in ipairs(reported.replicas) do
+    lists[index] = result.workers
+  end
+  return lists
+end
+
+--- Destroys every replica (a failure in one poisons the publication on all).
+function ReplicaSet:destroy(cause)
+  self.poisoned = self.poisoned or cause
+  for _, replica in ipairs(self.replicas) do
+    replica:destroy(cause)
+  end
+  self.initialized = false
+end
+
+--- Ends every replica.
+function ReplicaSet:close()
+  for _, replica in ipairs(self.replicas) do
+    replica:close()
+  end
+end
+
+function ReplicaSet:state()
+  local states = {}
+  for index, replica in ipairs(self.replicas) do
+    states[index] = replica:state()
+  end
+  return { replicas = states, state = states[1].state, pid = states[1].pid, workers = #self:workers() }
+end
+
+function ReplicaSet:clients()
+  local clients = {}
+  for index, replica in ipairs(self.replicas) do
+    clients[index] = replica.client
+  end
+  return clients
+end
+
 return M

@@ -288,13 +288,25 @@ Session.__index = Session
 local function spawn_rollout(session)
   local recipe = session.recipe
   local devices = session.ranks:devices()
-  return rollout_module.spawn({
+  local options = {
     kind = recipe.runtime.kind, tp = session.topology.tp, backend = recipe.backend, devices = devices,
     kv_bytes = math.max(recipe.memory.kv_bytes, 1), timeouts = recipe.timeouts, grace_ms = recipe.runtime.grace_ms,
     model = recipe.runtime.kind == "vllm" and require("wsync.runtime.vllm").model_dir(recipe) or nil,
     load = recipe.runtime.load, check = recipe.runtime.check, engine = recipe.runtime.vllm,
     python = recipe.runtime.python,
-  })
+  }
+  local replicas = session.topology.replicas or 1
+  if replicas > 1 then
+    -- (Replica i on the devices of trainer ranks i*TP .. i*TP + TP - 1.)
+    return rollout_module.spawn_replicas(options, replicas)
+  end
+  return rollout_module.spawn(options)
+end
+
+-- "TP2" or "2 x TP1": the runtime's shape, as messages say it.
+local function runtime_shape(topology)
+  local replicas = topology.replicas or 1
+  return replicas > 1 and string.format("%d x TP%d", replicas, topology.tp) or string.format("TP%d", topology.tp)
 end
 
 -- Opening, step 1: the endpoint, and the synthetic trainers (external ones
@@ -347,8 +359,8 @@ end
 -- Opening, step 3: the runtime on the ranks' devices, then the bootstrap.
 local function start_rollout(session)
   local recipe = session.recipe
-  say("%d trainer ranks registered; starting the %s runtime (TP%d) on their devices in rank order",
-    session.topology.world, recipe.runtime.kind, session.topology.tp)
+  say("%d trainer ranks registered; starting the %s runtime (%s) on their devices in rank order",
+    session.topology.world, recipe.runtime.kind, runtime_shape(session.topology))
   session.phase = "runtime start"
   session.rollout = spawn_rollout(session)
   for _, step in ipairs(session.bootstrap) do
@@ -537,7 +549,13 @@ local function check_values(session)
     end
   end
   local reported = session.rollout:request("resident_values", {})
-  return require("wsync.plan.values").check(session.values_loaders, by_rank, reported.workers)
+  local verified = { workers = 0, tensors = 0 }
+  -- (Every replica holds the same: each is checked against the same sums.)
+  for _, workers in ipairs(session.rollout:by_replica(reported)) do
+    local one = require("wsync.plan.values").check(session.values_loaders, by_rank, workers)
+    verified.workers, verified.tensors = verified.workers + one.workers, verified.tensors + one.tensors
+  end
+  return verified
 end
 
 --- After the publication: checks resident slices when the recipe asks, runs
@@ -559,7 +577,12 @@ function Session:end_round(publication)
       report.verified = verify.check_on_device(publication.step, reported.workers)
     else
       local reported = self.rollout:request("resident_checksums", {})
-      report.verified = verify.check(self.plan, self.topology.tp, publication.step, reported.workers)
+      local verified = { workers = 0, tensors = 0 }
+      for _, workers in ipairs(self.rollout:by_replica(reported)) do
+        local one = verify.check(self.plan, self.topology.tp, publication.step, workers)
+        verified.workers, verified.tensors = verified.workers + one.workers, verified.tensors + one.tensors
+      end
+      report.verified = verified
     end
     report.timings.resident_check = (uv.hrtime() - started) / 1e9
   end
@@ -726,9 +749,10 @@ end
 function M.abort(session, signal_name)
   say("%s: stopping now; the runtime and the synthetic trainers are killed, nothing more is published",
     signal_name)
-  local client = session.rollout and session.rollout.client
-  if client and client.group then
-    process.signal_group(client.group, "SIGKILL")
+  for _, client in ipairs(session.rollout and session.rollout:clients() or {}) do
+    if client.group then
+      process.signal_group(client.group, "SIGKILL")
+    end
   end
   for _, handle in pairs(session.trainer_handles) do
     if not handle:is_closing() then
@@ -845,8 +869,8 @@ end
 Session.close = M.close
 
 local function closing_report(session)
-  say("closing report: recipe %s, %s, %d trainer ranks -> TP%d %s runtime", session.recipe.name,
-    session.plan.family, session.topology.world, session.topology.tp, session.recipe.runtime.kind)
+  say("closing report: recipe %s, %s, %d trainer ranks -> %s %s runtime", session.recipe.name,
+    session.plan.family, session.topology.world, runtime_shape(session.topology), session.recipe.runtime.kind)
   say("  plan: %d canonical tensors, %s, %d chunks of at most %s, manifest %s", #session.plan.canonical,
     format_bytes(session.plan.bytes), #session.plan.chunks, format_bytes(session.plan.buffer_bytes),
     session.plan.manifest)

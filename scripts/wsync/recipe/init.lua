@@ -76,6 +76,9 @@ M.schema = schema.record({
       fields = {
         kind = schema.enum({ "reference", "transformers", "vllm", default = "reference" }),
         tp = rank_count,
+        -- Rollout replicas of `tp` workers each (data-parallel engines):
+        -- trainer rank r feeds TP worker r % tp of replica r // tp.
+        replicas = integer(1, 1),
         respawn = schema.boolean({ default = false }),
         grace_ms = schema.number({ integer = true, min = 0, max = M.MAX_SECONDS * 1000, max_why = "a week" }),
         -- The vllm runtime: the model directory vLLM serves (its config.json
@@ -163,9 +166,14 @@ M.schema = schema.record({
       end
       -- The publication's preflight refuses any other topology (trainer
       -- rank r and TP worker r share rank r's device).
-      if recipe.runtime.tp ~= recipe.trainer.ranks then
+      local replicas = recipe.runtime.replicas or 1
+      if replicas == 1 and recipe.runtime.tp ~= recipe.trainer.ranks then
         return false, string.format("TP %d differs from the %d trainer ranks: TP worker r runs on trainer rank r's "
           .. "device, so runtime.tp must equal trainer.ranks", recipe.runtime.tp, recipe.trainer.ranks), "runtime.tp"
+      elseif recipe.runtime.tp * replicas ~= recipe.trainer.ranks then
+        return false, string.format("%d replicas x TP %d make %d TP workers for %d trainer ranks: each trainer rank "
+          .. "feeds the TP worker on its device, so trainer.ranks must equal runtime.replicas x runtime.tp", replicas,
+          recipe.runtime.tp, replicas * recipe.runtime.tp, recipe.trainer.ranks), "runtime.replicas"
       end
       if recipe.buffers.direct and (ranks ~= 1 or recipe.backend ~= "cuda") then
         return false, string.format("the direct path needs one trainer rank on the cuda backend (here %d on %s): "

@@ -12,7 +12,7 @@ local M = {}
 --- normalized bootstrap and schedule steps.
 ---@param recipe table
 ---@param plan wsync.Plan
----@param topology {world: integer, tp: integer}
+---@param topology {world: integer, tp: integer, replicas: integer}
 ---@param callbacks table<string, boolean>?
 function M.check_schedule(recipe, plan, topology, callbacks)
   return schedule_module.check({
@@ -52,7 +52,7 @@ function M.prepare(recipe, options)
   end
   local model = recipe.model
   local plan = plan_module.build({ family = model.family, config = model.preset or model.config }, recipe.buffers)
-  local topology = { world = recipe.trainer.ranks, tp = recipe.runtime.tp }
+  local topology = { world = recipe.trainer.ranks, tp = recipe.runtime.tp, replicas = recipe.runtime.replicas or 1 }
   plan_module.family(plan.family).check_tp(plan.config, topology.tp)
   local memory_report, bootstrap, steps = M.check_schedule(recipe, plan, topology, M.known_callbacks(recipe))
   if serve then

@@ -108,6 +108,9 @@ local function stand_ins(options)
     end
     return {}
   end
+  function rollout:check_finish(checked_header, result)
+    require("wsync.publish.receipts").check_finish(checked_header, result)
+  end
   function rollout:destroy(cause)
     self.destroyed = cause
     log[#log + 1] = "destroy"

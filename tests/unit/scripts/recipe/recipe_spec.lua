@@ -509,7 +509,7 @@ describe("recipe.check", function()
     assert.is_nil(recipe.check(loaded(fixtures.recipes .. "/good.lua")))
     local plan, topology, memory = recipe.check(loaded("recipes/demo.lua"))
     assert.are.equal(3, #plan.chunks)
-    assert.are.same({ world = 2, tp = 2 }, topology)
+    assert.are.same({ world = 2, tp = 2, replicas = 1 }, topology)
     assert.is_number(memory.peak)
   end)
 

@@ -1,0 +1,63 @@
+-- Several rollout replicas (runtime.replicas): trainer world = replicas x TP,
+-- trainer rank r feeding TP worker r % TP of replica r // TP on its device,
+-- each replica its own runtime, a version committed only once every replica
+-- finished it, and a failure in any replica destroying all of them.
+local faults = require("tests.helpers.faults")
+local fixtures = require("tests.helpers.fixtures")
+local leftovers = require("tests.helpers.leftovers")
+local process = require("tests.helpers.process")
+
+describe("wsync run with several rollout replicas", function()
+  for _, case in ipairs({
+    { recipe = "replicas.lua", shape = "2 trainer ranks -> 2 x TP1", receipts = "2/2", verified = "42 tensors on 2" },
+    { recipe = "replicas_tp2.lua", shape = "4 trainer ranks -> 2 x TP2", receipts = "4/4",
+      verified = "84 tensors on 4" },
+  }) do
+    it(case.recipe .. ": publishes three versions into every replica, every resident slice of each verified",
+      function()
+        local result = leftovers.run({ "run", fixtures.recipes .. "/" .. case.recipe }, { timeout = 60000 })
+        leftovers.assert_clean(result)
+        assert.are.equal(0, result.code, result.stderr)
+        assert.matches(case.shape .. " reference runtime", result.stdout, 1, true)
+        local _, published = result.stdout:gsub("receipts " .. case.receipts .. "; resident weights verified %("
+          .. case.verified .. " workers%)", "")
+        assert.are.equal(3, published, result.stdout)
+        assert.matches("verdict: OK: 3 model versions published", result.stdout, 1, true)
+      end)
+  end
+
+  -- A fault in one replica fails the publication on all: nothing committed,
+  -- every replica's tree destroyed, every rank told.
+  for _, case in ipairs({
+    { replica = 1, spec = "crash@load_chunk#2", phase = "chunks", says = "the control channel closed (EOF)" },
+    { replica = 0, spec = "hang@finish_update", phase = "finish", says = "timeout: no answer to finish_update" },
+    { replica = 1, spec = "garbage@start_update", phase = "start", says = "undecodable frame" },
+  }) do
+    it(string.format("a fault in replica %d (%s) fails the publication on every replica, naming it", case.replica,
+      case.spec), function()
+      local failure = faults.run_failing({ recipe = fixtures.recipes .. "/replicas_faults.lua",
+        env = { string.format("WSYNC_RUNTIME_FAULT_%d=%s", case.replica, case.spec) }, survivors = 4,
+        label = case.spec })
+      assert.matches("^%[phase " .. case.phase, failure)
+      assert.matches(string.format("replica %d: reference runtime broken during ", case.replica), failure, 1, true)
+      assert.matches(case.says, failure, 1, true)
+    end)
+  end
+
+  it("check and run refuse a trainer world other than replicas x TP, naming runtime.replicas", function()
+    local path = fixtures.recipes .. "/replicas_mismatch.lua"
+    for _, command in ipairs({ "check", "run" }) do
+      local result = process.wsync({ command, path })
+      assert.are.equal(3, result.code, result.stderr)
+      assert.matches(string.format("%s:%d: field 'runtime.replicas': 2 replicas x TP 2 make 4 TP workers for 3 "
+        .. "trainer ranks", path, fixtures.bad_line(path)), result.stderr, 1, true)
+    end
+  end)
+
+  it("check prints the replicas", function()
+    local result = process.wsync({ "check", fixtures.recipes .. "/replicas_tp2.lua" })
+    assert.are.equal(0, result.code, result.stderr)
+    assert.matches("FSDP4 -> 2 x TP2", result.stdout, 1, true)
+    assert.matches("runtime      reference 2 replicas x TP2", result.stdout, 1, true)
+  end)
+end)
