@@ -258,19 +258,14 @@ function ReplicaSet:request(cmd, payload)
     merged[key] = value
   end
   merged.replicas = results
-  if type(results[1].workers) == "table" then
-    merged.workers = {}
-    for _, result in ipairs(results) do
-      for _, worker in ipairs(result.workers or {}) do
-        merged.workers[#merged.workers + 1] = worker
-      end
-    end
-  end
-  if cmd == "finish_update" then
-    merged.receipts = {}
-    for _, result in ipairs(results) do
-      for _, receipt in ipairs(result.receipts or {}) do
-        merged.receipts[#merged.receipts + 1] = receipt
+  -- Lists every replica answers with, joined in replica order.
+  for _, field in ipairs({ "workers", "receipts" }) do
+    if type(results[1][field]) == "table" then
+      merged[field] = {}
+      for _, result in ipairs(results) do
+        for _, item in ipairs(result[field] or {}) do
+          merged[field][#merged[field] + 1] = item
+        end
       end
     end
   end

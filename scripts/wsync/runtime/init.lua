@@ -20,6 +20,18 @@ local M = {}
 ---@field program string?
 ---@field env string[]?
 
+--- The devices of a runtime's TP workers, in rank order, as its `--devices`
+--- argument: options.devices, or 0 .. tp-1.
+---@param options wsync.RuntimeSpawnOptions
+---@return string
+function M.device_list(options)
+  local devices = {}
+  for rank = 1, options.tp or 1 do
+    devices[rank] = tostring(options.devices and options.devices[rank] or (rank - 1))
+  end
+  return table.concat(devices, ",")
+end
+
 --- Spawns a runtime.
 --- `env` adds "NAME=value" entries to the runtime's environment; `fault` is
 --- a test-only fault spec (wsync.control.fault).
@@ -35,10 +47,6 @@ function M.spawn(options)
       .. "reference, vllm)", tostring(kind)))
   end
   local tp = options.tp or 1
-  local devices = {}
-  for rank = 1, tp do
-    devices[rank] = tostring(options.devices and options.devices[rank] or (rank - 1))
-  end
   local program = options.program or require("wsync.util").program()
   -- The host's timeout of each command, which the runtime's main process
   -- shortens for its own hop to the TP workers (client.inner_timeouts).
@@ -49,7 +57,7 @@ function M.spawn(options)
       program, "runtime",
       "--tp", tostring(tp),
       "--backend", options.backend or "host",
-      "--devices", table.concat(devices, ","),
+      "--devices", M.device_list(options),
       "--weights-bytes", tostring(options.weights_bytes or 1048576),
       "--kv-bytes", tostring(options.kv_bytes or 1048576),
       "--timeouts", require("cjson").encode(timeouts),

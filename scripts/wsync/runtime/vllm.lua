@@ -174,10 +174,6 @@ function M.spawn(options, spawn_client)
     errors.raise("RUNTIME_START", "vllm runtime: no model directory (runtime.model)")
   end
   local tp = options.tp or 1
-  local devices = {}
-  for rank = 1, tp do
-    devices[rank] = tostring(options.devices and options.devices[rank] or (rank - 1))
-  end
   local timeouts_module = require("wsync.control.timeouts")
   local overrides = require("wsync.util").merged({ startup = M.STARTUP_SECONDS }, options.timeouts or {})
   local timeouts = timeouts_module.with(overrides)
@@ -188,7 +184,7 @@ function M.spawn(options, spawn_client)
       python, "-m", "wsync.vllm",
       "--tp", tostring(tp),
       "--backend", options.backend or "cuda",
-      "--devices", table.concat(devices, ","),
+      "--devices", require("wsync.runtime").device_list(options),
       "--model", options.model,
       "--load", load,
       "--check", options.check or "first",

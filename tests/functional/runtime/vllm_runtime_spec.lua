@@ -13,7 +13,6 @@ local process_helper = require("tests.helpers.process")
 local runtime_helper = require("tests.helpers.runtime")
 local loop = require("wsync.loop")
 local process = require("wsync._process")
-local runtime = require("wsync.runtime")
 
 local run_async = async.run_async
 
@@ -31,40 +30,20 @@ local function with(extra)
   return env
 end
 
-local spawned = {}
+local runtimes = runtime_helper.tracker()
 
 local function spawn(options)
   options = options or {}
-  local client = runtime.spawn({
+  return runtimes.spawn({
     kind = "vllm", tp = options.tp or 2, backend = "host", model = "tests/fixtures/models/tiny",
     env = with(options.env), timeouts = options.timeouts, grace_ms = 500,
   })
-  spawned[#spawned + 1] = client
-  return client
 end
 
-local function raised(fn, ...)
-  local ok, err = pcall(fn, ...)
-  assert.is_false(ok, "expected an error")
-  return err
-end
-
-local function cleanup()
-  local left = spawned
-  spawned = {}
-  for _, client in ipairs(left) do
-    if not client.dead then
-      process.signal_group(client.group, "SIGKILL")
-      run_async(function()
-        client:wait_dead()
-      end, 5000)
-    end
-    assert.are.equal(0, process.count_group(client.group), "the runtime's group outlived the test")
-  end
-end
+local raised = require("tests.helpers.errors").error_of
 
 describe("the vllm runtime (an engine in place of vLLM)", function()
-  after_each(cleanup)
+  after_each(runtimes.cleanup)
 
   it("answers info like the reference runtime: its workers, their devices, its load mode", function()
     run_async(function()
@@ -170,7 +149,6 @@ describe("the vllm runtime (an engine in place of vLLM)", function()
       assert.are.equal("RUNTIME_START", err.code)
       assert.matches("vllm runtime did not start: ModuleNotFoundError: No module named 'no_such_module'",
         err.message, 1, true)
-      assert.are.equal(0, process.count_group(spawned[#spawned] and spawned[#spawned].group or err.group or 0))
     end)
   end)
 end)
