@@ -554,7 +554,8 @@ end
 --- is added here (and to wsync.runtime.spawn): `check` and `run` refuse any
 --- other, and what a runtime cannot do.
 M.RUNTIMES = {
-  reference = { backends = { host = true, cuda = require("wsync").cuda_built or nil }, generates = false },
+  -- (It generates with a toy decoder: wsync.runtime.decoder.)
+  reference = { backends = { host = true, cuda = require("wsync").cuda_built or nil }, generates = true },
   -- (Its Python side, and vLLM there, are looked for by `probe`.)
   -- On the host backend only with an engine in place of vLLM
   -- ($WSYNC_VLLM_ENGINE; vLLM itself runs on cuda).

@@ -3,8 +3,10 @@
 --- control channel, and fans commands out to the workers.
 ---
 --- It holds vLLM-style TP-local resident weights in its workers, sleeps and
---- wakes them, and (with the publication protocol) receives weights. It does
---- not generate text and says so.
+--- wakes them, and (with the publication protocol) receives weights. It
+--- generates with a deterministic toy decoder (wsync.runtime.decoder), not a
+--- language model: streaming requests, several in flight, each token stamped
+--- with the version that produced it.
 local uv = require("luv")
 local client_module = require("wsync.control.client")
 local errors = require("wsync.errors")
@@ -101,6 +103,45 @@ function Runtime:check_header(header)
   self.expected_resident = header.resident_tensors
 end
 
+--- Computes the digest of the weights the workers hold now (every worker's
+--- weights_digest), which the toy decoder generates from, when they are
+--- awake and none is known.
+function Runtime:refresh_digest()
+  local state = self:state()
+  if self.weights_digest or state.weights ~= "awake" then
+    return
+  end
+  local parts = {}
+  for rank, result in ipairs(self:broadcast("weights_digest", {})) do
+    parts[rank] = result.digest
+  end
+  self.weights_digest = require("wsync.native.digest").sha256_hex(table.concat(parts, "|"))
+end
+
+--- Whether generation may run now: weights awake, the KV cache reserved, no
+--- update between start and finish, nothing broken (the decoder's steps ask).
+function Runtime:may_generate()
+  local state = self:state()
+  return not self.update and not self.broken and state.weights == "awake" and state.kv_cache == "reserved"
+    and self.weights_digest ~= nil
+end
+
+--- Refuses generation that cannot run now, naming why (STATE_REFUSED: the
+--- runtime stays usable).
+function Runtime:ready_to_generate()
+  self:check_workers()
+  if self.update then
+    errors.raise("STATE_REFUSED", string.format("no generation during a weight update (publication %s is between "
+      .. "start and finish)", tostring(self.update.publication_id)))
+  end
+  local state = self:state()
+  if state.weights ~= "awake" or state.kv_cache ~= "reserved" then
+    errors.raise("STATE_REFUSED", string.format("generation needs the weights awake and the KV cache reserved; "
+      .. "weights are %s, the KV cache is %s", tostring(state.weights), tostring(state.kv_cache)))
+  end
+  self:refresh_digest()
+end
+
 function Runtime:state()
   local first = self.worker_state[1] or {}
   return { weights = first.weights, kv_cache = first.kv_cache }
@@ -128,7 +169,8 @@ function Runtime:info()
     pid = uv.os_getpid(),
     tp_world = #self.workers,
     backend = self.backend,
-    capabilities = { generate = false, sleep_levels = { 1, 2 }, wake_tags = { "weights", "kv_cache" } },
+    capabilities = { generate = "toy decoder", sleep_levels = { 1, 2 }, wake_tags = { "weights", "kv_cache" } },
+    generation = { in_flight = self.decoder and self.decoder:in_flight() or 0 },
     state = self:state(),
     workers = workers,
     model_version = self.model_version,
@@ -145,21 +187,40 @@ function Runtime:handlers()
     end,
     sleep = function(payload)
       self:remember(self:broadcast("sleep", { level = payload.level }))
+      self.weights_digest = nil
       return self:info()
     end,
     wake = function(payload)
       self:remember(self:broadcast("wake", { tags = payload.tags }))
+      self.weights_digest = nil -- (woken weights are new bytes: asked again at the next generation)
       return self:info()
     end,
     checksum = function()
       return { workers = self:broadcast("checksum", {}) }
     end,
-    generate = function()
-      self:check_workers() -- a dead worker is reported as such, not as "not supported"
-      errors.raise("NOT_SUPPORTED", "the reference runtime does not generate text; "
-        .. "use the transformers or vllm runtime for generation")
+    -- Generation (wsync.runtime.decoder): `generate` waits for its outputs,
+    -- `submit` and `poll` stream.
+    generate = function(payload)
+      self:ready_to_generate()
+      local prompts = payload.prompts
+      if prompts == nil or (type(prompts) == "table" and next(prompts) == nil) then
+        return { model_version = self.model_version or 0, outputs = {} }
+      end
+      local sampling = type(payload.sampling) == "table" and payload.sampling or {}
+      local version = self.model_version or 0
+      local outputs = self.decoder:generate(prompts, sampling.max_tokens or 16)
+      return { model_version = version, outputs = outputs }
+    end,
+    submit = function(payload)
+      self:ready_to_generate()
+      return { ids = self.decoder:submit(payload.requests) }
+    end,
+    poll = function(payload)
+      self:check_workers()
+      return { requests = self.decoder:poll(payload.ids), in_flight = self.decoder:in_flight() }
     end,
     shutdown = function()
+      self.decoder:close()
       local failures = self:close_workers()
       if #failures > 0 then
         -- (The host destroys this process's group when it hears this.)
@@ -180,6 +241,8 @@ function Runtime:handlers()
         }
       end)
       self.initialized, self.transport = true, payload.transport
+      self.decoder.vocab = type(payload.config) == "table" and payload.config.vocab_size or self.decoder.vocab
+      self.weights_digest = nil
       return { workers = results }
     end,
     start_update = function(payload)
@@ -213,6 +276,9 @@ function Runtime:handlers()
       -- with the old weights are dropped.
       self.model_version = header.model_version
       self.prefix_cache_resets = (self.prefix_cache_resets or 0) + 1
+      -- The decoder's weights are the new ones from the next token on.
+      self.weights_digest = nil
+      self:refresh_digest()
       return { model_version = self.model_version, receipts = receipts, prefix_cache_reset = true }
     end,
     release = function(payload)
@@ -352,6 +418,18 @@ function M.main(options)
     worker_info = {},
     worker_state = {},
   }, Runtime)
+  self.decoder = require("wsync.runtime.decoder").new({
+    step_ms = tonumber(os.getenv("WSYNC_DECODER_STEP_MS") or "") or 1,
+    allowed = function()
+      return self:may_generate()
+    end,
+    version = function()
+      return self.model_version or 0
+    end,
+    weights = function()
+      return self.weights_digest or ""
+    end,
+  })
   local handlers = self:handlers()
   -- Until the workers are up, `info` waits for them (the host's handshake).
   local started, startup_failure, waiting = false, nil, {}

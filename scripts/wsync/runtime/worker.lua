@@ -439,6 +439,33 @@ function Worker:resident_check(payload)
     element = result.element }
 end
 
+--- weights_digest{}: a digest of the resident weights as they are now, for
+--- the toy decoder of wsync.runtime.decoder: SHA-256 over the SHA-256 of
+--- the first 256 bytes of every resident tensor (of the first 4 KiB of the
+--- weights before a loader plan exists), cheap on any model size.
+function Worker:weights_digest()
+  if self.external or not self.weights then
+    refuse("no resident weights to digest (asleep, or the engine's)")
+  end
+  local parts = {}
+  local spans = {}
+  if self.plan then
+    for index, tensor in ipairs(self.plan.tensors) do
+      spans[index] = { tensor.offset, math.min(256, tensor.bytes) }
+    end
+  else
+    spans[1] = { 0, math.min(4096, self.weights:size()) }
+  end
+  for index, span in ipairs(spans) do
+    local sum, message = self.transport.checksum(self.weights, span[1], span[2])
+    if not sum then
+      fatal("CHECKSUM_FAILED", string.format("TP worker %d: weights digest: %s", self.rank, tostring(message)))
+    end
+    parts[index] = sum
+  end
+  return { rank = self.rank, digest = require("wsync.native.digest").sha256_hex(table.concat(parts)) }
+end
+
 --- resident_checksums{}: SHA-256 of every resident tensor, by name.
 function Worker:resident_checksums()
   if self.external then
@@ -725,6 +752,9 @@ function M.main(options)
     end,
     resident_values = function()
       return self:resident_values()
+    end,
+    weights_digest = function()
+      return self:weights_digest()
     end,
     process_memory = function()
       return util.memory_usage()

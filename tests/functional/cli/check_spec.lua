@@ -140,7 +140,6 @@ describe("wsync check and wsync run agree", function()
       .. "arenas of 2 TP workers 35184372088832); the machine has " },
     { "model_too_many_layers.lua", "the config makes 21000003 canonical tensors (1000000 layers x 21 per layer); a "
       .. "plan holds at most 1048576" },
-    { "schedule_generate.lua", "schedule[6] (generate): the reference runtime does not generate text" },
   }
 
   for _, case in ipairs(REFUSED) do

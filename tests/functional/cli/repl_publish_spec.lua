@@ -238,7 +238,7 @@ describe("wsync repl with a runtime", function()
       "rt:info().tp_world",
       "rt:request('sleep', { level = 1 }).state.weights",
       "rt:request('wake', { tags = { 'weights', 'kv_cache' } }).state.kv_cache",
-      "select(2, pcall(rt.request, rt, 'generate')).remote_code",
+      "select(2, pcall(rt.request, rt, 'generate', { prompts = { {} } })).remote_code",
       "rt.state",
       "rt:close()",
       "rt.state",
@@ -254,7 +254,7 @@ describe("wsync repl with a runtime", function()
     assert.are.equal("2", lines[2])
     assert.are.equal('"offloaded"', lines[3])
     assert.are.equal('"reserved"', lines[4])
-    assert.are.equal('"NOT_SUPPORTED"', lines[5])
+    assert.are.equal('"INVALID_ARGUMENT"', lines[5])
     assert.are.equal('"IDLE"', lines[6]) -- a refused generate does not break it
     assert.are.equal("true", lines[7])
     assert.are.equal('"CLOSED"', lines[8])

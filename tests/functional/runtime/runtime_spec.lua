@@ -167,18 +167,63 @@ describe("the reference runtime", function()
     end)
   end
 
-  it("answers generate with NOT_SUPPORTED and stays usable", function()
+  it("refuses generate until the KV cache is reserved, staying usable, then generates deterministically",
+    function()
+      run_async(function()
+        local client = spawn()
+        local err = raised(client.request, client, "generate", { prompts = { { 1, 2 } } })
+        assert.are.equal("RUNTIME_COMMAND_FAILED", err.code)
+        assert.are.equal("STATE_REFUSED", err.remote_code)
+        assert.matches("the KV cache is free", err.message, 1, true)
+        assert.are.equal("IDLE", client.state)
+        client:request("wake", { tags = { "kv_cache" } })
+        local bad = raised(client.request, client, "generate", { prompts = { "hello" } })
+        assert.are.equal("INVALID_ARGUMENT", bad.remote_code)
+        local one = client:request("generate", { prompts = { { 1, 2, 3 }, { 4 } }, sampling = { max_tokens = 6 } })
+        local two = client:request("generate", { prompts = { { 1, 2, 3 } }, sampling = { max_tokens = 6 } })
+        assert.are.equal(0, one.model_version)
+        assert.are.same(one.outputs[1].token_ids, two.outputs[1].token_ids)
+        assert.are_not.same(one.outputs[1].token_ids, one.outputs[2].token_ids)
+        assert.are.equal(6, #one.outputs[1].logprobs)
+        assert.are.same({ { version = 0, first_token = 0, last_token = 5 } }, one.outputs[1].spans)
+        assert.is_true(client:close())
+        assert.are.equal(0, client.exit_status.code)
+      end)
+    end)
+
+  it("streams several requests at once: submit, then poll what each produced since the last poll", function()
     run_async(function()
       local client = spawn()
-      local err = raised(client.request, client, "generate", { prompts = { "hello" } })
-      assert.are.equal("RUNTIME_COMMAND_FAILED", err.code)
-      assert.are.equal("NOT_SUPPORTED", err.remote_code)
-      assert.are.equal("generate", err.phase)
-      assert.matches("does not generate text", err.message, 1, true)
-      assert.are.equal("IDLE", client.state)
-      assert.are.equal(2, client:request("info").tp_world)
+      client:request("wake", { tags = { "kv_cache" } })
+      local ids = client:request("submit", { requests = { { prompt = { 5 }, max_tokens = 400 },
+        { prompt = { 6, 7 }, max_tokens = 3 } } }).ids
+      assert.are.same({ 1, 2 }, ids)
+      local seen, rounds, short = {}, 0, nil
+      while rounds < 2000 do
+        rounds = rounds + 1
+        local polled = client:request("poll", {})
+        for _, request in ipairs(polled.requests) do
+          local got = seen[request.id] or {}
+          assert.are.equal(#got, request.first_token, "a poll starts where the last one ended")
+          for _, token in ipairs(request.tokens) do
+            got[#got + 1] = token
+          end
+          seen[request.id] = got
+          if request.id == 2 and request.done then
+            short = request
+          end
+        end
+        if #(seen[1] or {}) >= 400 then
+          break
+        end
+        loop.sleep(2)
+      end
+      assert.are.equal(400, #seen[1])
+      assert.are.equal(3, #seen[2])
+      assert.is_true(short.done)
+      -- Finished and polled: forgotten.
+      assert.are.same({}, client:request("poll", {}).requests)
       assert.is_true(client:close())
-      assert.are.equal(0, client.exit_status.code)
     end)
   end)
 

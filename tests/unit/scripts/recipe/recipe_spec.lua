@@ -483,9 +483,13 @@ describe("recipe.unserved", function()
     assert.matches("^backend 'cuda': ", err.message)
   end)
 
-  it("names a generate step, which the reference runtime cannot run", function()
-    local message, field = recipe.unserved(validated({ schedule = { { wake = { "weights" } }, "publish",
-      { wake = { "kv_cache" } }, "generate" } }))
+  it("names a generate step of a runtime that does not generate", function()
+    local schedule = { { wake = { "weights" } }, "publish", { wake = { "kv_cache" } }, "generate" }
+    assert.is_nil(recipe.unserved(validated({ schedule = schedule })), "the reference runtime's toy decoder serves it")
+    local saved = recipe.RUNTIMES.reference.generates
+    recipe.RUNTIMES.reference.generates = false
+    local message, field = recipe.unserved(validated({ schedule = schedule }))
+    recipe.RUNTIMES.reference.generates = saved
     assert.are.equal("schedule[4]", field)
     assert.are.equal("schedule[4] (generate): the reference runtime does not generate text", message)
   end)
