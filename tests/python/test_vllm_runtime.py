@@ -176,6 +176,22 @@ class TestRuntime:
         assert failed.value.code == "RECEIPT_INVALID" and "consumed manifest 000" in failed.value.message
         assert runtime.model_version == 0
 
+    def test_a_pause_refuses_generation_until_resume(self, runtime):
+        assert runtime.pause({"mode": "keep", "kv": "recompute"}) == {"mode": "keep", "aborted": 0, "finished": 0,
+                                                                        "held": 0}
+        with pytest.raises(Failure, match="paused \\(keep\\): resume first"):
+            runtime.generate({"prompts": [[1]]})
+        with pytest.raises(Failure, match="paused already"):
+            runtime.pause({"mode": "wait"})
+        runtime.resume({})
+        assert runtime.generate({"prompts": [[1]], "sampling": {"max_tokens": 1}})["outputs"]
+        with pytest.raises(Failure, match="resume without a pause"):
+            runtime.resume({})
+        for bad in ({"mode": "later"}, {"mode": "keep", "kv": "forget"}):
+            with pytest.raises(Failure) as refused:
+                runtime.pause(bad)
+            assert refused.value.code == "INVALID_ARGUMENT"
+
     def test_finish_must_name_the_publication_being_updated(self, runtime):
         runtime.start_update({"header": header(runtime)})
         with pytest.raises(Failure) as failed:

@@ -25,6 +25,8 @@ M.KEYS = {
   { key = "sleep", default = 60, bounds = "the runtime's sleep" },
   { key = "wake", default = 60, bounds = "the runtime's wake" },
   { key = "generate", default = 600, bounds = "the runtime's generate" },
+  { key = "pause", default = 120, bounds = "the runtime pausing generation (a wait-mode pause waits for the requests "
+    .. "in flight)" },
   { key = "shutdown", default = 10,
     bounds = "the runtime's shutdown, and the ranks leaving (or hearing a failure) at the session's end" },
   { key = "default", default = 60, bounds = "any other runtime command (init_weights, start_update, load_chunk, "

@@ -2,8 +2,10 @@
 --- around a publication, checked before it runs and modelled per device.
 ---
 --- A step is a trainer callback name ("offload_optimizer"), a rollout step
---- (`{sleep = 1|2}`, `{wake = {"weights", "kv_cache"}}`), "publish" or
---- "generate". The usual per-publication schedule: offload_optimizer, wake
+--- (`{sleep = 1|2}`, `{wake = {"weights", "kv_cache"}}`, `{pause = "abort" |
+--- "wait" | "keep", kv = "recompute" | "keep"}`, "resume"), "publish" or
+--- "generate". Publishing while generation can run (the KV cache awake and no
+--- pause) is refused. The usual per-publication schedule: offload_optimizer, wake
 --- weights, publish, offload_actor, wake kv_cache, generate, sleep 2,
 --- onload_actor, onload_optimizer. `bootstrap` runs once first: sleep level 1
 --- keeps the rollout's initial weights in host memory; later sleeps use level
@@ -47,10 +49,26 @@ end
 --- Normalizes one step; raises SCHEDULE_INVALID naming the step.
 ---@param step any
 ---@param where string  "schedule[3]"
----@return table  {kind = "trainer"|"sleep"|"wake"|"publish"|"generate", ...}
+---@return table  {kind = "trainer"|"sleep"|"wake"|"publish"|"generate"|"pause"|"resume", ...}
 function M.normalize(step, where)
-  if step == "publish" or step == "generate" then
+  if step == "publish" or step == "generate" or step == "resume" then
     return { kind = step, where = where }
+  elseif type(step) == "table" and step.pause ~= nil then
+    for key in pairs(step) do
+      if key ~= "pause" and key ~= "kv" then
+        invalid(string.format("%s: a pause step is {pause = \"abort\"|\"wait\"|\"keep\", kv = \"recompute\"|\"keep\"}; "
+          .. "this table has %s", where, describe_keys(step)), { field = where })
+      end
+    end
+    if step.pause ~= "abort" and step.pause ~= "wait" and step.pause ~= "keep" then
+      invalid(string.format("%s: pause mode must be abort, wait or keep, got %s", where, tostring(step.pause)),
+        { field = where })
+    end
+    if step.kv ~= nil and (step.pause ~= "keep" or (step.kv ~= "recompute" and step.kv ~= "keep")) then
+      invalid(string.format("%s: kv (recompute or keep) is the KV policy of a keep-mode pause; got kv = %s with "
+        .. "pause = %s", where, tostring(step.kv), tostring(step.pause)), { field = where })
+    end
+    return { kind = "pause", mode = step.pause, kv = step.kv, where = where }
   elseif type(step) == "string" then
     return { kind = "trainer", name = step, where = where }
   elseif type(step) == "table" and (step.sleep ~= nil) == (step.wake ~= nil) or type(step) == "table" and
@@ -87,6 +105,8 @@ local function describe(step)
     return "sleep " .. step.level
   elseif step.kind == "wake" then
     return "wake " .. table.concat(step.tags, "+")
+  elseif step.kind == "pause" then
+    return "pause " .. step.mode .. (step.kv and (" (kv " .. step.kv .. ")") or "")
   end
   return step.kind
 end
@@ -189,6 +209,10 @@ local function apply(state, step, sizes, callbacks)
     if state.weights ~= "awake" then
       refuse("publish needs the rollout weights awake: wake weights before publish")
     end
+    if state.kv_cache and not state.paused then
+      refuse("publish while generation can run (the kv_cache is awake and generation is not paused): pause it "
+        .. "first ({pause = \"keep\"} before publish, \"resume\" after), or sleep the rollout")
+    end
     local peak = usage(state, sizes) + (state.buffers and 0 or sizes.buffers) + sizes.largest
     state.buffers = true
     return peak
@@ -196,6 +220,19 @@ local function apply(state, step, sizes, callbacks)
     if state.weights ~= "awake" or not state.kv_cache then
       refuse("generate needs the weights and the kv_cache awake")
     end
+    if state.paused then
+      refuse("generate while generation is paused: resume first")
+    end
+  elseif step.kind == "pause" then
+    if state.paused then
+      refuse("generation is paused already (a pause needs a resume before the next)")
+    end
+    state.paused = true
+  elseif step.kind == "resume" then
+    if not state.paused then
+      refuse("resume without a pause before it")
+    end
+    state.paused = false
   end
   return usage(state, sizes)
 end
@@ -220,7 +257,8 @@ function M.check(options)
   local bootstrap, steps = {}, {}
   for i, step in ipairs(options.bootstrap or {}) do
     bootstrap[i] = M.normalize(step, string.format("bootstrap[%d]", i))
-    if bootstrap[i].kind == "publish" or bootstrap[i].kind == "generate" then
+    if bootstrap[i].kind == "publish" or bootstrap[i].kind == "generate" or bootstrap[i].kind == "pause"
+        or bootstrap[i].kind == "resume" then
       invalid(string.format("bootstrap[%d]: %s belongs in the schedule; the bootstrap only moves memory (trainer "
         .. "callbacks, sleep, wake)", i, bootstrap[i].kind), { field = bootstrap[i].where })
     end

@@ -266,6 +266,10 @@ local function run_step(session, step)
     session.rollout:request("wake", { tags = step.tags })
   elseif step.kind == "generate" then
     session.rollout:request("generate", {})
+  elseif step.kind == "pause" then
+    session.rollout:request("pause", { mode = step.mode, kv = step.kv })
+  elseif step.kind == "resume" then
+    session.rollout:request("resume", {})
   end
 end
 

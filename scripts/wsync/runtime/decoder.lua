@@ -12,6 +12,7 @@
 --- Every token is stamped with the model version committed when it was
 --- produced, and a request's version spans ({version, first_token,
 --- last_token}, token indices from 0) say which version produced which part.
+--- Generation pauses and resumes as vLLM's does (M.PAUSE_MODES).
 local digest = require("wsync.native.digest")
 local errors = require("wsync.errors")
 local loop = require("wsync.loop")
@@ -125,7 +126,7 @@ end
 
 -- One token for every active request, when generation is allowed now.
 function Decoder:_step()
-  if not self.allowed() then
+  if self.paused or not self.allowed() then
     return
   end
   local weights, version = self.weights(), self.version()
@@ -140,10 +141,14 @@ function Decoder:_step()
     if last and last.version == version then
       last.last_token = n
     else
-      request.spans[#request.spans + 1] = { version = version, first_token = n, last_token = n }
+      -- (After a keep-mode pause across a new version: how its KV cache went
+      -- on, recomputed under the new weights or kept from the old ones.)
+      request.spans[#request.spans + 1] = { version = version, first_token = n, last_token = n,
+        kv = last and request.resumed_kv or nil }
+      request.resumed_kv = nil
     end
     if #request.tokens >= request.max_tokens then
-      request.done, finished = true, true
+      request.done, request.finish, finished = true, "length", true
     else
       still[#still + 1] = id
     end
@@ -166,7 +171,7 @@ local function view(request, from)
   end
   return {
     id = request.id, tokens = tokens, logprobs = logprobs, first_token = from, spans = request.spans,
-    done = request.done, generated = #request.tokens, model_version = request.model_version,
+    done = request.done, finish = request.finish, generated = #request.tokens, model_version = request.model_version,
   }
 end
 
@@ -225,7 +230,7 @@ function Decoder:generate(prompts, max_tokens)
     local request = self.requests[id]
     self.requests[id] = nil
     outputs[index] = { token_ids = request.tokens, logprobs = request.logprobs, spans = request.spans,
-      model_version = request.model_version }
+      model_version = request.model_version, finish = request.finish }
   end
   return outputs
 end
@@ -233,6 +238,69 @@ end
 --- Requests in flight (submitted, not finished).
 function Decoder:in_flight()
   return #self.active
+end
+
+--- The pause modes, as vLLM names them: "abort" ends the requests in flight
+--- (finish = "aborted"), "wait" lets them finish before the pause completes,
+--- "keep" holds them until resume. The KV policies of keep: "recompute"
+--- (the default) or "keep" the cache computed under the old weights.
+M.PAUSE_MODES = { abort = true, wait = true, keep = true }
+M.KV_POLICIES = { recompute = "recomputed", keep = "kept" }
+
+--- Pauses generation (inside a coroutine: "wait" waits for the requests in
+--- flight). Returns {mode, aborted, finished, held}.
+---@param mode string
+---@param kv string?
+function Decoder:pause(mode, kv)
+  if not M.PAUSE_MODES[mode] then
+    errors.raise("INVALID_ARGUMENT", string.format("pause mode must be abort, wait or keep, got %s", tostring(mode)))
+  end
+  if kv ~= nil and not M.KV_POLICIES[kv] then
+    errors.raise("INVALID_ARGUMENT", string.format("the KV policy of keep must be recompute or keep, got %s",
+      tostring(kv)))
+  end
+  if self.paused then
+    errors.raise("STATE_REFUSED", string.format("generation is paused already (%s)", self.paused.mode))
+  end
+  local aborted, waited = 0, #self.active
+  if mode == "abort" then
+    for _, id in ipairs(self.active) do
+      local request = self.requests[id]
+      request.done, request.finish = true, "aborted"
+    end
+    aborted, self.active = #self.active, {}
+    self:_stop()
+    self.done:notify()
+  elseif mode == "wait" then
+    self.done:wait(function()
+      return #self.active == 0
+    end)
+  end
+  self.paused = { mode = mode, kv = kv or "recompute", version = self.version() }
+  return { mode = mode, aborted = aborted, finished = mode == "wait" and waited or 0, held = #self.active }
+end
+
+--- Resumes generation; requests held by a keep-mode pause go on, and when a
+--- new version was committed meanwhile their next span says what became of
+--- their KV cache. Returns {held, kv}.
+function Decoder:resume()
+  local paused = self.paused
+  if not paused then
+    errors.raise("STATE_REFUSED", "resume without a pause")
+  end
+  self.paused = nil
+  if self.version() ~= paused.version then
+    for _, id in ipairs(self.active) do
+      self.requests[id].resumed_kv = M.KV_POLICIES[paused.kv]
+    end
+  end
+  self:_start()
+  return { held = #self.active, kv = #self.active > 0 and M.KV_POLICIES[paused.kv] or nil }
+end
+
+--- Whether generation is paused (and how).
+function Decoder:pause_state()
+  return self.paused
 end
 
 --- Stops generating; requests in flight end unfinished.

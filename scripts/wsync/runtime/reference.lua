@@ -128,8 +128,12 @@ end
 
 --- Refuses generation that cannot run now, naming why (STATE_REFUSED: the
 --- runtime stays usable).
-function Runtime:ready_to_generate()
+function Runtime:ready_to_generate(held)
   self:check_workers()
+  local paused = self.decoder:pause_state()
+  if paused and not held then
+    errors.raise("STATE_REFUSED", string.format("generation is paused (%s): resume first", paused.mode))
+  end
   if self.update then
     errors.raise("STATE_REFUSED", string.format("no generation during a weight update (publication %s is between "
       .. "start and finish)", tostring(self.update.publication_id)))
@@ -170,7 +174,8 @@ function Runtime:info()
     tp_world = #self.workers,
     backend = self.backend,
     capabilities = { generate = "toy decoder", sleep_levels = { 1, 2 }, wake_tags = { "weights", "kv_cache" } },
-    generation = { in_flight = self.decoder and self.decoder:in_flight() or 0 },
+    generation = { in_flight = self.decoder and self.decoder:in_flight() or 0,
+      paused = self.decoder and self.decoder:pause_state() and self.decoder:pause_state().mode or nil },
     state = self:state(),
     workers = workers,
     model_version = self.model_version,
@@ -212,8 +217,16 @@ function Runtime:handlers()
       return { model_version = version, outputs = outputs }
     end,
     submit = function(payload)
-      self:ready_to_generate()
+      self:ready_to_generate(true) -- (while paused: held until resume)
       return { ids = self.decoder:submit(payload.requests) }
+    end,
+    pause = function(payload)
+      self:check_workers()
+      return self.decoder:pause(payload.mode, payload.kv)
+    end,
+    resume = function()
+      self:check_workers()
+      return self.decoder:resume()
     end,
     poll = function(payload)
       self:check_workers()

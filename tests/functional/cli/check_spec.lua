@@ -122,6 +122,8 @@ describe("wsync check and wsync run agree", function()
   local REFUSED = {
     { "no_model.lua", "the recipe has nothing to run: it defines neither `run` nor `model`" },
     { "runtime_vllm.lua", "field 'runtime.model': the vllm runtime needs the directory of the model it serves" },
+    { "publish_while_generating.lua", "schedule[1] (publish): publish while generation can run (the kv_cache is "
+      .. "awake and generation is not paused)" },
     { "vllm_on_host.lua", "backend 'host': vLLM runs on the cuda backend (the vllm runtime on the host backend needs "
       .. "an engine in place of vLLM, named by $WSYNC_VLLM_ENGINE, as the tests do)" },
     { "vllm_no_config.lua", "runtime.model: tests/fixtures/recipes/../models/config.json cannot be read" },

@@ -1,8 +1,8 @@
 -- The reference runtime's generation around publications: its toy decoder
 -- (wsync.runtime.decoder) emits what the resident weights make it emit, so a
 -- publication visibly changes the tokens; a request that streams across a
--- publication carries version spans saying which version produced which of
--- its tokens, and no token is produced between start and finish.
+-- publication (held by a keep-mode pause) carries version spans saying which
+-- version produced which of its tokens, and how its KV cache went on.
 local cjson = require("cjson")
 local fixtures = require("tests.helpers.fixtures")
 local process = require("tests.helpers.process")
@@ -52,5 +52,6 @@ describe("generation in the reference runtime around publications", function()
     assert.is_true(spans[1].last_token >= 1 and spans[2].last_token > spans[2].first_token)
     assert.are.equal(spans[2].last_token + 1, got.streamed.generated)
     assert.are.equal(0, got.streamed.model_version, "stamped with the version of its dispatch")
+    assert.are.equal("recomputed", spans[2].kv, "held across the publication, its KV cache recomputed")
   end)
 end)

@@ -20,6 +20,7 @@ from .receipts import check_receipts
 from .server import Failure, Server
 
 SLEEP_LEVELS = (1, 2)
+PAUSE_MODES = ("abort", "wait", "keep")
 WAKE_TAGS = ("weights", "kv_cache")
 _HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
@@ -87,6 +88,7 @@ class Runtime:
         self.broken: Optional[Failure] = None
         self.prefix_cache_resets = 0
         self.generated = 0
+        self.paused: Optional[str] = None
 
     # Failures -----------------------------------------------------------------------
 
@@ -152,8 +154,32 @@ class Runtime:
 
     # Generation -----------------------------------------------------------------------
 
+    def pause(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Pauses generation (vLLM's modes abort, wait, keep). The engine generates inside
+        each generate command, so no request is in flight between commands: the pause only
+        refuses generation until resume."""
+        self._check_alive()
+        mode, kv = payload.get("mode"), payload.get("kv")
+        if mode not in PAUSE_MODES:
+            raise Failure("INVALID_ARGUMENT", f"pause mode must be abort, wait or keep, got {mode}")
+        if kv is not None and kv not in ("recompute", "keep"):
+            raise Failure("INVALID_ARGUMENT", f"the KV policy of keep must be recompute or keep, got {kv}")
+        if self.paused is not None:
+            raise Failure("STATE_REFUSED", f"generation is paused already ({self.paused})")
+        self.paused = mode
+        return {"mode": mode, "aborted": 0, "finished": 0, "held": 0}
+
+    def resume(self, _payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        if self.paused is None:
+            raise Failure("STATE_REFUSED", "resume without a pause")
+        self.paused = None
+        return {"held": 0}
+
     def generate(self, payload: dict[str, Any]) -> dict[str, Any]:
         self._check_alive()
+        if self.paused is not None:
+            raise Failure("STATE_REFUSED", f"generation is paused ({self.paused}): resume first")
         if self.update is not None:
             raise Failure("STATE_REFUSED", f"no generation during a weight update (publication "
                           f"{self.update['publication_id']} is between start and finish)")
@@ -320,6 +346,7 @@ class Runtime:
 
         return {
             "info": self.info, "sleep": self.sleep, "wake": self.wake, "generate": self.generate,
+            "pause": self.pause, "resume": self.resume,
             "init_weights": self.init_weights, "start_update": self.start_update, "load_chunk": self.load_chunk,
             "finish_update": self.finish_update, "release": self.release, "process_memory": self.process_memory,
             "shutdown": shutdown,

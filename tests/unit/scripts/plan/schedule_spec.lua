@@ -130,6 +130,42 @@ describe("schedule.check", function()
     end
   end)
 
+  it("refuses to publish while generation can run, and passes it paused around the publication", function()
+    local awake = { { wake = { "kv_cache" } } }
+    local err = refusal({ "offload_optimizer", "publish", "generate", "onload_optimizer" }, { bootstrap = awake })
+    assert.are.equal("schedule[2]", err.field)
+    assert.matches("schedule[2] (publish): publish while generation can run (the kv_cache is awake and generation "
+      .. "is not paused): pause it first", err.message, 1, true)
+    local report = check({ "offload_optimizer", { pause = "keep", kv = "recompute" }, "publish", "resume", "generate",
+      "onload_optimizer" }, { bootstrap = awake })
+    assert.are.equal("pause keep (kv recompute)", report.steps[3].step) -- (after the bootstrap's wake)
+    assert.are.equal("resume", report.steps[5].step)
+  end)
+
+  it("refuses pause steps that make no sense, naming them", function()
+    local awake = { { wake = { "kv_cache" } } }
+    for _, case in ipairs({
+      { { { pause = "keep" }, { pause = "wait" }, "publish", "resume" }, "schedule[2] (pause wait): generation is "
+        .. "paused already" },
+      { { "resume", "publish" }, "schedule[1] (resume): resume without a pause before it" },
+      { { { pause = "abort" }, "generate", "publish", "resume" }, "schedule[2] (generate): generate while generation "
+        .. "is paused: resume first" },
+      -- (ending paused: the next round's pause fails)
+      { { { pause = "keep" }, "publish" }, "schedule[1] (pause keep): generation is paused already" },
+    }) do
+      assert.matches(case[2], refusal(case[1], { bootstrap = awake }).message, 1, true)
+    end
+    for _, case in ipairs({
+      { { pause = "later" }, "pause mode must be abort, wait or keep, got later" },
+      { { pause = "abort", kv = "keep" }, "kv (recompute or keep) is the KV policy of a keep-mode pause" },
+      { { pause = "keep", why = 1 }, "a pause step is {pause =" },
+    }) do
+      assert.matches(case[2], refusal({ case[1], "publish", "resume" }, { bootstrap = awake }).message, 1, true)
+    end
+    assert.matches("bootstrap[1]: pause belongs in the schedule", refusal({ "publish" }, {
+      bootstrap = { { pause = "keep" } } }).message, 1, true)
+  end)
+
   it("refuses publish with the actor offloaded", function()
     local err = refusal({ "offload_actor", { wake = { "weights" } }, "publish", "onload_actor" })
     assert.are.equal("schedule[3]", err.field)

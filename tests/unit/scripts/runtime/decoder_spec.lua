@@ -55,6 +55,48 @@ describe("wsync.runtime.decoder", function()
     end)
   end)
 
+  it("pauses as vLLM does: abort ends what is in flight, wait lets it finish, keep holds it", function()
+    async.run_async(function()
+      local state = { allowed = true, version = 0, weights = "w" }
+      local d = decoder(state)
+      local long = d:submit({ { prompt = { 1 }, max_tokens = 60000 } })[1]
+      loop.sleep(5)
+      local aborted = d:pause("abort")
+      assert.are.same({ mode = "abort", aborted = 1, finished = 0, held = 0 }, aborted)
+      local ended = d:poll({ long })[1]
+      assert.is_true(ended.done)
+      assert.are.equal("aborted", ended.finish)
+      assert.are.equal("STATE_REFUSED", error_of(d.pause, d, "keep").code)
+      d:resume()
+      assert.are.equal("STATE_REFUSED", error_of(d.resume, d).code)
+
+      local short = d:submit({ { prompt = { 2 }, max_tokens = 20 } })[1]
+      assert.are.same({ mode = "wait", aborted = 0, finished = 1, held = 0 }, d:pause("wait"))
+      local finished = d:poll({ short })[1]
+      assert.are.equal(20, finished.generated)
+      assert.are.equal("length", finished.finish)
+      d:resume()
+
+      local held = d:submit({ { prompt = { 3 }, max_tokens = 60000 } })[1]
+      loop.sleep(5)
+      assert.are.equal(1, d:pause("keep", "keep").held)
+      local before = d:poll({ held })[1].generated
+      loop.sleep(10)
+      assert.are.equal(before, d:poll({ held })[1].generated, "held: no token while paused")
+      state.version, state.weights = 1, "w'"
+      assert.are.same({ held = 1, kv = "kept" }, d:resume())
+      loop.sleep(10)
+      local spans = d:poll({ held })[1].spans
+      assert.are.equal(2, #spans)
+      assert.is_nil(spans[1].kv)
+      assert.are.same({ version = 1, first_token = before, kv = "kept" },
+        { version = spans[2].version, first_token = spans[2].first_token, kv = spans[2].kv })
+      assert.are.equal("INVALID_ARGUMENT", error_of(d.pause, d, "later").code)
+      assert.are.equal("INVALID_ARGUMENT", error_of(d.pause, d, "keep", "forget").code)
+      d:close()
+    end)
+  end)
+
   it("refuses bad requests before it queues any", function()
     local d = decoder({ allowed = false, version = 0, weights = "w" })
     assert.are.equal("INVALID_ARGUMENT", error_of(d.submit, d, { { prompt = {} } }).code)
