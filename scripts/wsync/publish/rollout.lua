@@ -37,6 +37,11 @@ function Rollout:request(cmd, payload)
   return self.client:request(cmd, payload or {})
 end
 
+--- Pauses generation (payload {mode, kv}); returns the runtime's answer.
+function Rollout:pause(payload)
+  return self.client:request("pause", payload)
+end
+
 --- The TP workers' startup info, by TP rank (1-based).
 function Rollout:workers()
   return self.info.workers
@@ -270,6 +275,42 @@ function ReplicaSet:request(cmd, payload)
     end
   end
   return merged
+end
+
+--- Pauses generation on every replica, in two phases. Phase 1: each replica
+--- pauses on its own, all at once (it finishes the step it is in, answering
+--- its commands meanwhile). Phase 2: only once every replica said it paused
+--- does this return, and only then may weights move. A replica that fails
+--- to pause, or does not within the pause timeout, fails the round before
+--- any weight moved: it is destroyed as broken, every replica that did pause
+--- resumes, and the error (PAUSE_FAILED) names the replica.
+function ReplicaSet:pause(payload)
+  local outcomes = require("wsync.loop").all(#self.replicas, function(index)
+    return { pcall(self.replicas[index].pause, self.replicas[index], payload) }
+  end)
+  local failed = nil
+  for index, outcome in ipairs(outcomes) do
+    if not outcome[1] and not failed then
+      failed = { index = index, cause = outcome[2] }
+    end
+  end
+  if not failed then
+    local merged = { replicas = {} }
+    for index, outcome in ipairs(outcomes) do
+      merged.replicas[index] = outcome[2]
+    end
+    return merged
+  end
+  local cause = errors.is(failed.cause) and failed.cause.message or tostring(failed.cause)
+  for index, outcome in ipairs(outcomes) do
+    if outcome[1] then
+      pcall(self.replicas[index].request, self.replicas[index], "resume", {})
+    else
+      self.replicas[index]:destroy(outcome[2])
+    end
+  end
+  errors.raise("PAUSE_FAILED", string.format("replica %d did not pause: %s; the other replicas resumed, no weight "
+    .. "moved", failed.index - 1, cause), { replica = failed.index - 1 })
 end
 
 --- Initializes every replica's weights with its ranks' buffers.

@@ -267,7 +267,8 @@ local function run_step(session, step)
   elseif step.kind == "generate" then
     session.rollout:request("generate", {})
   elseif step.kind == "pause" then
-    session.rollout:request("pause", { mode = step.mode, kv = step.kv })
+    -- (With several replicas, a two-phase pause: wsync.publish.rollout.)
+    session.rollout:pause({ mode = step.mode, kv = step.kv })
   elseif step.kind == "resume" then
     session.rollout:request("resume", {})
   end

@@ -6,6 +6,7 @@ local faults = require("tests.helpers.faults")
 local fixtures = require("tests.helpers.fixtures")
 local leftovers = require("tests.helpers.leftovers")
 local process = require("tests.helpers.process")
+local cjson = require("cjson")
 
 describe("wsync run with several rollout replicas", function()
   for _, case in ipairs({
@@ -43,6 +44,58 @@ describe("wsync run with several rollout replicas", function()
       assert.matches(case.says, failure, 1, true)
     end)
   end
+
+  it("pauses every replica around each publication while they generate (two phases)", function()
+    local result = leftovers.run({ "run", fixtures.recipes .. "/replicas_generating.lua" }, { timeout = 60000 })
+    leftovers.assert_clean(result)
+    assert.are.equal(0, result.code, result.stderr)
+    assert.matches("verdict: OK: 2 model versions published", result.stdout, 1, true)
+  end)
+
+  -- Phase 1 fails: a replica that does not pause (stalled in its step) or
+  -- fails to fails the round before any weight moved; it is destroyed, the
+  -- others resume, no version is issued.
+  for _, case in ipairs({
+    { spec = "hang@pause", says = "replica 1 did not pause: reference runtime broken during pause: timeout: no "
+      .. "answer to pause within 2 s; the other replicas resumed, no weight moved" },
+    { spec = "error@pause", says = "replica 1 did not pause: reference runtime: pause failed: INJECTED" },
+  }) do
+    it("a replica that does not pause (" .. case.spec .. ") fails the round before any weight moved", function()
+      local failure = faults.run_failing({ recipe = fixtures.recipes .. "/replicas_generating.lua",
+        env = { "WSYNC_RUNTIME_FAULT_1=" .. case.spec }, survivors = 2, label = case.spec })
+      assert.matches(case.says, failure, 1, true)
+    end)
+  end
+
+  it("a replica that dies while paused fails the publication on every replica", function()
+    local failure = faults.run_failing({ recipe = fixtures.recipes .. "/replicas_generating.lua",
+      env = { "WSYNC_RUNTIME_FAULT_1=crash@start_update" }, survivors = 2, label = "crash@start_update" })
+    assert.matches("^%[phase start%] publication of model version 1 failed in start: replica 1: reference runtime "
+      .. "broken during start_update", failure)
+  end)
+
+  it("1,000 pause/publish/resume rounds with requests streaming in both replicas lose and repeat no token",
+    function()
+      local result = process.wsync({ "tests/functional/publish/replicas_soak.lua",
+        fixtures.recipes .. "/replicas_soak.lua" }, nil, { timeout = 300000 })
+      assert.are.equal(0, result.code, result.stderr)
+      local line = ("\n" .. result.stdout):match("\nSOAK ([^\n]+)")
+      assert.is_not_nil(line, result.stdout)
+      local summary = cjson.decode(line)
+      assert.are.equal(1000, summary.rounds)
+      assert.are.same({}, summary.problems)
+      assert.are.equal(2, #summary.replicas)
+      for _, replica in ipairs(summary.replicas) do
+        assert.are.equal(4, #replica)
+        for _, request in ipairs(replica) do
+          assert.are.equal(request.generated, request.tokens, "every token generated was polled once")
+          assert.is_true(request.contiguous, "its spans cover its tokens, in order")
+          assert.is_true(request.generated > 1000)
+          assert.are.equal(1000, request.last_version)
+          assert.is_true(request.spans > 900, "tokens from (nearly) every version: " .. request.spans)
+        end
+      end
+    end)
 
   it("check and run refuse a trainer world other than replicas x TP, naming runtime.replicas", function()
     local path = fixtures.recipes .. "/replicas_mismatch.lua"
