@@ -45,6 +45,15 @@ describe("wsync run with several rollout replicas", function()
     end)
   end
 
+  it("recipes/demo_async.lua: two replicas generating across ten publications, paused around each", function()
+    local result = leftovers.run({ "run", "recipes/demo_async.lua" }, { timeout = 60000 })
+    leftovers.assert_clean(result)
+    assert.are.equal(0, result.code, result.stderr)
+    assert.matches("2 trainer ranks -> 2 x TP1 reference runtime", result.stdout, 1, true)
+    assert.matches("verdict: OK: 10 model versions published, every resident TP slice verified", result.stdout, 1,
+      true)
+  end)
+
   it("pauses every replica around each publication while they generate (two phases)", function()
     local result = leftovers.run({ "run", fixtures.recipes .. "/replicas_generating.lua" }, { timeout = 60000 })
     leftovers.assert_clean(result)
