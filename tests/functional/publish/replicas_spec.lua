@@ -99,9 +99,9 @@ describe("wsync run with several rollout replicas", function()
         for _, request in ipairs(replica) do
           assert.are.equal(request.generated, request.tokens, "every token generated was polled once")
           assert.is_true(request.contiguous, "its spans cover its tokens, in order")
-          assert.is_true(request.generated > 1000)
+          assert.is_true(request.generated >= 500)
           assert.are.equal(1000, request.last_version)
-          assert.is_true(request.spans > 900, "tokens from (nearly) every version: " .. request.spans)
+          assert.is_true(request.spans >= 500, "tokens from most versions: " .. request.spans)
         end
       end
     end)

@@ -16,9 +16,16 @@ local rollout = s.rollout
 local prompt = { { 3, 1, 4, 1, 5 } }
 local before = rollout:request("generate", { prompts = prompt, sampling = { max_tokens = 8 } })
 local id = rollout:request("submit", { requests = { { prompt = { 9, 9 }, max_tokens = 60000 } } }).ids[1]
-require("wsync.loop").sleep(30)
+-- Until the request has tokens of this version, and after the round of the
+-- next (however slowly this machine runs the decoder).
+local function until_tokens(count)
+  repeat
+    require("wsync.loop").sleep(5)
+  until rollout:request("poll", { ids = { id } }).requests[1].generated >= count
+end
+until_tokens(3)
 local report = s:round()
-require("wsync.loop").sleep(30)
+until_tokens(rollout:request("poll", { ids = { id } }).requests[1].generated + 3)
 local streamed = rollout:request("poll", { ids = { id } }).requests[1]
 local after = rollout:request("generate", { prompts = prompt, sampling = { max_tokens = 8 } })
 io.stdout:write("RESULT ", cjson.encode({ before = before, after = after, streamed = streamed,

@@ -227,6 +227,33 @@ describe("the reference runtime", function()
     end)
   end)
 
+  it("holds requests that arrive while it is paused, and starts them at resume", function()
+    run_async(function()
+      local client = spawn()
+      client:request("wake", { tags = { "kv_cache" } })
+      assert.are.same({ mode = "keep", aborted = 0, finished = 0, held = 0 },
+        client:request("pause", { mode = "keep" }))
+      local refused = raised(client.request, client, "generate", { prompts = { { 1 } } })
+      assert.are.equal("STATE_REFUSED", refused.remote_code)
+      assert.matches("generation is paused (keep): resume first", refused.message, 1, true)
+      local id = client:request("submit", { requests = { { prompt = { 8 }, max_tokens = 50 } } }).ids[1]
+      loop.sleep(20)
+      assert.are.equal(0, client:request("poll", { ids = { id } }).requests[1].generated, "held while paused")
+      assert.are.equal("keep", client:request("info").generation.paused)
+      client:request("resume", {})
+      local done, generated = nil, 0
+      wait_until(function()
+        done = client:request("poll", { ids = { id } }).requests[1]
+        generated = generated + #done.tokens
+        return done.done
+      end, 10000, "the held request finishes after resume")
+      assert.are.equal(50, generated)
+      assert.are.equal(50, done.generated)
+      assert.are.equal("length", done.finish)
+      assert.is_true(client:close())
+    end)
+  end)
+
   it("answers an unknown command with UNKNOWN_COMMAND and stays usable", function()
     run_async(function()
       local client = spawn()

@@ -22,6 +22,16 @@ local function decoder(state)
   })
 end
 
+-- Waits (in a coroutine) until request `id` of `d` has at least `count`
+-- tokens, however slowly this machine runs the decoder's timer.
+local function wait_tokens(d, id, count)
+  local deadline = require("luv").now() + 10000
+  while #d.requests[id].tokens < count do
+    assert(require("luv").now() < deadline, "the decoder produced no token in 10 s")
+    loop.sleep(1)
+  end
+end
+
 describe("wsync.runtime.decoder", function()
   it("emits tokens that depend on the weights' digest and the context only", function()
     local a = decoder_module.next_token("w1", { 1, 2, 3 }, 1000)
@@ -36,14 +46,14 @@ describe("wsync.runtime.decoder", function()
       local state = { allowed = true, version = 3, weights = "w" }
       local d = decoder(state)
       local id = d:submit({ { prompt = { 7 }, max_tokens = 1000 } })[1]
-      loop.sleep(10)
+      wait_tokens(d, id, 2)
       state.allowed = false
       loop.sleep(5)
       local paused = d:poll({ id })[1]
       loop.sleep(20)
       assert.are.same({}, d:poll({ id })[1].tokens, "no token while generation is not allowed")
       state.version, state.weights, state.allowed = 4, "w'", true
-      loop.sleep(10)
+      wait_tokens(d, id, paused.generated + 1)
       local resumed = d:poll({ id })[1]
       assert.are.equal(paused.generated, resumed.first_token)
       assert.are.equal(2, #resumed.spans)
@@ -60,7 +70,7 @@ describe("wsync.runtime.decoder", function()
       local state = { allowed = true, version = 0, weights = "w" }
       local d = decoder(state)
       local long = d:submit({ { prompt = { 1 }, max_tokens = 60000 } })[1]
-      loop.sleep(5)
+      wait_tokens(d, long, 1)
       local aborted = d:pause("abort")
       assert.are.same({ mode = "abort", aborted = 1, finished = 0, held = 0 }, aborted)
       local ended = d:poll({ long })[1]
@@ -78,14 +88,14 @@ describe("wsync.runtime.decoder", function()
       d:resume()
 
       local held = d:submit({ { prompt = { 3 }, max_tokens = 60000 } })[1]
-      loop.sleep(5)
+      wait_tokens(d, held, 1)
       assert.are.equal(1, d:pause("keep", "keep").held)
       local before = d:poll({ held })[1].generated
       loop.sleep(10)
       assert.are.equal(before, d:poll({ held })[1].generated, "held: no token while paused")
       state.version, state.weights = 1, "w'"
       assert.are.same({ held = 1, kv = "kept" }, d:resume())
-      loop.sleep(10)
+      wait_tokens(d, held, before + 1)
       local spans = d:poll({ held })[1].spans
       assert.are.equal(2, #spans)
       assert.is_nil(spans[1].kv)
