@@ -1,11 +1,15 @@
 --- The host's control endpoint for trainer agents: a unix socket inside a
 --- fresh directory that only this user can enter (mode 0700), accepting only
---- peers of the same user id (SO_PEERCRED). Each connection becomes a
---- wsync.control.peer whose requests `handlers_for(peer)` answers.
+--- peers of the same user id (SO_PEERCRED); and, when asked, a TCP socket for
+--- trainer ranks in other network namespaces or hosts, whose connections must
+--- prove a per-session token when they register (M.token_matches). Each
+--- connection becomes a wsync.control.peer whose requests
+--- `handlers_for(peer)` answers; `peer.via` is "unix" or "tcp".
 local uv = require("luv")
 local peer_module = require("wsync.control.peer")
 local socket = require("wsync._socket")
 local errors = require("wsync.errors")
+local bit = require("bit")
 
 local M = {}
 
@@ -19,6 +23,7 @@ M.MAX_SOCKET_PATH = 107
 ---@field on_lost fun(peer: wsync.Peer, reason: string, violation: boolean)?
 ---@field on_refused fun(reason: string)?
 ---@field parent string?  the directory the endpoint's own directory goes in ($TMPDIR, /tmp)
+---@field tcp string?     also listen on TCP at "ADDRESS:PORT" (port 0: any free port)
 
 ---@class wsync.Endpoint
 ---@field path string     the socket's path, handed to agents
@@ -67,7 +72,114 @@ function M.listen(options)
     self:close()
     errors.raise("ENDPOINT", string.format("cannot listen on %s: %s", self.path, tostring(err)))
   end
+  if options.tcp then
+    self:_listen_tcp(options)
+  end
   return self
+end
+
+--- Splits "ADDRESS:PORT" ("[v6]:PORT" for IPv6). Returns address, port, or
+--- nil and why.
+---@param text string
+---@return string?, integer|string
+function M.parse_address(text)
+  local address, port = tostring(text):match("^%[([^%]]+)%]:(%d+)$")
+  if not address then
+    address, port = tostring(text):match("^([^:]+):(%d+)$")
+  end
+  port = tonumber(port)
+  if not address or not port or port > 65535 then
+    return nil, string.format("%s is not ADDRESS:PORT", tostring(text))
+  end
+  return address, port
+end
+
+--- Whether `given` is this session's token (a comparison whose time does not
+--- depend on where they differ).
+---@param token string
+---@param given any
+---@return boolean
+function M.token_matches(token, given)
+  if type(given) ~= "string" or #given ~= #token then
+    return false
+  end
+  local differ = 0
+  for i = 1, #token do
+    differ = bit.bor(differ, bit.bxor(token:byte(i), given:byte(i)))
+  end
+  return differ == 0
+end
+
+-- A random 128-bit token in hex, from the kernel.
+local function random_token()
+  local file = assert(io.open("/dev/urandom", "rb"))
+  local bytes = file:read(16)
+  file:close()
+  return (bytes:gsub(".", function(c)
+    return string.format("%02x", c:byte())
+  end))
+end
+
+function Endpoint:_listen_tcp(options)
+  local address, port = M.parse_address(options.tcp)
+  if not address then
+    self:close()
+    errors.raise("ENDPOINT", "control.tcp: " .. port)
+  end
+  self.tcp_server = uv.new_tcp()
+  local ok, err = self.tcp_server:bind(address, port)
+  if ok then
+    ok, err = self.tcp_server:listen(64, function(listen_error)
+      if not listen_error then
+        self:_accept_tcp(options)
+      end
+    end)
+  end
+  if not ok then
+    self:close()
+    errors.raise("ENDPOINT", string.format("cannot listen on TCP %s: %s", options.tcp, tostring(err)))
+  end
+  local bound = self.tcp_server:getsockname()
+  self.token = random_token()
+  local host = bound.ip:find(":", 1, true) and ("[" .. bound.ip .. "]") or bound.ip
+  --- What a remote agent connects to: "tcp://ADDRESS:PORT?token=HEX".
+  self.tcp_endpoint = string.format("tcp://%s:%d?token=%s", host, bound.port, self.token)
+end
+
+-- Makes an accepted connection a peer of this endpoint.
+function Endpoint:_peer(client, options, name, via)
+  local peer
+  peer = peer_module.new(client, {
+    name = name,
+    schemas = options.schemas,
+    on_bad_request = function(cmd, reason)
+      if options.on_bad_request then
+        options.on_bad_request(peer, cmd, reason)
+      end
+    end,
+    on_close = function(reason, violation)
+      self.peers[peer] = nil
+      if options.on_lost then
+        options.on_lost(peer, reason, violation)
+      end
+    end,
+  })
+  peer.via = via
+  peer.handlers = options.handlers_for(peer)
+  self.peers[peer] = true
+  return peer
+end
+
+function Endpoint:_accept_tcp(options)
+  local client = uv.new_tcp()
+  if not self.tcp_server:accept(client) then
+    client:close()
+    return
+  end
+  client:nodelay(true)
+  local remote = client:getpeername() or {}
+  -- (No user id over TCP: the token, at registration, stands for it.)
+  self:_peer(client, options, string.format("agent at %s:%s", tostring(remote.ip), tostring(remote.port)), "tcp")
 end
 
 --- Removes the control directories under `parent` that hosts of this user
@@ -123,33 +235,18 @@ function Endpoint:_accept(options)
     end
     return
   end
-  local peer
-  peer = peer_module.new(client, {
-    name = "agent pid " .. tostring(pid),
-    schemas = options.schemas,
-    on_bad_request = function(cmd, reason)
-      if options.on_bad_request then
-        options.on_bad_request(peer, cmd, reason)
-      end
-    end,
-    on_close = function(reason, violation)
-      self.peers[peer] = nil
-      if options.on_lost then
-        options.on_lost(peer, reason, violation)
-      end
-    end,
-  })
+  local peer = self:_peer(client, options, "agent pid " .. tostring(pid), "unix")
   peer.pid = pid
-  peer.handlers = options.handlers_for(peer)
-  self.peers[peer] = true
 end
 
 --- Stops accepting, closes every connection and removes the socket and its
 --- directory. Returns what could not be removed (M.remove_files).
 ---@return string[]
 function Endpoint:close()
-  if self.server and not self.server:is_closing() then
-    self.server:close()
+  for _, server in ipairs({ self.server, self.tcp_server }) do
+    if not server:is_closing() then
+      server:close()
+    end
   end
   for peer in pairs(self.peers) do
     peer:close("the host closed the endpoint")

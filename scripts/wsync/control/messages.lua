@@ -54,6 +54,8 @@ M.to_host = {
     callbacks = schema.list({ item = name, default = {} }),
     hostname = schema.string({ required = true }),
     pid = schema.number({ integer = true, min = 1, required = true }),
+    -- (Over TCP: the session's token, wsync.control.endpoint.)
+    token = schema.string({ pattern = "^%x+$" }),
   }),
   state = empty,
   publish = record({

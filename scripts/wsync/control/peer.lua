@@ -142,14 +142,21 @@ function Peer:_on_message(message)
     end
     if success then
       self.channel:send(protocol.success(message, value))
-      return
-    end
-    if errors.is(value) then
+    elseif errors.is(value) then
       local fields = errors.fields(value)
       fields.code, fields.message = nil, nil
       self.channel:send(protocol.failure(message, value.code, value.message, fields))
     else
       self.channel:send(protocol.failure(message, "INTERNAL", tostring(value)))
+    end
+    -- A handler that refused the peer for good (a wrong token) asked for
+    -- the connection to end once its answer is written.
+    local refused = self.close_after_answer
+    if refused then
+      self.close_after_answer = nil
+      self.channel.stream:shutdown(function()
+        self:close(refused)
+      end)
     end
   end, payload, message)
 end

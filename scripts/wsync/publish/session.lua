@@ -122,6 +122,12 @@ local function agent_handlers(session, peer)
   return {
     register = function(payload)
       local rank = payload.rank
+      -- Over TCP the session's token stands for the unix socket's user check.
+      if peer.via == "tcp" and not endpoint_module.token_matches(session.endpoint.token, payload.token) then
+        say("refused %s: %s", peer.name, payload.token and "a wrong token" or "no token")
+        peer.close_after_answer = "refused: the session's token was " .. (payload.token and "wrong" or "not given")
+        errors.raise("BAD_TOKEN", "refused: this session's endpoint takes connections over TCP with its token only")
+      end
       if rank >= session.topology.world then
         errors.raise("REGISTER", string.format("rank %d outside the recipe's %d trainer ranks", rank,
           session.topology.world))
@@ -198,6 +204,7 @@ local function endpoint_options(session)
       return agent_handlers(session, peer)
     end,
     schemas = { requests = messages.to_host, results = messages.from_agent },
+    tcp = session.recipe.control and session.recipe.control.tcp,
     on_bad_request = function(peer, _, reason)
       local rank = rank_of(session, peer)
       if rank == nil then
@@ -319,6 +326,9 @@ end
 local function listen(session)
   session.endpoint = endpoint_module.listen(endpoint_options(session))
   say("control endpoint %s", session.endpoint.path)
+  if session.endpoint.tcp_endpoint then
+    say("control endpoint for other hosts %s", session.endpoint.tcp_endpoint)
+  end
   if session.recipe.trainer.kind == "synthetic" then
     spawn_trainers(session)
   else

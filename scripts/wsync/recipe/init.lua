@@ -132,6 +132,12 @@ M.schema = schema.record({
       },
       default = {},
     }),
+    -- The control endpoint: besides its unix socket, a TCP socket at
+    -- "ADDRESS:PORT" (port 0: any) for trainer ranks in other network
+    -- namespaces, which register with the session's token.
+    control = schema.record({
+      fields = { tcp = schema.string({ pattern = "^%[?[%w%.:%-]+%]?:%d+$" }) },
+    }),
     bootstrap = schema.list({ item = schema.any({}), default = {} }),
     schedule = schema.list({ item = schema.any({}) }),
     timeouts = schema.record({ fields = timeout_fields, default = {} }),

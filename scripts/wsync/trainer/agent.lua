@@ -68,11 +68,25 @@ function M.connect(options)
     digests = manifest_module.digest_cache(),
   }, Agent)
   self.transport = transport_module.for_backend(self.backend)
-  local pipe = uv.new_pipe(false)
+  -- A unix socket path, or "tcp://ADDRESS:PORT?token=HEX" for a host in
+  -- another network namespace (the token goes with the registration).
+  local address, port, token = options.endpoint:match("^tcp://%[?([^%]/]-)%]?:(%d+)%?token=(%x+)$")
+  local pipe = address and uv.new_tcp() or uv.new_pipe(false)
+  self.token = token
+  if options.endpoint:match("^tcp://") and not address then
+    pipe:close()
+    errors.raise("AGENT_CONNECT", string.format("rank %d: %s is not tcp://ADDRESS:PORT?token=HEX (the host prints "
+      .. "it)", self.rank, options.endpoint), { rank = self.rank })
+  end
   local connected, message = loop.await(function(resume)
-    pipe:connect(options.endpoint, function(err)
+    local function done(err)
       resume(err == nil, err)
-    end)
+    end
+    if address then
+      pipe:connect(address, tonumber(port), done)
+    else
+      pipe:connect(options.endpoint, done)
+    end
   end)
   if not connected then
     pipe:close()
@@ -197,7 +211,7 @@ function Agent:ready()
   table.sort(callbacks)
   local ok, result = pcall(self.peer.request, self.peer, "register", {
     rank = self.rank, world = self.world, device = self.device, tensors = tensors, callbacks = callbacks,
-    hostname = uv.os_gethostname(), pid = uv.os_getpid(),
+    hostname = uv.os_gethostname(), pid = uv.os_getpid(), token = self.token,
   }, self.timeout)
   if not ok then
     error(self.aborted or result, 0)
