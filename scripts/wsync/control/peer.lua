@@ -162,8 +162,9 @@ function Peer:_on_message(message)
 end
 
 --- Sends a request and waits for its answer (inside a spawned coroutine).
---- Returns the result; raises the remote error object, or PEER_LOST /
---- PEER_TIMEOUT (after which the connection is closed).
+--- Returns the result; raises the remote error object, or PEER_LOST when the
+--- connection ended first, a timeout included ("timeout: no answer to CMD
+--- within N s": the connection is closed then).
 ---@param cmd string
 ---@param payload table?
 ---@param timeout number? seconds (default 60)
