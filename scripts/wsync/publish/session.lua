@@ -324,6 +324,11 @@ end
 -- Opening, step 1: the endpoint, and the synthetic trainers (external ones
 -- are waited for).
 local function listen(session)
+  -- (Segments of this user's processes that died with SIGKILL hold memory
+  -- until someone removes them: a host does, as it does their directories.)
+  require("wsync.transport.shm").remove_dead_segments(function(line)
+    say("%s", line)
+  end)
   session.endpoint = endpoint_module.listen(endpoint_options(session))
   say("control endpoint %s", session.endpoint.path)
   if session.endpoint.tcp_endpoint then

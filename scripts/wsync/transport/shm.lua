@@ -303,6 +303,37 @@ function M.checksum(memory, offset, bytes)
   return memory:sha256(offset, bytes)
 end
 
+--- Removes the segments in /dev/shm that processes of this user left when
+--- they died without removing them (a host or a trainer killed with
+--- SIGKILL): `wsync-<pid>-<16 hex digits>` files of this user whose pid is
+--- gone. `report(line)` hears each removal. Returns the names removed.
+---@param report fun(line: string)?
+---@return string[]
+function M.remove_dead_segments(report)
+  local removed = {}
+  local scanner = uv.fs_scandir("/dev/shm")
+  local own_uid = require("wsync._socket").own_uid()
+  while scanner do
+    local entry = uv.fs_scandir_next(scanner)
+    if not entry then
+      break
+    end
+    local pid = tonumber(entry:match("^wsync%-(%d+)%-%x+$"))
+    local path = "/dev/shm/" .. entry
+    local stat = pid and uv.fs_lstat(path)
+    if stat and stat.type == "file" and stat.uid == own_uid and pid ~= uv.os_getpid() then
+      local _, _, code = uv.kill(pid, 0)
+      if code == "ESRCH" and uv.fs_unlink(path) then
+        removed[#removed + 1] = path
+        if report then
+          report(string.format("removed %s, left by pid %d, which is gone (%d bytes)", path, pid, stat.size))
+        end
+      end
+    end
+  end
+  return removed
+end
+
 --- Removes the names of packed buffers that their creators can no longer
 --- remove: those in `descriptors` (lists of names), and every segment named
 --- for a process in `pids` ({[pid] = true}: ranks that died before they could
