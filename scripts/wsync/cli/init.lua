@@ -30,10 +30,12 @@ internal (started by wsync itself, not by hand):
        wsync runtime-worker --rank R --world N --device I
                      --weights-bytes B --kv-bytes B
                                        one TP worker of the reference runtime
-       wsync trainer --endpoint SOCKET --rank R --world N --model PRESET|JSON
+       wsync trainer --endpoint ENDPOINT --rank R --world N --model PRESET|JSON
                      [--versions N] [--backend host] [--device I]
                                        a synthetic trainer rank (generated weights)
-                                       that publishes N versions to the host
+                                       that publishes N versions to the host;
+                                       ENDPOINT is the socket path or the
+                                       tcp://ADDR:PORT?token=HEX the host prints
 
 Lua scripts come from the source tree when this binary runs from its build
 directory, from the bytecode embedded in the binary otherwise; set
