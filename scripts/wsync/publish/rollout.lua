@@ -247,10 +247,113 @@ function ReplicaSet:workers()
   return all
 end
 
+-- Generation is balanced over the replicas: each request goes to one of
+-- them, in turn. A request's id across the set is (local id - 1) x R +
+-- replica, so that it names its replica (1-based ids both ways).
+local function global_id(self, index, id)
+  return (id - 1) * #self.replicas + index
+end
+
+local function local_id(self, id)
+  local replicas = #self.replicas
+  return math.floor((id - 1) / replicas) + 1, (id - 1) % replicas + 1
+end
+
+-- Splits `items` over the replicas in turn from self.next_replica; returns
+-- the lists by replica and, by item, {replica, position in its list}.
+local function balance(self, items)
+  local lists, where = {}, {}
+  for index = 1, #self.replicas do
+    lists[index] = {}
+  end
+  for position, item in ipairs(items or {}) do
+    local index = (self.next_replica or 0) % #self.replicas + 1
+    self.next_replica = index
+    local list = lists[index]
+    list[#list + 1] = item
+    where[position] = { index, #list }
+  end
+  return lists, where
+end
+
+--- Generates: every prompt on one replica (in turn); the outputs in the
+--- prompts' order.
+function ReplicaSet:_generate(payload)
+  local lists, where = balance(self, payload.prompts)
+  local results = each(self, function(replica, index)
+    return replica:request("generate", { prompts = lists[index], sampling = payload.sampling })
+  end)
+  local outputs = {}
+  for position, at in ipairs(where) do
+    outputs[position] = results[at[1]].outputs[at[2]]
+  end
+  return { model_version = results[1].model_version, outputs = outputs, replicas = results }
+end
+
+--- Streams: every request on one replica (in turn); ids across the set.
+function ReplicaSet:_submit(payload)
+  local lists, where = balance(self, payload.requests)
+  local results = each(self, function(replica, index)
+    if #lists[index] == 0 then
+      return { ids = {} }
+    end
+    return replica:request("submit", { requests = lists[index] })
+  end)
+  local ids = {}
+  for position, at in ipairs(where) do
+    ids[position] = global_id(self, at[1], results[at[1]].ids[at[2]])
+  end
+  return { ids = ids }
+end
+
+--- What the requests (all, or those of `ids`, across the set) produced since
+--- the last poll, ordered by id.
+function ReplicaSet:_poll(payload)
+  local wanted = nil
+  if payload.ids and #payload.ids > 0 then
+    wanted = {}
+    for index = 1, #self.replicas do
+      wanted[index] = {}
+    end
+    for _, id in ipairs(payload.ids) do
+      local own, index = local_id(self, id)
+      local list = wanted[index]
+      list[#list + 1] = own
+    end
+  end
+  local results = each(self, function(replica, index)
+    if wanted and #wanted[index] == 0 then
+      return { requests = {}, in_flight = 0 }
+    end
+    return replica:request("poll", { ids = wanted and wanted[index] or nil })
+  end)
+  local requests, in_flight = {}, 0
+  for index, result in ipairs(results) do
+    in_flight = in_flight + (result.in_flight or 0)
+    for _, request in ipairs(result.requests) do
+      request.id, request.replica = global_id(self, index, request.id), index - 1
+      requests[#requests + 1] = request
+    end
+  end
+  table.sort(requests, function(a, b)
+    return a.id < b.id
+  end)
+  return { requests = requests, in_flight = in_flight }
+end
+
 --- Sends `cmd` to every replica; `start_update` gets each replica its part
---- of the header. Returns the first replica's result, with `replicas` (every
+--- of the header, and generation is balanced over them (each request on one
+--- replica). Returns the first replica's result, with `replicas` (every
 --- replica's, in order) and, for answers with `workers`, all of them.
 function ReplicaSet:request(cmd, payload)
+  payload = payload or {}
+  if cmd == "generate" then
+    return self:_generate(payload)
+  elseif cmd == "submit" then
+    return self:_submit(payload)
+  elseif cmd == "poll" then
+    return self:_poll(payload)
+  end
   local results = each(self, function(replica, index)
     local own = payload
     if cmd == "start_update" and payload and payload.header then

@@ -1,9 +1,10 @@
 -- The soak of tests/functional/publish/replicas_spec.lua, run as
--- `wsync replicas_soak.lua RECIPE`: requests stream in every replica while
--- the session runs every round of RECIPE (pause, publish, resume), polled
--- every 25 rounds; prints "SOAK <json>": per replica and request, the tokens
--- seen and generated, the spans and their versions, and every poll that did
--- not start where the one before ended.
+-- `wsync replicas_soak.lua RECIPE`: four requests stream, balanced over the
+-- replicas (each on one), while the session runs every round of RECIPE
+-- (pause, publish, resume), polled every 25 rounds; prints "SOAK <json>":
+-- per request, its replica, the tokens seen and generated, the spans and
+-- their versions, and every poll that did not start where the one before
+-- ended.
 local cjson = require("cjson")
 local loop = require("wsync.loop")
 local recipe = require("wsync.recipe").load(...)
@@ -14,24 +15,25 @@ for i = 1, 4 do
   requests[i] = { prompt = { i, i + 1 }, max_tokens = 60000 }
 end
 s.rollout:request("submit", { requests = requests })
--- per replica, per request id: tokens seen, the spans' versions
+-- per request id (across the replicas): tokens seen, its replica, its spans
 local seen = {}
 local problems = {}
 local function poll()
   local answer = s.rollout:request("poll", {})
-  for r, replica in ipairs(answer.replicas) do
-    seen[r] = seen[r] or {}
-    for _, request in ipairs(replica.requests) do
-      local got = seen[r][request.id] or { tokens = 0 }
-      if request.first_token ~= got.tokens then
-        problems[#problems + 1] = string.format("replica %d request %d: poll starts at %d, %d seen", r - 1,
-          request.id, request.first_token, got.tokens)
-      end
-      got.tokens = got.tokens + #request.tokens
-      got.generated = request.generated
-      got.spans = request.spans
-      seen[r][request.id] = got
+  for _, request in ipairs(answer.requests) do
+    local got = seen[request.id] or { tokens = 0, replica = request.replica }
+    if request.first_token ~= got.tokens then
+      problems[#problems + 1] = string.format("request %d: poll starts at %d, %d seen", request.id,
+        request.first_token, got.tokens)
     end
+    if request.replica ~= got.replica then
+      problems[#problems + 1] = string.format("request %d moved from replica %s to %s", request.id,
+        tostring(got.replica), tostring(request.replica))
+    end
+    got.tokens = got.tokens + #request.tokens
+    got.generated = request.generated
+    got.spans = request.spans
+    seen[request.id] = got
   end
 end
 local rounds = 0
@@ -49,22 +51,21 @@ for round = 1, recipe.trainer.steps do
   end
 end
 poll()
-local summary = { rounds = rounds, problems = problems, replicas = {} }
-for r, requests_seen in pairs(seen) do
-  local one = {}
-  for id, got in pairs(requests_seen) do
-    local versions, contiguous, last = {}, true, -1
-    for _, span in ipairs(got.spans) do
-      versions[#versions + 1] = span.version
-      contiguous = contiguous and span.first_token == last + 1
-      last = span.last_token
-    end
-    one[#one + 1] = { id = id, tokens = got.tokens, generated = got.generated, spans = #got.spans,
-      first_version = versions[1], last_version = versions[#versions],
-      contiguous = contiguous and last + 1 == got.generated }
+local summary = { rounds = rounds, problems = problems, requests = {} }
+for id, got in pairs(seen) do
+  local versions, contiguous, last = {}, true, -1
+  for _, span in ipairs(got.spans) do
+    versions[#versions + 1] = span.version
+    contiguous = contiguous and span.first_token == last + 1
+    last = span.last_token
   end
-  summary.replicas[r] = one
+  summary.requests[#summary.requests + 1] = { id = id, replica = got.replica, tokens = got.tokens,
+    generated = got.generated, spans = #got.spans, first_version = versions[1], last_version = versions[#versions],
+    contiguous = contiguous and last + 1 == got.generated }
 end
+table.sort(summary.requests, function(a, b)
+  return a.id < b.id
+end)
 io.stdout:write("SOAK ", cjson.encode(summary), "\n")
 io.stdout:flush()
 s:close()

@@ -83,7 +83,7 @@ describe("wsync run with several rollout replicas", function()
       .. "broken during start_update", failure)
   end)
 
-  it("1,000 pause/publish/resume rounds with requests streaming in both replicas lose and repeat no token",
+  it("1,000 pause/publish/resume rounds with requests streaming over both replicas lose and repeat no token",
     function()
       local result = process.wsync({ "tests/functional/publish/replicas_soak.lua",
         fixtures.recipes .. "/replicas_soak.lua" }, nil, { timeout = 300000 })
@@ -93,18 +93,43 @@ describe("wsync run with several rollout replicas", function()
       local summary = cjson.decode(line)
       assert.are.equal(1000, summary.rounds)
       assert.are.same({}, summary.problems)
-      assert.are.equal(2, #summary.replicas)
-      for _, replica in ipairs(summary.replicas) do
-        assert.are.equal(4, #replica)
-        for _, request in ipairs(replica) do
-          assert.are.equal(request.generated, request.tokens, "every token generated was polled once")
-          assert.is_true(request.contiguous, "its spans cover its tokens, in order")
-          assert.is_true(request.generated >= 500)
-          assert.are.equal(1000, request.last_version)
-          assert.is_true(request.spans >= 500, "tokens from most versions: " .. request.spans)
-        end
+      assert.are.equal(4, #summary.requests)
+      local per_replica = { [0] = 0, [1] = 0 }
+      for index, request in ipairs(summary.requests) do
+        assert.are.equal(index, request.id, "each request once, across the replicas")
+        per_replica[request.replica] = per_replica[request.replica] + 1
+        assert.are.equal(request.generated, request.tokens, "every token generated was polled once")
+        assert.is_true(request.contiguous, "its spans cover its tokens, in order")
+        assert.is_true(request.generated >= 500)
+        assert.are.equal(1000, request.last_version)
+        assert.is_true(request.spans >= 500, "tokens from most versions: " .. request.spans)
       end
+      assert.are.same({ [0] = 2, [1] = 2 }, per_replica, "balanced: two requests on each replica")
     end)
+
+  it("balances generation over the replicas: each prompt on one, the outputs in the prompts' order", function()
+    local path = os.tmpname()
+    local file = assert(io.open(path, "w"))
+    file:write([[
+local cjson = require("cjson")
+local s = require("wsync.publish.session").open(require("wsync.recipe").load(...))
+s:wait_publish()
+local result = s.rollout:request("generate", { prompts = { { 1 }, { 2 }, { 3 } }, sampling = { max_tokens = 4 } })
+local single = s.rollout.replicas[1]:request("generate", { prompts = { { 1 }, { 2 }, { 3 } },
+  sampling = { max_tokens = 4 } })
+io.stdout:write("GENERATED ", cjson.encode({ per_replica = { #result.replicas[1].outputs,
+  #result.replicas[2].outputs }, same = cjson.encode(result.outputs[3].token_ids)
+  == cjson.encode(single.outputs[3].token_ids), outputs = #result.outputs }), "\n")
+s:close()
+]])
+    file:close()
+    local result = process.wsync({ path, fixtures.recipes .. "/replicas_generating.lua" }, nil, { timeout = 60000 })
+    os.remove(path)
+    assert.are.equal(0, result.code, result.stderr)
+    local line = ("\n" .. result.stdout):match("\nGENERATED ([^\n]+)")
+    assert.is_not_nil(line, result.stdout)
+    assert.are.same({ per_replica = { 2, 1 }, same = true, outputs = 3 }, cjson.decode(line))
+  end)
 
   it("check and run refuse a trainer world other than replicas x TP, naming runtime.replicas", function()
     local path = fixtures.recipes .. "/replicas_mismatch.lua"
