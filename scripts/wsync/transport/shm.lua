@@ -303,6 +303,23 @@ function M.checksum(memory, offset, bytes)
   return memory:sha256(offset, bytes)
 end
 
+-- The wsync segments in /dev/shm: an iterator of (entry, creator pid).
+local function segments()
+  local scanner = uv.fs_scandir("/dev/shm")
+  return function()
+    while scanner do
+      local entry = uv.fs_scandir_next(scanner)
+      if not entry then
+        return nil
+      end
+      local pid = tonumber(entry:match("^wsync%-(%d+)%-%x+$"))
+      if pid then
+        return entry, pid
+      end
+    end
+  end
+end
+
 --- Removes the segments in /dev/shm that processes of this user left when
 --- they died without removing them (a host or a trainer killed with
 --- SIGKILL): `wsync-<pid>-<16 hex digits>` files of this user whose pid is
@@ -311,16 +328,10 @@ end
 ---@return string[]
 function M.remove_dead_segments(report)
   local removed = {}
-  local scanner = uv.fs_scandir("/dev/shm")
   local own_uid = require("wsync._socket").own_uid()
-  while scanner do
-    local entry = uv.fs_scandir_next(scanner)
-    if not entry then
-      break
-    end
-    local pid = tonumber(entry:match("^wsync%-(%d+)%-%x+$"))
+  for entry, pid in segments() do
     local path = "/dev/shm/" .. entry
-    local stat = pid and uv.fs_lstat(path)
+    local stat = uv.fs_lstat(path)
     if stat and stat.type == "file" and stat.uid == own_uid and pid ~= uv.os_getpid() then
       local _, _, code = uv.kill(pid, 0)
       if code == "ESRCH" and uv.fs_unlink(path) then
@@ -355,15 +366,11 @@ function M.remove_leftovers(descriptors, pids)
       add(name)
     end
   end
-  local scanner = next(pids or {}) and uv.fs_scandir("/dev/shm")
-  while scanner do
-    local entry = uv.fs_scandir_next(scanner)
-    if not entry then
-      break
-    end
-    local pid = tonumber(entry:match("^wsync%-(%d+)%-"))
-    if pid and pids[pid] then
-      add("/" .. entry)
+  if next(pids or {}) then
+    for entry, pid in segments() do
+      if pids[pid] then
+        add("/" .. entry)
+      end
     end
   end
   local removed, failures = {}, {}
