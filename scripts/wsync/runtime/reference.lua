@@ -118,6 +118,17 @@ function Runtime:refresh_digest()
   self.weights_digest = require("wsync.native.digest").sha256_hex(table.concat(parts, "|"))
 end
 
+--- The weights changed (a commit, a wake): the digest is asked again when
+--- generation next needs it, at once only while requests stream unpaused
+--- (the decoder's steps read it), so that a runtime that does not generate
+--- pays nothing for it in a publication.
+function Runtime:forget_digest()
+  self.weights_digest = nil
+  if self.decoder:in_flight() > 0 and not self.decoder:pause_state() then
+    self:refresh_digest()
+  end
+end
+
 --- Whether generation may run now: weights awake, the KV cache reserved, no
 --- update between start and finish, nothing broken (the decoder's steps ask).
 function Runtime:may_generate()
@@ -197,7 +208,7 @@ function Runtime:handlers()
     end,
     wake = function(payload)
       self:remember(self:broadcast("wake", { tags = payload.tags }))
-      self.weights_digest = nil -- (woken weights are new bytes: asked again at the next generation)
+      self:forget_digest() -- (woken weights are new bytes)
       return self:info()
     end,
     checksum = function()
@@ -226,6 +237,7 @@ function Runtime:handlers()
     end,
     resume = function()
       self:check_workers()
+      self:refresh_digest() -- (a publication while paused changed the weights)
       return self.decoder:resume()
     end,
     poll = function(payload)
@@ -290,8 +302,7 @@ function Runtime:handlers()
       self.model_version = header.model_version
       self.prefix_cache_resets = (self.prefix_cache_resets or 0) + 1
       -- The decoder's weights are the new ones from the next token on.
-      self.weights_digest = nil
-      self:refresh_digest()
+      self:forget_digest()
       return { model_version = self.model_version, receipts = receipts, prefix_cache_reset = true }
     end,
     release = function(payload)
