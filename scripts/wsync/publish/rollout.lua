@@ -5,6 +5,7 @@
 --- metadata it has, and whether a failed publication destroyed it. A session
 --- that respawns makes a new one; a destroyed one is never used again.
 local errors = require("wsync.errors")
+local util = require("wsync.util")
 local plan_module = require("wsync.plan")
 local runtime_module = require("wsync.runtime")
 
@@ -181,16 +182,13 @@ M.ReplicaSet = ReplicaSet
 function M.spawn_replicas(options, count)
   local tp = options.tp or 1
   local results, failed, err = require("wsync.loop").all(count, function(index)
-    local own = {}
-    for key, value in pairs(options) do
-      own[key] = value
-    end
-    own.devices = {}
+    local devices = {}
     for rank = 1, tp do
-      own.devices[rank] = options.devices and options.devices[(index - 1) * tp + rank] or ((index - 1) * tp + rank - 1)
+      devices[rank] = options.devices and options.devices[(index - 1) * tp + rank] or ((index - 1) * tp + rank - 1)
     end
-    own.fault = os.getenv("WSYNC_RUNTIME_FAULT_" .. (index - 1)) or options.fault
-    return M.spawn(own)
+    return M.spawn(util.merged(options, {
+      devices = devices, fault = os.getenv("WSYNC_RUNTIME_FAULT_" .. (index - 1)) or options.fault,
+    }))
   end)
   if failed then
     for index = 1, count do
@@ -225,15 +223,11 @@ end
 
 -- The part of `header` that replica `index` (1-based) gets: its devices.
 local function header_of(header, tp, index)
-  local own = {}
-  for key, value in pairs(header) do
-    own[key] = value
-  end
-  own.uuids = {}
+  local uuids = {}
   for rank = 1, tp do
-    own.uuids[rank] = header.uuids[(index - 1) * tp + rank]
+    uuids[rank] = header.uuids[(index - 1) * tp + rank]
   end
-  return own
+  return util.merged(header, { uuids = uuids })
 end
 
 --- Every replica's TP workers, in trainer rank order.
@@ -361,11 +355,7 @@ function ReplicaSet:request(cmd, payload)
     end
     return replica:request(cmd, own)
   end)
-  local merged = {}
-  for key, value in pairs(results[1]) do
-    merged[key] = value
-  end
-  merged.replicas = results
+  local merged = util.merged(results[1], { replicas = results })
   -- Lists every replica answers with, joined in replica order.
   for _, field in ipairs({ "workers", "receipts" }) do
     if type(results[1][field]) == "table" then

@@ -549,6 +549,17 @@ function Session:begin_round()
   return self.publication
 end
 
+-- Runs `check(workers)` ({workers, tensors} checked) on every replica's
+-- part of a resident-check answer; the counts of all.
+local function check_replicas(session, reported, check)
+  local verified = { workers = 0, tensors = 0 }
+  for _, workers in ipairs(session.rollout:by_replica(reported)) do
+    local one = check(workers)
+    verified.workers, verified.tensors = verified.workers + one.workers, verified.tensors + one.tensors
+  end
+  return verified
+end
+
 -- The values check (wsync.plan.values): every rank's sums of its rows, for
 -- every TP worker's resident tensors, against what the workers hold.
 local function check_values(session)
@@ -568,14 +579,10 @@ local function check_values(session)
       session.values_loaders[w] = family.loader_plan(plan.config, tp, w - 1)
     end
   end
-  local reported = session.rollout:request("resident_values", {})
-  local verified = { workers = 0, tensors = 0 }
   -- (Every replica holds the same: each is checked against the same sums.)
-  for _, workers in ipairs(session.rollout:by_replica(reported)) do
-    local one = require("wsync.plan.values").check(session.values_loaders, by_rank, workers)
-    verified.workers, verified.tensors = verified.workers + one.workers, verified.tensors + one.tensors
-  end
-  return verified
+  return check_replicas(session, session.rollout:request("resident_values", {}), function(workers)
+    return require("wsync.plan.values").check(session.values_loaders, by_rank, workers)
+  end)
 end
 
 --- After the publication: checks resident slices when the recipe asks, runs
@@ -596,13 +603,9 @@ function Session:end_round(publication)
       local reported = self.rollout:request("resident_check", { step = publication.step })
       report.verified = verify.check_on_device(publication.step, reported.workers)
     else
-      local reported = self.rollout:request("resident_checksums", {})
-      local verified = { workers = 0, tensors = 0 }
-      for _, workers in ipairs(self.rollout:by_replica(reported)) do
-        local one = verify.check(self.plan, self.topology.tp, publication.step, workers)
-        verified.workers, verified.tensors = verified.workers + one.workers, verified.tensors + one.tensors
-      end
-      report.verified = verified
+      report.verified = check_replicas(self, self.rollout:request("resident_checksums", {}), function(workers)
+        return verify.check(self.plan, self.topology.tp, publication.step, workers)
+      end)
     end
     report.timings.resident_check = (uv.hrtime() - started) / 1e9
   end
