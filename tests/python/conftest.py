@@ -27,6 +27,17 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
 
+def run_trainer(code: str, recipe: str, tmp_path, env: Optional[dict[str, str]] = None,
+                path: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Runs a single-process trainer (Python `code`, with RECIPE set to `recipe`) from the
+    repository root, with a fresh TMPDIR, this directory and `path` on PYTHONPATH, and the
+    `env` entries added; returns its CompletedProcess (output captured, 120 s at most)."""
+    environment = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
+        filter(None, [str(HERE), *path, os.environ.get("PYTHONPATH")])), **(env or {}))
+    return subprocess.run([sys.executable, "-c", f"RECIPE = {recipe!r}\n" + code], cwd=ROOT, env=environment,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
 def wsync_binary() -> str:
     path = os.environ.get("WSYNC_BIN") or str(ROOT / "build" / "wsync")
     assert os.access(path, os.X_OK), (f"the wsync binary {path} is not there: build first (scripts/dev.sh build) or "

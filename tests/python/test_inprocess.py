@@ -4,14 +4,11 @@ on tests/fixtures/recipes/external_one_rank.lua (one rank, TP1, host backend, ev
 resident slice checked after each of the three publications)."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from conftest import HERE, ROOT
+from conftest import run_trainer
 
 RECIPE = "tests/fixtures/recipes/external_one_rank.lua"
 
@@ -35,13 +32,6 @@ TRAINER = textwrap.dedent("""
             print(f"trainer: published step {version} as model version {publication.model_version}", flush=True)
     print("trainer: host closed", flush=True)
 """)
-
-
-def run_trainer(code: str, recipe: str, tmp_path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
-        filter(None, [str(HERE), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, "-c", f"RECIPE = {recipe!r}\n" + code], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
 
 def test_a_single_process_trainer_runs_its_session_in_process(tmp_path):

@@ -4,12 +4,10 @@ generating through it between publications (Host.generate), with an engine in pl
 every result stamped with the version committed when it was dispatched."""
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 
-from conftest import HERE, ROOT
+from conftest import ROOT, run_trainer
 
 RECIPE = "tests/fixtures/recipes/vllm_stand_in_external.lua"
 
@@ -52,11 +50,9 @@ TRAINER = textwrap.dedent("""
 
 
 def test_a_trainer_publishes_into_the_vllm_runtime_and_generates_between(tmp_path):
-    env = dict(os.environ, TMPDIR=str(tmp_path), WSYNC_VLLM_ENGINE="vllm_stand_in:Engine", WSYNC_PYTHON=sys.executable,
-               PYTHONPATH=os.pathsep.join(filter(None, [str(HERE), str(ROOT / "bindings" / "python"),
-                                                        os.environ.get("PYTHONPATH")])))
-    result = subprocess.run([sys.executable, "-c", f"RECIPE = {RECIPE!r}\n" + TRAINER], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    # (The runtime's own Python imports wsync.vllm and the stand-in from the tree.)
+    result = run_trainer(TRAINER, RECIPE, tmp_path, path=(str(ROOT / "bindings" / "python"),),
+                         env={"WSYNC_VLLM_ENGINE": "vllm_stand_in:Engine", "WSYNC_PYTHON": sys.executable})
     output = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert result.returncode == 0, output
     rows = [line for line in result.stdout.splitlines() if line.startswith('trainer: {')]
