@@ -25,6 +25,19 @@ function M.merged(defaults, overrides)
   return result
 end
 
+--- The whole text of the file at `path`, or nil and why it cannot be read.
+---@param path string
+---@return string?, string?
+function M.read_file(path)
+  local file, reason = io.open(path, "r")
+  if not file then
+    return nil, reason
+  end
+  local text = file:read("*a")
+  file:close()
+  return text
+end
+
 --- This process's memory after a full collection: the Lua heap and the
 --- resident set, in bytes (soak tests and `wsync repl` read them).
 ---@return {lua_heap_bytes: integer, rss_bytes: integer, pid: integer}

@@ -737,11 +737,7 @@ local function wait_gone(pids, ms)
   local deadline = uv.hrtime() + ms * 1e6
   for pid in pairs(pids or {}) do
     while uv.hrtime() < deadline do
-      local file = io.open("/proc/" .. pid .. "/stat", "r")
-      local stat = file and file:read("*a") or ""
-      if file then
-        file:close()
-      end
+      local stat = require("wsync.util").read_file("/proc/" .. pid .. "/stat") or ""
       if stat == "" or stat:match("%) Z ") or stat:match("%) X ") then
         break
       end

@@ -629,15 +629,7 @@ function M.unserved(recipe)
   return nil
 end
 
-local function read_file(path)
-  local file = io.open(path, "r")
-  if not file then
-    return nil
-  end
-  local text = file:read("*a")
-  file:close()
-  return text
-end
+local read_file = require("wsync.util").read_file
 
 -- The soft limit called `name` ("Max open files") in /proc/self/limits (luv
 -- 1.44 has no getrlimit); nil when it is unlimited or cannot be read.

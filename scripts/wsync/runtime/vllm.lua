@@ -53,12 +53,10 @@ print(json.dumps(found))
 ]]
 
 local function read_json(path)
-  local file = io.open(path, "r")
-  if not file then
+  local text = require("wsync.util").read_file(path)
+  if not text then
     return nil, "cannot be read"
   end
-  local text = file:read("*a")
-  file:close()
   local ok, value = pcall(cjson.decode, text)
   if not ok or type(value) ~= "table" then
     return nil, "is not a JSON object"
