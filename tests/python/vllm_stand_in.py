@@ -55,7 +55,7 @@ class Engine:
                               fatal=True, rank=rank)
 
     def workers(self) -> list[dict[str, Any]]:
-        return [{"rank": rank, "pid": worker.pid, "device": {"backend": "host", "index": self.devices[rank],
+        return [{"rank": rank, "pid": worker.pid, "device": {"backend": self.backend, "index": self.devices[rank],
                                                               "uuid": self.uuids[rank]}}
                 for rank, worker in enumerate(self.processes)]
 
@@ -75,7 +75,7 @@ class Engine:
             self._state["kv_cache"] = "reserved"
 
     def _loader(self, rank: int) -> DirectLoader:
-        identity = {"rank": rank, "world": self.tp, "device": {"backend": "host", "index": self.devices[rank],
+        identity = {"rank": rank, "world": self.tp, "device": {"backend": self.backend, "index": self.devices[rank],
                                                                 "uuid": self.uuids[rank]}}
         return DirectLoader(identity, self.hosts[rank], lambda: self.residents[rank])
 
