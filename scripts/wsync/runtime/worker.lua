@@ -624,7 +624,9 @@ end
 
 --- mapped{buffer}: where this worker's mapping of its rank's packed buffer
 --- `buffer` (a slot, 1-based) lies: {pointer, size, device} (the check of the
---- direct loader against the engine's own loader reads the chunk there).
+--- direct loader against the engine's own loader reads the chunk there). The
+--- pointer is a decimal string: lua-cjson 2.1 writes numbers with at most 14
+--- significant digits, and a device address has 15.
 function Worker:mapped(payload)
   local memory = self.imported and self.imported[payload.buffer]
   if not memory then
@@ -634,7 +636,9 @@ function Worker:mapped(payload)
   if type(memory.region) ~= "function" then
     refuse(string.format("the %s transport's buffers are not device regions", self.transport.NAME))
   end
-  return memory:region()
+  local region = memory:region()
+  region.pointer = string.format("%.0f", region.pointer)
+  return region
 end
 
 local embedded = nil
