@@ -239,7 +239,7 @@ class CheckedDirectLoader(DirectLoader):
         device = self.worker.device
         buffer = torch.as_tensor(_CudaBytes(int(region["pointer"]), int(region["size"])), device=device)
         model = self.worker.get_model()
-        parameters = dict(model.named_parameters())
+        parameters = {plan_name(name): parameter for name, parameter in model.named_parameters()}
         touched = sorted({resident for tensor in tensors for resident in self.plan.writes.get(tensor["name"], ())})
         direct = {name: parameters[name].data.clone() for name in touched}
         weights = [(tensor["name"], buffer[tensor["offset"]:tensor["offset"] + tensor["bytes"]]
@@ -251,21 +251,35 @@ class CheckedDirectLoader(DirectLoader):
             ours = direct[name].reshape(-1).view(torch.uint8)
             if not torch.equal(own, ours):
                 first = int((own != ours).nonzero()[0])
-                raise Failure("DIRECT_PLAN_MISMATCH", f"TP worker {self.identity['rank']}, chunk {chunk}: vLLM's own "
-                              f"loader writes {name} differently from wsync's direct loader (first at byte {first} "
-                              f"of {own.numel()}); load = \"native\" serves this model", fatal=True,
+                raise Failure("DIRECT_PLAN_MISMATCH", f"chunk {chunk}: vLLM's own loader writes {name} differently "
+                              f"from wsync's direct loader (first at byte {first} of {own.numel()}); load = "
+                              "\"native\" serves this model", fatal=True,
                               rank=self.identity["rank"])
         del direct
 
 
+#: vLLM's parameter names that differ from the resident names of wsync's loader plans
+#: (wsync.plan): (vLLM's infix, the plan's). vLLM 0.26 keeps a MoE layer's expert
+#: weights in its runner's ``routed_experts`` module.
+VLLM_NAME_INFIXES = ((".experts.routed_experts.", ".experts."),)
+
+
+def plan_name(name: str) -> str:
+    """The loader plan's name for vLLM's parameter ``name``."""
+    for theirs, ours in VLLM_NAME_INFIXES:
+        name = name.replace(theirs, ours)
+    return name
+
+
 def torch_residents(model: Any) -> dict[str, dict[str, Any]]:
-    """A torch module's parameters as the direct loader takes them (each must be
-    contiguous: the loader writes rows of bytes)."""
+    """A torch module's parameters as the direct loader takes them, by the loader plan's
+    names (each must be contiguous: the loader writes rows of bytes)."""
     found = {}
-    for name, parameter in model.named_parameters():
+    for vllm_name, parameter in model.named_parameters():
+        name = plan_name(vllm_name)
         data = parameter.data
         if not data.is_contiguous():
-            raise Failure("DIRECT_UNSUPPORTED", f"vLLM's parameter {name} is not contiguous; load = \"native\" "
+            raise Failure("DIRECT_UNSUPPORTED", f"vLLM's parameter {vllm_name} is not contiguous; load = \"native\" "
                           "serves this model", fatal=True)
         found[name] = {"pointer": data.data_ptr(), "size": data.numel() * data.element_size(),
                        "dtype": str(data.dtype).split(".")[-1], "shape": list(data.shape)}
@@ -291,6 +305,7 @@ class WorkerExtension:
         """Runs one weight command on this worker; answers JSON {ok, result} or {ok: false,
         error: {code, message, fatal, traceback}} (an exception must not end vLLM's worker
         loop: the runtime decides)."""
+        started = time.perf_counter()
         try:
             payload = json.loads(payload_json)
             loader = self.__dict__.get("_wsync_loader")
@@ -313,7 +328,10 @@ class WorkerExtension:
             handler = getattr(loader, cmd, None)
             if handler is None:
                 raise Failure("UNKNOWN_COMMAND", f"the worker extension has no command '{cmd}'")
-            return json.dumps({"ok": True, "result": handler(payload)})
+            result = handler(payload)
+            # (How long this worker took, for the runtime's timing summary: the rest of a
+            # command's time is vLLM's collective_rpc.)
+            return json.dumps({"ok": True, "result": result, "seconds": time.perf_counter() - started})
         except Failure as failed:
             return json.dumps({"ok": False, "error": {"code": failed.code, "message": failed.message,
                                                       "fatal": failed.fatal}})
