@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-from typing import Any
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional, TypeVar
 
 from .server import Failure
 
@@ -38,6 +41,21 @@ def _children(pid: int) -> list[int]:
             if int(fields[1]) == pid:
                 found.append(int(name))
     return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (exists and is no zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+_R = TypeVar("_R")
+
+#: How often a call into vLLM looks whether its engine still lives (seconds).
+WATCH_INTERVAL = 0.2
 
 
 def _faults() -> dict[str, str]:
@@ -76,14 +94,60 @@ class VllmEngine:
         self.llm = LLM(model=model, tensor_parallel_size=tp, enable_sleep_mode=True,
                        weight_transfer_config=WeightTransferConfig(backend="ipc"),
                        worker_extension_cls="wsync.vllm.extension.WorkerExtension", **arguments)
+        self._engine_pids = _engine_pids(self.llm)
+        self._identities: list[dict[str, Any]] = []
         self.llm.init_weight_transfer_engine({"init_info": {}})
-        self._identities = self.llm.collective_rpc("wsync_identity", timeout=_inner(timeouts.get("startup", 600)))
+        self._identities = self._watched("startup", lambda: self.llm.collective_rpc(
+            "wsync_identity", timeout=_inner(timeouts.get("startup", 600))))
         order = [identity["rank"] for identity in self._identities]
         if order != list(range(tp)):
             raise Failure("RUNTIME_START", f"vLLM's TP workers answered as ranks {order}, not 0..{tp - 1} in order")
         self._state = {"weights": "awake", "kv_cache": "reserved"}
         self._closed = False
         self._faults = _faults()
+        # Per weight command: [calls, seconds in collective_rpc, the slowest worker's seconds].
+        self._timing: dict[str, list[float]] = {}
+
+    def _dead(self) -> Optional[str]:
+        """Which of vLLM's processes died (EngineCore, a TP worker), or None."""
+        core = getattr(self.llm.llm_engine, "engine_core", None)
+        resources = getattr(core, "resources", None)
+        for pid in self._engine_pids:
+            if not _alive(pid):
+                return f"vLLM's EngineCore (pid {pid}) died"
+        for identity in self._identities:
+            if not _alive(identity["pid"]):
+                return f"vLLM's TP worker {identity['rank']} (pid {identity['pid']}) died"
+        if resources is not None and getattr(resources, "engine_dead", False):
+            return "vLLM's EngineCore died"
+        return None
+
+    def _watched(self, what: str, call: Callable[[], _R]) -> _R:
+        """``call()`` (a blocking call into vLLM), failing at once with ENGINE_DIED when
+        vLLM's engine dies meanwhile: vLLM 0.26's client waits for a dead EngineCore's
+        answer forever (a utility call has no timeout of its own on the client's side)."""
+        done = threading.Event()
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = call()
+            except BaseException as error:  # re-raised in the caller's thread
+                outcome["error"] = error
+            done.set()
+
+        # (A daemon: a call that never returns must not keep this process from exiting.)
+        threading.Thread(target=run, name=f"wsync-vllm-{what}", daemon=True).start()
+        while not done.wait(WATCH_INTERVAL):
+            dead = self._dead()
+            if dead:
+                raise Failure("ENGINE_DIED", f"{dead} during {what}", fatal=True)
+        if "error" in outcome:
+            dead = self._dead()
+            if dead:
+                raise Failure("ENGINE_DIED", f"{dead} during {what}: {outcome['error']}", fatal=True)
+            raise outcome["error"]
+        return outcome["value"]
 
     def _inject(self, where: str) -> None:
         if self._faults.get(where) == "kill_engine":
@@ -98,12 +162,12 @@ class VllmEngine:
         return dict(self._state)
 
     def sleep(self, level: int) -> None:
-        self.llm.sleep(level=level)
+        self._watched("sleep", lambda: self.llm.sleep(level=level))
         offloaded = level == 1 and self._state["weights"] == "awake"
         self._state = {"weights": "offloaded" if offloaded else "discarded", "kv_cache": "free"}
 
     def wake(self, tags: list[str]) -> None:
-        self.llm.wake_up(tags=tags)
+        self._watched("wake", lambda: self.llm.wake_up(tags=tags))
         if "weights" in tags:
             self._state["weights"] = "awake"
         if "kv_cache" in tags:
@@ -111,16 +175,31 @@ class VllmEngine:
 
     def _command(self, cmd: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
         timeout = _inner(self.timeouts.get(cmd, self.timeouts.get("default", 60)))
-        answers = self.llm.collective_rpc("wsync_command", timeout=timeout, args=(cmd, json.dumps(payload)))
-        results = []
+        started = time.perf_counter()
+        answers = self._watched(cmd, lambda: self.llm.collective_rpc("wsync_command", timeout=timeout,
+                                                                    args=(cmd, json.dumps(payload))))
+        seconds = time.perf_counter() - started
+        results, slowest = [], 0.0
         for rank, text in enumerate(answers):
             answer = json.loads(text)
+            slowest = max(slowest, float(answer.get("seconds", 0.0)))
             if not answer.get("ok"):
                 error = answer.get("error") or {}
                 raise Failure(error.get("code", "WORKER_FAILED"), f"TP worker {rank}: {error.get('message')}",
                               fatal=error.get("fatal", True), rank=rank)
             results.append(answer["result"])
+        timing = self._timing.setdefault(cmd, [0, 0.0, 0.0])
+        timing[0] += 1
+        timing[1] += seconds
+        timing[2] += slowest
         return results
+
+    def timing_summary(self) -> str:
+        """Per weight command: calls, mean ms in collective_rpc and in the slowest worker
+        (the difference is vLLM's RPC between this process and its workers)."""
+        parts = [f"{cmd} x{int(calls)}: {total / calls * 1e3:.2f} ms per call in collective_rpc, "
+                 f"{worker / calls * 1e3:.2f} in the workers" for cmd, (calls, total, worker) in self._timing.items()]
+        return "; ".join(parts) or "no weight commands"
 
     def init_weights(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
         return self._command("init_weights", dict(payload, load=self.load, check=getattr(self, "check", "first")))
@@ -147,7 +226,7 @@ class VllmEngine:
         return self._command("resident_values", {})
 
     def commit(self, model_version: int) -> None:
-        self.llm.reset_prefix_cache()
+        self._watched("commit", self.llm.reset_prefix_cache)
 
     def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[dict[str, Any]]:
         from vllm import SamplingParams, TokensPrompt
@@ -158,7 +237,7 @@ class VllmEngine:
         params = SamplingParams(logprobs=0, **sampling)
         requests = [TokensPrompt(prompt_token_ids=prompt) for prompt in prompts]
         outputs = []
-        for result in self.llm.generate(requests, params, use_tqdm=False):
+        for result in self._watched("generate", lambda: self.llm.generate(requests, params, use_tqdm=False)):
             completion = result.outputs[0]
             sampled = [step[token].logprob for step, token in zip(completion.logprobs or [], completion.token_ids)]
             output = {"token_ids": list(completion.token_ids), "logprobs": sampled}
@@ -172,7 +251,19 @@ class VllmEngine:
         if self._closed:
             return
         self._closed = True
+        print(f"wsync vllm runtime: {self.timing_summary()}", file=sys.stderr, flush=True)
         shutdown_engine(self.llm)
+
+
+def _engine_pids(llm: Any) -> list[int]:
+    """The pids of an LLM's EngineCore processes (vLLM 0.26: its core client's engine
+    manager), or else this process's children (the EngineCore is one)."""
+    core = getattr(llm.llm_engine, "engine_core", None)
+    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+    processes = getattr(manager, "processes", None)
+    if processes:
+        return [process.pid for process in processes]
+    return _children(os.getpid())
 
 
 def shutdown_engine(llm: Any) -> None:
