@@ -32,6 +32,7 @@ class Host:
         self._thread = threading.get_ident()
         self._agents: list[Any] = []
         self.endpoint: Optional[str] = None
+        self._eval_buffer: Optional[ctypes.Array] = None
         self._finished = recipe is None
         if recipe is not None:
             try:
@@ -62,7 +63,11 @@ class Host:
         """Runs a Lua chunk without running the loop (it must not wait on it) and returns
         what it returned, as a string."""
         handle = self._checked("eval")
-        result = ctypes.create_string_buffer(result_bytes)
+        # (One buffer, kept and grown: a fresh one would be allocated and zeroed on every
+        # call, milliseconds for the vllm runtime's 16 MiB per weight command.)
+        result = self._eval_buffer
+        if result is None or ctypes.sizeof(result) < result_bytes:
+            result = self._eval_buffer = ctypes.create_string_buffer(result_bytes)
         self._fail(self._lib.ws_host_eval(handle, code.encode(), result, result_bytes), "eval")
         return result.value.decode()
 
@@ -108,7 +113,8 @@ class Host:
     def reports(self) -> list[dict[str, Any]]:
         """The session's publication reports so far: ``model_version``, ``step``, ``bytes``,
         ``gbps`` and ``timings`` (seconds of each phase: ``total``, ``init``, ``fill``,
-        ``load``, ``finish``; ``fill_copy`` and ``load_copy`` the copies alone)."""
+        ``load``, ``finish``; ``fill_copy`` and ``load_copy`` the copies alone) and ``receipts``
+        (the TP workers' receipts, as the runtime gave them)."""
         return json.loads(self.eval("return require('wsync.cli.embedded').reports()"))
 
     def _rollout(self, cmd: str, payload: dict[str, Any]) -> dict[str, Any]:

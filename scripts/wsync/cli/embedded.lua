@@ -162,7 +162,8 @@ end
 
 --- The started session's publication reports so far (the newest it keeps),
 --- as JSON: [{model_version, step, bytes, gbps, timings = {total, init, fill,
---- load, finish, fill_copy, load_copy, ...} in seconds}].
+--- load, finish, fill_copy, load_copy, ...} in seconds, receipts = the TP
+--- workers' receipts as the runtime gave them}].
 ---@return string
 function M.reports()
   local state = started
@@ -170,7 +171,7 @@ function M.reports()
   local out = {}
   for index, report in ipairs(session and session.reports or {}) do
     out[index] = { model_version = report.model_version, step = report.step, bytes = report.bytes,
-      gbps = report.gbps, timings = report.timings }
+      gbps = report.gbps, timings = report.timings, receipts = report.receipts }
   end
   return #out > 0 and require("cjson").encode(out) or "[]"
 end
