@@ -105,7 +105,7 @@ bundle() {
   # libwsync needs that a GPU machine lacks (LuaJIT, libuv, luv, lua-cjson).
   mkdir -p "$out/python" "$out/lib"
   cp -r "$root/bindings/python/wsync" "$out/python/wsync"
-  rm -rf "$out/python/wsync/__pycache__"
+  find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
   cp -L "$build/libwsync.so" "$out/python/wsync/libwsync.so"
   ldd "$build/libwsync.so" | awk '/luajit|libuv|luv|cjson/ { print $3 }' | while read -r dependency; do
     cp -L "$dependency" "$out/lib/"
