@@ -296,6 +296,24 @@ static int buffer_export(lua_State *L) {
   return 1;
 }
 
+// _cuda.export_region(region) -> handle, allocation_size, offset | nil,
+// message, CODE: the cudaMalloc allocation that holds memory this process
+// allocated some other way (a torch tensor's storage), exported.
+static int cuda_export_region(lua_State *L) {
+  ws_cuda_region region;
+  ws_lua_check_cuda_region(L, 1, &region);
+  unsigned char handle[WS_CUDA_IPC_HANDLE_BYTES];
+  uint64_t allocation_size = 0, offset = 0;
+  int status =
+      ws_cuda_export_region(&region, handle, &allocation_size, &offset);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushlstring(L, (const char *)handle, sizeof handle);
+  lua_pushnumber(L, (lua_Number)allocation_size);
+  lua_pushnumber(L, (lua_Number)offset);
+  return 3;
+}
+
 // buffer:close() -> true | nil, message, CODE
 static int buffer_close(lua_State *L) {
   void **slot = ws_lua_check_slot(L, 1, buffer_class);
@@ -808,7 +826,8 @@ int luaopen_wsync_cuda(lua_State *L) {
       {"copy_plan", cuda_copy_plan},   {"synth_plan", cuda_synth_plan},
       {"read", cuda_read},             {"write", cuda_write},
       {"fill", cuda_fill},             {"memcpy", cuda_memcpy},
-      {"counters", cuda_counters},     {NULL, NULL},
+      {"counters", cuda_counters},     {"export_region", cuda_export_region},
+      {NULL, NULL},
   };
   ws_lua_new_class(L, buffer_class, buffer_methods, buffer_meta);
   ws_lua_new_class(L, mapping_class, mapping_methods, mapping_meta);

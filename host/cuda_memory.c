@@ -294,6 +294,43 @@ int ws_cuda_buffer_export(ws_cuda_buffer *buffer, unsigned char *handle_out) {
   return WS_OK;
 }
 
+int ws_cuda_export_region(const ws_cuda_region *region,
+                          unsigned char *handle_out, uint64_t *allocation_size,
+                          uint64_t *offset) {
+  ws_clear_error();
+  int status =
+      ws_cuda_check_region(region, region->device, "exported memory", 1);
+  if (status != WS_OK)
+    return status;
+  uint64_t base = 0, size = 0;
+  allocation_of(region->pointer, &base, &size);
+  if (size == 0)
+    return ws_fail(WS_EINVAL,
+                   "cuda: the driver does not say which allocation holds "
+                   "0x%llx (cuMemGetAddressRange): it cannot be exported",
+                   (unsigned long long)region->pointer);
+  int previous = 0;
+  status = ws_cuda_enter(region->device, &previous);
+  if (status != WS_OK)
+    return status;
+  cudaIpcMemHandle_t handle;
+  cudaError_t error = cudaIpcGetMemHandle(&handle, (void *)(uintptr_t)base);
+  ws_cuda_leave(previous);
+  if (error != cudaSuccess)
+    return ws_cuda_failure(
+        error, "cudaIpcGetMemHandle",
+        "export of the %llu-byte allocation at 0x%llx on device %d that holds "
+        "0x%llx (memory from cuMemCreate, such as torch's expandable "
+        "segments, cannot be exported this way)",
+        (unsigned long long)size, (unsigned long long)base, (int)region->device,
+        (unsigned long long)region->pointer);
+  count(&counters.exports, 1);
+  memcpy(handle_out, &handle, sizeof handle);
+  *allocation_size = size;
+  *offset = region->pointer - base;
+  return WS_OK;
+}
+
 void ws_cuda_buffer_region(const ws_cuda_buffer *buffer, ws_cuda_region *out) {
   out->pointer = (uint64_t)(uintptr_t)buffer->pointer;
   out->size = buffer->size;
@@ -790,6 +827,14 @@ int ws_cuda_buffer_create(int device, size_t size, ws_cuda_buffer **out) {
 int ws_cuda_buffer_export(ws_cuda_buffer *buffer, unsigned char *handle_out) {
   ws_clear_error();
   (void)buffer, (void)handle_out;
+  return not_built();
+}
+
+int ws_cuda_export_region(const ws_cuda_region *region,
+                          unsigned char *handle_out, uint64_t *allocation_size,
+                          uint64_t *offset) {
+  ws_clear_error();
+  (void)region, (void)handle_out, (void)allocation_size, (void)offset;
   return not_built();
 }
 

@@ -59,6 +59,17 @@ int ws_cuda_buffer_create(int device, size_t size, ws_cuda_buffer **out);
 /// first call exports it (cudaIpcGetMemHandle); later calls copy that handle.
 int ws_cuda_buffer_export(ws_cuda_buffer *buffer, unsigned char *handle_out);
 
+/// Exports the cudaMalloc allocation that holds `region` (memory this process
+/// allocated some other way: a torch tensor's storage) for another process to
+/// map with ws_cuda_mapping_open: its 64-byte handle into `handle_out`, the
+/// allocation's size into `*allocation_size` and where the region starts in it
+/// into `*offset`. Refused when the driver cannot say which allocation holds
+/// the region, or when that allocation cannot be exported (VMM memory, as
+/// torch's expandable segments make, has no cudaIpcMemHandle_t).
+int ws_cuda_export_region(const ws_cuda_region *region,
+                          unsigned char *handle_out, uint64_t *allocation_size,
+                          uint64_t *offset);
+
 /// Describes the whole buffer as a region.
 void ws_cuda_buffer_region(const ws_cuda_buffer *buffer, ws_cuda_region *out);
 

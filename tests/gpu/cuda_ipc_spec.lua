@@ -147,6 +147,47 @@ describe("cuda IPC between processes", function()
     assert(buffer:close())
   end)
 
+  it("exports the allocation that holds memory allocated elsewhere, with where the memory starts in it", function()
+    -- (A sub-range of a buffer stands for a torch tensor in a segment of torch's
+    -- caching allocator: what export_region gets is a pointer and a size.)
+    local buffer = filled_buffer(3)
+    local region = buffer:region()
+    local inner = { pointer = region.pointer + 8 * MiB, size = 4 * MiB, device = 0 }
+    local handle, allocation_size, offset = cuda.export_region(inner)
+    assert(handle, allocation_size)
+    assert.are.equal(64, #handle)
+    assert.are.equal(BYTES, allocation_size)
+    assert.are.equal(8 * MiB, offset)
+    -- the child maps the whole allocation and reads the values at the offset
+    local result = process.wsync({ "-e", [[
+      local cuda = require("wsync._cuda")
+      local handle_hex, bytes, offset = ...
+      local handle = handle_hex:gsub("%x%x", function(pair) return string.char(tonumber(pair, 16)) end)
+      local mapping = assert(cuda.import(0, handle, tonumber(bytes)))
+      io.write((assert(mapping:read(tonumber(offset), 4096))))
+      assert(mapping:close())]], support.hex(handle), tostring(allocation_size), tostring(offset) }, nil,
+      { timeout = 60000 })
+    assert.are.equal(0, result.code, result.stderr)
+    support.assert_same(assert(buffer:read(8 * MiB, 4096)), result.stdout, "the bytes the child read at the offset")
+    assert(buffer:close())
+  end)
+
+  it("refuses to export memory that is not device memory, or runs past its allocation, naming it", function()
+    local host = ffi.new("uint8_t[4096]")
+    local handle, message, code = cuda.export_region({ pointer = tonumber(ffi.cast("uintptr_t", host)), size = 4096,
+      device = 0 })
+    assert.is_nil(handle)
+    assert.are.equal("EINVAL", code)
+    assert.matches("is not device memory", message, 1, true)
+    local buffer = filled_buffer(1)
+    local region = buffer:region()
+    handle, message, code = cuda.export_region({ pointer = region.pointer + BYTES - 4096, size = 8192, device = 0 })
+    assert.is_nil(handle)
+    assert.are.equal("EINVAL", code)
+    assert.matches("runs 4096 bytes past the end of its allocation", message, 1, true)
+    assert(buffer:close())
+  end)
+
   it("answers a handle that is no exported buffer with CUDA's own error name", function()
     local result = process.wsync({ "-e", [[
       local cuda = require("wsync._cuda")
