@@ -38,9 +38,11 @@ if stage tier; then
   grep -E "^(Failure|Error) ->" -A6 "$out/gpu_tier.log" | head -60 | tee -a "$out/summary.txt"
 fi
 if stage fsdp2; then
-  echo "== python: FSDP2 trainer through wsync (tests/python/torch_fsdp2.py --device cuda)" | tee -a "$out/summary.txt"
-  timeout 300 python3 tests/python/torch_fsdp2.py --device cuda >"$out/torch_fsdp2.log" 2>&1 || status=1
-  grep -E "^torch_fsdp2|verdict|Error|error" "$out/torch_fsdp2.log" | tail -n 20 | tee -a "$out/summary.txt"
+  for way in cuda cuda-direct; do
+    echo "== python: FSDP2 trainer through wsync (tests/python/torch_fsdp2.py --device $way)" | tee -a "$out/summary.txt"
+    timeout 300 python3 tests/python/torch_fsdp2.py --device "$way" >"$out/torch_fsdp2_$way.log" 2>&1 || status=1
+    grep -E "^torch_fsdp2|verdict|Error|error" "$out/torch_fsdp2_$way.log" | tail -n 20 | tee -a "$out/summary.txt"
+  done
 fi
 if stage copy; then
   echo "== cuda copy benchmark (scale $scale)" | tee -a "$out/summary.txt"

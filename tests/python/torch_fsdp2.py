@@ -8,6 +8,8 @@ exits non-zero on any failure.
 
     --device cuda (the H200: tests/gpu/run.sh): NCCL, the cuda backend,
         tests/fixtures/recipes/torch_tiny_cuda.lua
+    --device cuda-direct (the H200): the same on the direct path, the TP worker reading the
+        parameters from torch's own allocations, tests/fixtures/recipes/torch_tiny_cuda_direct.lua
     --device cpu (tests/python/test_torch.py, where torch is installed): gloo, the host
         backend, tests/fixtures/recipes/torch_tiny_host.lua
 """
@@ -24,7 +26,8 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 import wsync
 
-RECIPES = {"cuda": "tests/fixtures/recipes/torch_tiny_cuda.lua", "cpu": "tests/fixtures/recipes/torch_tiny_host.lua"}
+RECIPES = {"cuda": "tests/fixtures/recipes/torch_tiny_cuda.lua", "cpu": "tests/fixtures/recipes/torch_tiny_host.lua",
+           "cuda-direct": "tests/fixtures/recipes/torch_tiny_cuda_direct.lua"}
 STEPS = 3
 
 
@@ -70,6 +73,7 @@ def main() -> int:
     parser.add_argument("--device", choices=sorted(RECIPES), default="cuda")
     device = parser.parse_args().device
     recipe = RECIPES[device]
+    device = "cuda" if device.startswith("cuda") else device
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     if device == "cuda":

@@ -291,13 +291,16 @@ function Agent:_export_storage()
   if not self.transport.export_memories then
     refuse(self, "AGENT_STATE", "init", "the " .. self.transport.NAME .. " transport has no direct path")
   end
-  local names, message, code = self.transport.export_memories(self.memories)
+  local names, offsets, code = self.transport.export_memories(self.memories, self.device_index)
   if not names then
-    refuse(self, "AGENT_MEMORY", "init", "cannot export its storage: " .. tostring(message), code)
+    refuse(self, "AGENT_MEMORY", "init", "cannot export its storage: " .. tostring(offsets)
+      .. " (packed buffers serve any storage: buffers.direct = false)", code)
   end
   local locations = {}
   for _, tensor in ipairs(self.tensors) do
-    locations[tensor.name] = { memory = tensor.source, offset = tensor.offset }
+    -- (Where the tensor lies in what its memory's descriptor maps: storage
+    -- allocated elsewhere is exported as its whole allocation.)
+    locations[tensor.name] = { memory = tensor.source, offset = offsets[tensor.source] + tensor.offset }
   end
   self.direct = self:_pointer_signature()
   return { names = names, uuid = self.device.uuid, locations = locations }

@@ -254,23 +254,42 @@ function M.fill(targets, slot, sources, plan, what)
   return bytes, (uv.hrtime() - started) / 1e9
 end
 
---- The direct path: exports the rank's own storage (cuda buffers) for the TP
---- worker on the same GPU to read, each once. Returns descriptors like
---- M.descriptors', or nil, message, code.
-function M.export_memories(memories)
-  local descriptors = {}
+--- The direct path: exports the rank's own storage for the TP worker on the
+--- same GPU to read, each memory once: wsync's cuda buffers, or storage
+--- allocated elsewhere (a `{pointer, size}` table: a torch tensor's
+--- data_ptr), whose whole cudaMalloc allocation is exported. Returns
+--- descriptors like M.descriptors' and, by memory, where it starts in what its
+--- descriptor maps (0 for a buffer); or nil, message, code.
+function M.export_memories(memories, device)
+  local descriptors, offsets = {}, {}
+  -- (Memories in one allocation, as torch's caching allocator packs small
+  -- tensors into one segment, share its descriptor: the TP worker maps it once.)
+  local by_base = {}
   for index, memory in ipairs(memories) do
-    if type(memory) ~= "userdata" or not memory.export then
-      return nil, string.format("memory %d is no buffer this process allocated (only those export)", index),
+    local handle, size, offset, message, code
+    if type(memory) == "userdata" and memory.export then
+      handle, message, code = memory:export()
+      size, offset = memory:size(), 0
+    elseif type(memory) == "table" and getmetatable(memory) == nil then
+      local region = region_of(memory, device)
+      handle, size, offset = cuda().export_region(region)
+      message, code = size, offset
+      if handle then
+        local base = region.pointer - offset
+        by_base[base] = by_base[base] or { handle = handle, size = size }
+        handle, size = by_base[base].handle, by_base[base].size
+      end
+    else
+      return nil, string.format("memory %d is neither a cuda buffer nor {pointer, size} device storage", index),
         "WS_EINVAL"
     end
-    local handle, message, code = memory:export()
     if not handle then
-      return nil, message, code
+      return nil, string.format("memory %d: %s", index, tostring(message)), code
     end
-    descriptors[index] = string.format("%d:%s", memory:size(), hex(handle))
+    descriptors[index] = string.format("%d:%s", size, hex(handle))
+    offsets[index] = offset
   end
-  return descriptors
+  return descriptors, offsets
 end
 
 --- Frees an agent's buffers and its communicator. Either may be nil.
