@@ -17,7 +17,13 @@ experts) as views of one allocation; the same tensors go four ways, in this orde
 3. wsync, load = "native" (tests/fixtures/recipes/vllm_30b_bench_native.lua);
 4. wsync, load = "direct" (tests/fixtures/recipes/vllm_30b_bench.lua; its first publication
    also checks the plan against vLLM's own loader, reported apart);
-5. the same with two 4 GiB buffers rather than 1 GiB (tests/fixtures/recipes/vllm_30b_bench_4g.lua).
+5. the same with two 4 GiB buffers rather than 1 GiB (tests/fixtures/recipes/vllm_30b_bench_4g.lua);
+6. direct from the trainer's own storage: no packed buffers, one chunk
+   (tests/fixtures/recipes/vllm_30b_bench_storage.lua; its first publication checked too).
+
+    python3 tests/bench/vllm_publish.py [REPEATS] [WAY,WAY,...]
+WAYS: of native, direct, "direct 2x4GiB", "direct storage" (default all); the floor and vLLM's
+own always run.
 
 A way that fails is reported and the others still run.
 
@@ -46,7 +52,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "recipes" / "models" / "qwen3-30b-a3b"
 RECIPES = {"native": "tests/fixtures/recipes/vllm_30b_bench_native.lua",
            "direct": "tests/fixtures/recipes/vllm_30b_bench.lua",
-           "direct 2x4GiB": "tests/fixtures/recipes/vllm_30b_bench_4g.lua"}
+           "direct 2x4GiB": "tests/fixtures/recipes/vllm_30b_bench_4g.lua",
+           "direct storage": "tests/fixtures/recipes/vllm_30b_bench_storage.lua"}
 GiB = 1024 ** 3
 
 
@@ -142,6 +149,11 @@ def wsync_way(wsync, tensors: dict[str, torch.Tensor], way: str, repeats: int) -
 
 def main() -> int:
     repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    ways = sys.argv[2].split(",") if len(sys.argv) > 2 else list(RECIPES)
+    unknown = sorted(set(ways) - set(RECIPES))
+    if unknown:
+        say(f"unknown ways {unknown} (known: {', '.join(RECIPES)})")
+        return 2
     os.chdir(ROOT)
     import json
     import wsync
@@ -159,7 +171,7 @@ def main() -> int:
     own = vllm_own(stream, repeats)
     say(f"vLLM's own packed IPC update: {min(own) * 1e3:.1f} ms (of {', '.join(f'{s * 1e3:.0f}' for s in own)})")
     rows = {}
-    for way, recipe in RECIPES.items():
+    for way in ways:
         try:
             reports = wsync_way(wsync, tensors, way, repeats)
         except Exception as error:  # (reported; the other ways still run)
@@ -188,7 +200,7 @@ def main() -> int:
         checked = rows["direct"][0]["timings"]["total"]
         print(f"(wsync direct's first publication, with init and the check against vLLM's loader: {checked * 1e3:.0f} "
               "ms)")
-    return 0 if len(rows) == len(RECIPES) else 1
+    return 0 if len(rows) == len(ways) else 1
     return 0
 
 

@@ -96,6 +96,10 @@ function M.unavailable(recipe)
   elseif verify == "values" and (runtime.load or "direct") ~= "direct" then
     return "verify = \"values\" reads vLLM's parameters through wsync's loader: it needs load = \"direct\"", "verify"
   end
+  if recipe.buffers and recipe.buffers.direct and (runtime.load or "direct") ~= "direct" then
+    return "buffers.direct: vLLM's own packed update (load = \"native\") reads packed buffers; the trainer's own "
+      .. "storage is read by wsync's loader (load = \"direct\")", "buffers.direct"
+  end
   local config_path = M.model_dir(recipe) .. "/config.json"
   local config, why = read_json(config_path)
   if not config then

@@ -181,6 +181,14 @@ class DirectLoader:
             self.opened = False
 
 
+#: The parameters one step of the check against vLLM's loader clones at most (bytes).
+CHECK_GROUP_BYTES = 2 << 30
+
+
+def _bytes_of(parameters: dict[str, Any], names: set[str]) -> int:
+    return sum(parameters[name].data.numel() * parameters[name].data.element_size() for name in names)
+
+
 class _CudaBytes:
     """Device bytes as torch.as_tensor takes them (``__cuda_array_interface__``)."""
 
@@ -235,17 +243,44 @@ class CheckedDirectLoader(DirectLoader):
     def _check_chunk(self, chunk: int, slot: int) -> None:
         import torch
         tensors = self.chunks[chunk]
-        region = self._call("mapped", {"buffer": slot})
         device = self.worker.device
-        buffer = torch.as_tensor(_CudaBytes(int(region["pointer"]), int(region["size"])), device=device)
+        # (A chunk lies in one packed buffer; on the direct path from the trainer's own
+        # storage each tensor names the memory it lies in.)
+        memories: dict[int, Any] = {}
+        for tensor in tensors:
+            where = int(tensor.get("buffer", slot))
+            if where not in memories:
+                region = self._call("mapped", {"buffer": where})
+                memories[where] = torch.as_tensor(_CudaBytes(int(region["pointer"]), int(region["size"])),
+                                                  device=device)
         model = self.worker.get_model()
         parameters = {plan_name(name): parameter for name, parameter in model.named_parameters()}
-        touched = sorted({resident for tensor in tensors for resident in self.plan.writes.get(tensor["name"], ())})
+        # In groups of canonical tensors whose parameters come to CHECK_GROUP_BYTES at most
+        # (one more when a single tensor's do): a group's parameters are cloned, as the
+        # direct loader left them, before vLLM's loader writes them again.
+        group: list[dict[str, Any]] = []
+        residents: set[str] = set()
+        for tensor in tensors:
+            writes = set(self.plan.writes.get(tensor["name"], ()))
+            grown = residents | writes
+            if group and _bytes_of(parameters, grown) > CHECK_GROUP_BYTES:
+                self._check_group(chunk, slot, group, residents, memories, parameters, model)
+                group, grown = [], writes
+            group.append(tensor)
+            residents = grown
+        if group:
+            self._check_group(chunk, slot, group, residents, memories, parameters, model)
+
+    def _check_group(self, chunk: int, slot: int, tensors: list[dict[str, Any]], residents: set[str],
+                     memories: dict[int, Any], parameters: dict[str, Any], model: Any) -> None:
+        import torch
+        touched = sorted(residents)
         direct = {name: parameters[name].data.clone() for name in touched}
-        weights = [(tensor["name"], buffer[tensor["offset"]:tensor["offset"] + tensor["bytes"]]
+        weights = [(tensor["name"], memories[int(tensor.get("buffer", slot))][tensor["offset"]:tensor["offset"]
+                                                                              + tensor["bytes"]]
                     .view(getattr(torch, tensor["dtype"])).view(tensor["shape"])) for tensor in tensors]
         model.load_weights(weights)
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(self.worker.device)
         for name in touched:
             own = parameters[name].data.reshape(-1).view(torch.uint8)
             ours = direct[name].reshape(-1).view(torch.uint8)
