@@ -22,7 +22,9 @@ distribution is far from uniform.
 Also checked: the version stamped on each generation moves with each publication, and the
 first publication of the direct mode checks the loader plan against vLLM's own loader.
 
-    python3 tests/gpu/vllm_e2e.py [--load direct|native]
+    python3 tests/gpu/vllm_e2e.py [--load direct|native|direct-sleep]
+(direct-sleep: vLLM sleeps at level 1 at bootstrap and at level 2 before each publication,
+then wakes its weights for it and its KV cache after it.)
 Prints one line per step and "vllm_e2e: ok"; exits non-zero on any failure.
 """
 from __future__ import annotations
@@ -45,7 +47,8 @@ import wsync  # noqa: E402
 
 MODEL = ROOT / "tests" / "fixtures" / "models" / "gpu_tiny"
 RECIPES = {"direct": "tests/fixtures/recipes/vllm_tiny_cuda.lua",
-           "native": "tests/fixtures/recipes/vllm_tiny_cuda_native.lua"}
+           "native": "tests/fixtures/recipes/vllm_tiny_cuda_native.lua",
+           "direct-sleep": "tests/fixtures/recipes/vllm_tiny_cuda_sleep.lua"}
 STEPS = 3
 #: vLLM's distance from the float32 reference: at most NOISE_FACTOR x the trainer's own, plus
 #: these (nat, mean and max over the sequence); BEFORE_DELTA: the least mean distance of
@@ -118,12 +121,16 @@ def main() -> int:
         agent.register_callback("offload_optimizer", offload.offload)
         agent.register_callback("onload_optimizer", offload.onload)
         agent.ready()
-        version, before = vllm_logprobs(host, sequence)
-        worst, mean = deltas(before, trainer_logprobs(model, sequence))
-        print(f"vllm_e2e: before any publication: version {version}, mean |delta| {mean:.4f}, max {worst:.4f}",
-              flush=True)
-        if version != 0 or mean < BEFORE_DELTA:
-            failures.append(f"before publication: version {version}, mean |delta| {mean:.4f} (want >= {BEFORE_DELTA})")
+        if load == "direct-sleep":  # (asleep since the bootstrap: nothing to generate with before a publication)
+            print("vllm_e2e: before any publication: vLLM sleeps (level 1 at bootstrap)", flush=True)
+        else:
+            version, before = vllm_logprobs(host, sequence)
+            worst, mean = deltas(before, trainer_logprobs(model, sequence))
+            print(f"vllm_e2e: before any publication: version {version}, mean |delta| {mean:.4f}, max {worst:.4f}",
+                  flush=True)
+            if version != 0 or mean < BEFORE_DELTA:
+                failures.append(f"before publication: version {version}, mean |delta| {mean:.4f} (want >= "
+                                f"{BEFORE_DELTA})")
         for step in range(1, STEPS + 1):
             tokens = torch.randint(0, config.vocab_size, (4, 32), device="cuda")
             loss = model(input_ids=tokens, labels=tokens).loss
@@ -149,7 +156,7 @@ def main() -> int:
                                 f"{mean_bound:.4f} / {max_bound:.4f} ({NOISE_FACTOR}x the trainer's own, plus "
                                 f"{MEAN_SLACK} / {MAX_SLACK})")
         reports = host.reports()
-        if load == "direct":  # (the first publication's check against vLLM's loader, and only the first)
+        if load.startswith("direct"):  # (the first publication's check against vLLM's loader, and only the first)
             checked = [[bool(receipt.get("checked_against_vllm")) for receipt in report["receipts"]]
                        for report in reports]
             print(f"vllm_e2e: checked against vLLM's own loader, by publication and TP rank: {checked}", flush=True)

@@ -78,7 +78,8 @@ describe("the vllm runtime with vLLM", function()
     return result
   end
 
-  for _, load in ipairs({ "direct", "native" }) do
+  -- (direct-sleep: level 1 at bootstrap, level 2 before each publication.)
+  for _, load in ipairs({ "direct", "native", "direct-sleep" }) do
     it("publishes a trainer's steps into vLLM whose log-probabilities then follow the trainer's (" .. load .. ")",
       function()
         local result = script({ "tests/gpu/vllm_e2e.py", "--load", load }, 420000)
