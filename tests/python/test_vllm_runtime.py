@@ -295,3 +295,25 @@ class TestWire:
         text = 'a]]b]=]c"\n\\\u00e9'
         with Host() as host:
             assert host.eval("return " + lua_literal(text)) == text
+
+
+def test_vllm_parameter_names_map_to_the_loader_plans():
+    from wsync.vllm.extension import plan_name
+    # vLLM 0.26 keeps a MoE layer's experts in its runner's routed_experts module.
+    assert plan_name("model.layers.3.mlp.experts.routed_experts.w13_weight") == "model.layers.3.mlp.experts.w13_weight"
+    assert plan_name("model.layers.3.mlp.experts.routed_experts.w2_weight") == "model.layers.3.mlp.experts.w2_weight"
+    for same in ("model.layers.3.mlp.gate.weight", "model.embed_tokens.weight", "lm_head.weight",
+                 "model.layers.0.self_attn.qkv_proj.weight"):
+        assert plan_name(same) == same
+
+
+def test_eval_reuses_its_result_buffer_and_grows_it():
+    with Host() as host:
+        assert host.eval("return 'a'") == "a"
+        first = host._eval_buffer
+        assert host.eval("return string.rep('b', 100)") == "b" * 100
+        assert host._eval_buffer is first
+        big = host.eval("return string.rep('c', 3 * 1024 * 1024)", result_bytes=4 << 20)
+        assert big == "c" * (3 << 20)
+        assert host._eval_buffer is not first
+        assert host.eval("return 'd'") == "d"
