@@ -317,3 +317,92 @@ def test_eval_reuses_its_result_buffer_and_grows_it():
         assert big == "c" * (3 << 20)
         assert host._eval_buffer is not first
         assert host.eval("return 'd'") == "d"
+
+
+def run_until(runtime: Runtime, done, steps: int = 10000) -> None:
+    """Runs the runtime's generation steps (as its server does between commands) until
+    ``done()``."""
+    for _ in range(steps):
+        if done():
+            return
+        if not runtime.idle():
+            break
+    assert done(), "generation stopped before the condition held"
+
+
+class TestStreaming:
+    """submit / poll / pause / resume with a streaming engine (wsync.vllm.streams)."""
+
+    def test_requests_stream_and_are_forgotten_once_polled_finished(self, runtime):
+        ids = runtime.submit({"requests": [{"prompt": [1, 2], "max_tokens": 3}, {"prompt": [5], "max_tokens": 2}]})
+        assert ids == {"ids": [1, 2]}
+        run_until(runtime, lambda: runtime.streams.in_flight() == 0)
+        polled = runtime.poll({})
+        assert [(r["id"], len(r["tokens"]), r["done"], r["finish"]) for r in polled["requests"]] == \
+            [(1, 3, True, "length"), (2, 2, True, "length")]
+        assert polled["requests"][0]["spans"] == [{"version": 0, "first_token": 0, "last_token": 2}]
+        assert polled["in_flight"] == 0 and runtime.poll({})["requests"] == []
+        with pytest.raises(Failure, match="no request 1"):
+            runtime.poll({"ids": [1]})
+
+    def test_keep_holds_requests_across_a_publication_and_recomputes_their_kv(self, runtime):
+        runtime.submit({"requests": [{"prompt": [3, 4], "max_tokens": 12}, {"prompt": [9], "max_tokens": 12}]})
+        run_until(runtime, lambda: runtime.streams.requests[1]["tokens"][4:5] != [])
+        paused = runtime.pause({"mode": "keep", "kv": "recompute"})
+        assert paused == {"mode": "keep", "aborted": 0, "finished": 0, "held": 2}
+        assert runtime.idle() is False  # held: no step
+        before = [len(runtime.streams.requests[rid]["tokens"]) for rid in (1, 2)]
+        publish(runtime)
+        assert runtime.engine.recomputed == 2
+        assert runtime.resume({}) == {"held": 2, "kv": "recomputed"}
+        run_until(runtime, lambda: runtime.streams.in_flight() == 0)
+        for rid, produced in zip((1, 2), runtime.poll({})["requests"]):
+            count = before[rid - 1]
+            assert produced["spans"] == [{"version": 0, "first_token": 0, "last_token": count - 1},
+                                         {"version": 1, "first_token": count, "last_token": 11, "kv": "recomputed"}]
+            assert produced["model_version"] == 0 and len(produced["tokens"]) == 12
+
+    def test_abort_ends_requests_in_flight_and_wait_finishes_them(self, runtime):
+        runtime.submit({"requests": [{"prompt": [1], "max_tokens": 50}]})
+        run_until(runtime, lambda: len(runtime.streams.requests[1]["tokens"]) >= 2)
+        assert runtime.pause({"mode": "abort"})["aborted"] == 1
+        (aborted,) = runtime.poll({})["requests"]
+        assert aborted["done"] and aborted["finish"] == "aborted" and len(aborted["tokens"]) < 50
+        assert runtime.resume({}) == {"held": 0, "kv": None}
+        runtime.submit({"requests": [{"prompt": [1], "max_tokens": 5}]})
+        assert runtime.pause({"mode": "wait"}) == {"mode": "wait", "aborted": 0, "finished": 1, "held": 0}
+        (waited,) = runtime.poll({})["requests"]
+        assert waited["done"] and waited["finish"] == "length" and len(waited["tokens"]) == 5
+        runtime.resume({})
+
+    def test_requests_submitted_while_paused_wait_for_resume(self, runtime):
+        runtime.pause({"mode": "keep"})
+        runtime.submit({"requests": [{"prompt": [2], "max_tokens": 2}]})
+        assert runtime.idle() is False and runtime.streams.requests[1]["tokens"] == []
+        runtime.resume({})
+        run_until(runtime, lambda: runtime.streams.in_flight() == 0)
+        assert len(runtime.poll({})["requests"][0]["tokens"]) == 2
+
+    def test_what_streaming_refuses(self, runtime):
+        with pytest.raises(Failure) as refused:
+            runtime.pause({"mode": "keep", "kv": "keep"})
+        assert refused.value.code == "NOT_SUPPORTED" and "recomputes held requests' KV" in refused.value.message
+        runtime.submit({"requests": [{"prompt": [1], "max_tokens": 100}]})
+        with pytest.raises(Failure, match="generate while 1 streaming requests are in flight"):
+            runtime.generate({"prompts": [[1]]})
+        for bad, says in (([{"prompt": []}], "prompt 1 is not a non-empty list"),
+                          ([{"prompt": [1], "max_tokens": 0}], "max_tokens must be an integer from 1"),
+                          ([{"prompt": [1], "sampling": {"beam": 2}}], "unknown sampling parameters beam"),
+                          ("x", "submit needs a list")):
+            with pytest.raises(Failure, match=says) as failed:
+                runtime.submit({"requests": bad})
+            assert failed.value.code == "INVALID_ARGUMENT" and not failed.value.fatal
+        runtime.start_update({"header": header(runtime)})
+        assert runtime.idle() is False  # (no generation between start and finish)
+
+    def test_a_sleep_aborts_the_requests_in_flight(self, runtime):
+        runtime.submit({"requests": [{"prompt": [1], "max_tokens": 100}]})
+        runtime.idle()
+        runtime.sleep({"level": 1})
+        (aborted,) = runtime.poll({})["requests"]
+        assert aborted["finish"] == "aborted" and runtime.streams.in_flight() == 0

@@ -10,7 +10,10 @@ allocation each, written by the very loader the vllm runtime's direct mode runs 
 workers (wsync.vllm.extension.DirectLoader over scripts/wsync/runtime/worker.lua, on the shm or
 the cuda_ipc transport): what a publication leaves there can be checked (verify = "values").
 Its "generation" is a toy: each next token is a function of the context and the committed
-model version, with log-probability -(token % 7) / 8. $WSYNC_STAND_IN_FAULT makes one command
+model version, with log-probability -(token % 7) / 8; it streams too (the ``stream_*``
+calls: one token per request in flight per step, a step taking about a millisecond), holds
+its requests as vLLM's scheduler does in a keep-mode pause, and counts the held requests
+whose KV cache a commit made it recompute. $WSYNC_STAND_IN_FAULT makes one command
 fail ("load_chunk:2" fails chunk 2's load; "finish:receipt" returns a receipt with a wrong
 manifest; "finish:corrupt" flips a bit of a parameter after its load; "start:crash" kills a
 worker process).
@@ -22,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Any, Optional
 
 from wsync import Host
@@ -47,6 +51,8 @@ class Engine:
         self.memories: list[list[Any]] = [[] for _ in range(tp)]
         self.residents: list[dict[str, dict[str, Any]]] = [{} for _ in range(tp)]
         self.version = 0
+        self.streaming: dict[int, dict[str, Any]] = {}
+        self.holding, self.recomputed = False, 0
 
     def _check_workers(self) -> None:
         for rank, worker in enumerate(self.processes):
@@ -137,8 +143,47 @@ class Engine:
         self._check_workers()
         return [loader.resident_values({}) for loader in self.loaders]
 
-    def commit(self, model_version: int) -> None:
+    def commit(self, model_version: int, preempt: bool = False) -> None:
         self.version = model_version
+        if preempt:
+            self.recomputed += len(self.streaming)
+
+    # Streaming (wsync.vllm.streams) ---------------------------------------------------
+
+    def _next(self, context: list[int]) -> int:
+        return (sum(context[-8:]) * 31 + self.version * 7 + len(context)) % 1000
+
+    def stream_add(self, request_id: int, prompt: list[int], sampling: dict[str, Any]) -> None:
+        self._check_workers()
+        self.streaming[request_id] = {"context": list(prompt), "left": int(sampling["max_tokens"])}
+
+    def stream_step(self) -> list[dict[str, Any]]:
+        self._check_workers()
+        if self.holding:
+            raise Failure("WORKER_FAILED", "stream_step while the requests are held", fatal=True)
+        time.sleep(0.001)
+        outputs = []
+        for request_id, request in list(self.streaming.items()):
+            token = self._next(request["context"])
+            request["context"].append(token)
+            request["left"] -= 1
+            finished = request["left"] == 0
+            outputs.append({"id": request_id, "token_ids": [token], "logprobs": [-(token % 7) / 8],
+                            "finished": finished, "finish": "length" if finished else None})
+            if finished:
+                del self.streaming[request_id]
+        return outputs
+
+    def stream_abort(self, ids: list[int]) -> None:
+        for request_id in ids:
+            self.streaming.pop(request_id, None)
+
+    def stream_hold(self) -> list[dict[str, Any]]:
+        self.holding = True
+        return []
+
+    def stream_release(self) -> None:
+        self.holding = False
 
     def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[dict[str, Any]]:
         self._check_workers()

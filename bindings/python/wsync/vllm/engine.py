@@ -225,8 +225,65 @@ class VllmEngine:
                           "load = \"direct\" only")
         return self._command("resident_values", {})
 
-    def commit(self, model_version: int) -> None:
-        self._watched("commit", self.llm.reset_prefix_cache)
+    def commit(self, model_version: int, preempt: bool = False) -> None:
+        # (With requests held across the publication, vLLM drops the prefix cache only when
+        # it preempts them: their KV cache is recomputed under the new weights at resume.)
+        reset = self._watched("commit", lambda: self.llm.reset_prefix_cache(reset_running_requests=preempt))
+        if reset is False:
+            message = ("vLLM did not reset its prefix cache at the commit of version "
+                       f"{model_version} (requests still hold KV cache computed under the old weights)")
+            if preempt:
+                raise Failure("WORKER_FAILED", message, fatal=True)
+            print(f"wsync vllm runtime: warning: {message}", file=sys.stderr, flush=True)
+
+    # Streaming (wsync.vllm.streams): vLLM's own engine loop, a step per call; a pause
+    # holds the requests in vLLM's scheduler (sleep level 0, mode "keep").
+
+    @staticmethod
+    def _request_id(request_id: int) -> str:
+        return f"wsync-{request_id}"
+
+    def stream_add(self, request_id: int, prompt: list[int], sampling: dict[str, Any]) -> None:
+        from vllm import SamplingParams, TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+        params = SamplingParams(logprobs=0, output_kind=RequestOutputKind.DELTA, **sampling)
+        self._watched("submit", lambda: self.llm.llm_engine.add_request(
+            self._request_id(request_id), TokensPrompt(prompt_token_ids=prompt), params))
+
+    @staticmethod
+    def _deltas(outputs: list[Any]) -> list[dict[str, Any]]:
+        found = []
+        for output in outputs:
+            name = str(output.request_id)
+            if not name.startswith("wsync-"):
+                continue
+            completion = output.outputs[0]
+            tokens = list(completion.token_ids)
+            steps = completion.logprobs or []
+            found.append({"id": int(name.split("-", 1)[1]), "token_ids": tokens,
+                          "logprobs": [step[token].logprob for step, token in zip(steps, tokens)],
+                          "finished": bool(output.finished), "finish": completion.finish_reason})
+        return found
+
+    def stream_step(self) -> list[dict[str, Any]]:
+        return self._deltas(self._watched("generation step", self.llm.llm_engine.step))
+
+    def stream_abort(self, ids: list[int]) -> None:
+        names = [self._request_id(request_id) for request_id in ids]
+        self._watched("abort", lambda: self.llm.llm_engine.abort_request(names))
+
+    def stream_hold(self) -> list[dict[str, Any]]:
+        # vLLM answers once its EngineCore sent everything it produced; what reached this
+        # process is then read without blocking (vLLM 0.26's client keeps it in a queue).
+        self._watched("pause", lambda: self.llm.sleep(level=0, mode="keep"))
+        queue = getattr(self.llm.llm_engine.engine_core, "outputs_queue", None)
+        outputs = []
+        while queue is not None and not queue.empty():
+            outputs.extend(self._deltas(self._watched("pause", self.llm.llm_engine.step)))
+        return outputs
+
+    def stream_release(self) -> None:
+        self._watched("resume", lambda: self.llm.wake_up(tags=["scheduling"]))
 
     def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[dict[str, Any]]:
         from vllm import SamplingParams, TokensPrompt

@@ -7,6 +7,11 @@ whether it broke. A failure that leaves the engine in doubt (a failed weight com
 lost worker) is fatal: the answer says so, the host destroys this process's tree, and any
 later command is refused until then. Generation is refused between start and finish; each
 result is stamped with the model version committed when its request was dispatched.
+
+Generation either waits for its outputs (``generate``) or streams (``submit``, ``poll``:
+wsync.vllm.streams, with an engine that streams), in which case the engine steps between
+commands (Server.idle) whenever generation may run, and ``pause`` / ``resume`` hold and
+release the requests in flight in vLLM's modes.
 """
 from __future__ import annotations
 
@@ -16,8 +21,10 @@ import resource
 from typing import Any, Optional, Protocol
 
 from . import protocol
+from .engine import SAMPLING_KEYS
 from .receipts import check_receipts
 from .server import Failure, Server
+from .streams import Streams
 
 SLEEP_LEVELS = (1, 2)
 PAUSE_MODES = ("abort", "wait", "keep")
@@ -57,13 +64,20 @@ class Engine(Protocol):
     def finish_update(self, header: dict[str, Any]) -> list[dict[str, Any]]:
         """Ends the update; each worker's receipt by rank (wsync.vllm.receipts)."""
 
-    def commit(self, model_version: int) -> None:
-        """Serves ``model_version`` from now on and drops the prefix cache."""
+    def commit(self, model_version: int, preempt: bool = False) -> None:
+        """Serves ``model_version`` from now on and drops the prefix cache; ``preempt``: the
+        requests held across the publication are to recompute their KV cache."""
 
     def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[dict[str, Any]]:
         """Per prompt: {token_ids, logprobs} (the sampled tokens' log-probabilities)."""
 
     def close(self) -> None: ...
+
+    # Streaming (optional: wsync.vllm.streams; an engine without it only generates):
+    #   stream_add(id, prompt, sampling) queues a request; stream_step() -> the new tokens
+    #   of one engine step, [{id, token_ids, logprobs, finished, finish}]; stream_abort(ids);
+    #   stream_hold() holds every request (what was produced before, as stream_step);
+    #   stream_release() lets them go on.
 
 
 def _memory() -> dict[str, int]:
@@ -89,6 +103,7 @@ class Runtime:
         self.prefix_cache_resets = 0
         self.generated = 0
         self.paused: Optional[str] = None
+        self.streams = Streams(engine, lambda: self.model_version) if hasattr(engine, "stream_add") else None
 
     # Failures -----------------------------------------------------------------------
 
@@ -123,7 +138,8 @@ class Runtime:
             "pid": os.getpid(),
             "tp_world": self.tp,
             "backend": self.engine.backend,
-            "capabilities": {"generate": True, "sleep_levels": list(SLEEP_LEVELS), "wake_tags": list(WAKE_TAGS)},
+            "capabilities": {"generate": True, "stream": self.streams is not None, "sleep_levels": list(SLEEP_LEVELS),
+                             "wake_tags": list(WAKE_TAGS)},
             "state": state,
             "workers": workers,
             "model_version": self.model_version,
@@ -138,6 +154,9 @@ class Runtime:
         level = payload.get("level")
         if level not in SLEEP_LEVELS:
             raise Failure("INVALID_ARGUMENT", f"sleep level must be 1 or 2, got {level}")
+        if self.streams is not None and self.streams.in_flight():
+            # (A sleep takes the KV cache: vLLM's own sleep aborts them too.)
+            self._engine_call("sleep", self.streams.abort_all)
         self._engine_call(f"sleep level {level}", self.engine.sleep, level)
         return self.info()
 
@@ -155,11 +174,16 @@ class Runtime:
     # Generation -----------------------------------------------------------------------
 
     def pause(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Pauses generation (vLLM's modes abort, wait, keep). The engine generates inside
-        each generate command, so no request is in flight between commands: the pause only
-        refuses generation until resume."""
+        """Pauses generation (vLLM's modes abort, wait, keep). With a streaming engine the
+        requests in flight are aborted, finished or held (wsync.vllm.streams); otherwise
+        each generate command runs to its end, nothing is in flight between commands, and
+        the pause only refuses generation until resume."""
         self._check_alive()
         mode, kv = payload.get("mode"), payload.get("kv")
+        if self.streams is not None:
+            result = self._engine_call(f"pause ({mode})", self.streams.pause, mode, kv)
+            self.paused = mode
+            return result
         if mode not in PAUSE_MODES:
             raise Failure("INVALID_ARGUMENT", f"pause mode must be abort, wait or keep, got {mode}")
         if kv is not None and kv not in ("recompute", "keep"):
@@ -173,20 +197,65 @@ class Runtime:
         self._check_alive()
         if self.paused is None:
             raise Failure("STATE_REFUSED", "resume without a pause")
+        if self.streams is not None:
+            result = self._engine_call("resume", self.streams.resume)
+            self.paused = None
+            return result
         self.paused = None
         return {"held": 0}
 
-    def generate(self, payload: dict[str, Any]) -> dict[str, Any]:
-        self._check_alive()
-        if self.paused is not None:
-            raise Failure("STATE_REFUSED", f"generation is paused ({self.paused}): resume first")
+    def _generation_allowed(self, held: bool = False) -> Optional[str]:
+        """Why generation cannot run now (paused, unless ``held``: requests submitted while
+        paused wait for resume; an update; weights or KV cache asleep), or None."""
+        if self.paused is not None and not held:
+            return f"generation is paused ({self.paused}): resume first"
         if self.update is not None:
-            raise Failure("STATE_REFUSED", f"no generation during a weight update (publication "
-                          f"{self.update['publication_id']} is between start and finish)")
+            return (f"no generation during a weight update (publication {self.update['publication_id']} is between "
+                    "start and finish)")
         state = self.engine.state()
         if state.get("weights") != "awake" or state.get("kv_cache") != "reserved":
-            raise Failure("STATE_REFUSED", f"generation needs the weights awake and the KV cache reserved; weights "
-                          f"are {state.get('weights')}, the KV cache is {state.get('kv_cache')}")
+            return (f"generation needs the weights awake and the KV cache reserved; weights are "
+                    f"{state.get('weights')}, the KV cache is {state.get('kv_cache')}")
+        return None
+
+    def submit(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Queues streaming requests; while paused they wait for resume."""
+        self._check_alive()
+        if self.streams is None:
+            raise Failure("NOT_SUPPORTED", "this engine does not stream: use generate")
+        why = self._generation_allowed(held=True)
+        if why:
+            raise Failure("STATE_REFUSED", why)
+        ids = self._engine_call("submit", self.streams.submit, payload.get("requests"), SAMPLING_KEYS)
+        return {"ids": ids}
+
+    def poll(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        if self.streams is None:
+            raise Failure("NOT_SUPPORTED", "this engine does not stream: use generate")
+        return {"requests": self.streams.poll(payload.get("ids")), "in_flight": self.streams.in_flight()}
+
+    def idle(self) -> bool:
+        """Between commands: one engine step for the streaming requests when generation may
+        run; whether there is more to do at once. A failing step breaks the runtime (the
+        next command says so)."""
+        if self.streams is None or self.broken is not None or not self.streams.active:
+            return False
+        if self._generation_allowed() is not None:
+            return False
+        try:
+            return self._engine_call("generation step", self.streams.step)
+        except Failure:
+            return False
+
+    def generate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self._check_alive()
+        why = self._generation_allowed()
+        if why:
+            raise Failure("STATE_REFUSED", why)
+        if self.streams is not None and self.streams.in_flight():
+            raise Failure("STATE_REFUSED", f"generate while {self.streams.in_flight()} streaming requests are in "
+                          "flight (poll them to their end first)")
         prompts = payload.get("prompts", [])
         if prompts == {}:
             prompts = []
@@ -307,7 +376,11 @@ class Runtime:
             raise
         # Commit: the version is served from now on; prefixes cached with the old weights
         # are dropped.
-        self._engine_call("commit", self.engine.commit, header["model_version"])
+        held = self.streams is not None and self.streams.held_across()
+        if held:
+            self._engine_call("commit", self.engine.commit, header["model_version"], True)
+        else:
+            self._engine_call("commit", self.engine.commit, header["model_version"])
         self.model_version = header["model_version"]
         self.prefix_cache_resets += 1
         return {"model_version": self.model_version, "receipts": receipts, "prefix_cache_reset": True}
@@ -329,7 +402,9 @@ class Runtime:
         return {"main": _memory(), "workers": []}
 
     def handlers(self, server: Server) -> dict[str, Any]:
-        """The commands this runtime answers."""
+        """The commands this runtime answers (and its generation steps between them:
+        ``server.idle``)."""
+        server.idle = self.idle
         def shutdown(_payload: dict[str, Any]) -> dict[str, Any]:
             def close() -> None:
                 server.closed = True
@@ -346,7 +421,7 @@ class Runtime:
 
         return {
             "info": self.info, "sleep": self.sleep, "wake": self.wake, "generate": self.generate,
-            "pause": self.pause, "resume": self.resume,
+            "pause": self.pause, "resume": self.resume, "submit": self.submit, "poll": self.poll,
             "init_weights": self.init_weights, "start_update": self.start_update, "load_chunk": self.load_chunk,
             "finish_update": self.finish_update, "release": self.release, "process_memory": self.process_memory,
             "shutdown": shutdown,

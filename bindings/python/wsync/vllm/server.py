@@ -4,6 +4,7 @@ to a runtime and times each out itself; this end never answers out of order."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import struct
 import sys
@@ -65,7 +66,9 @@ class Faults:
 class Server:
     """Answers requests on ``fd`` with ``handlers`` (cmd -> function of the payload that
     returns the result). ``after_answer``, when a handler sets it, runs once the answer
-    has been written (``shutdown`` closes then)."""
+    has been written (``shutdown`` closes then). ``idle``, when set, runs whenever no
+    request is waiting, for as long as it answers True (there is more to do): a runtime's
+    generation steps between its commands."""
 
     def __init__(self, handlers: dict[str, Handler], fd: int = 3, limit: int = protocol.MAX_FRAME,
                  name: str = "runtime", faults: "Faults | str" = "") -> None:
@@ -73,6 +76,7 @@ class Server:
         self.decoder = protocol.Decoder(limit)
         self.faults = faults if isinstance(faults, Faults) else Faults(faults)
         self.after_answer: Optional[Callable[[], None]] = None
+        self.idle: Optional[Callable[[], bool]] = None
         self.closed = False
 
     def answer(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +145,9 @@ class Server:
         """Serves until the host closes the channel or a handler asks to close; returns
         why it stopped: "EOF", "closed", or the framing error that ended it."""
         while not self.closed:
+            if self.idle is not None:
+                while not select.select([self.fd], [], [], 0)[0] and self.idle():
+                    pass
             try:
                 data = os.read(self.fd, 1 << 20)
             except OSError as error:
