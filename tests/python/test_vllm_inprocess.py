@@ -64,3 +64,58 @@ def test_a_trainer_publishes_into_the_vllm_runtime_and_generates_between(tmp_pat
     assert "resident weights verified" in result.stdout, output
     assert "wsync: verdict: OK: 3 model versions published" in result.stdout, output
     assert list(tmp_path.iterdir()) == [], "the session left files in TMPDIR"
+
+
+KEEP_RECIPE = "tests/fixtures/recipes/vllm_stand_in_keep.lua"
+
+KEEP_TRAINER = textwrap.dedent("""
+    import json
+    import time
+    import numpy as np
+    import wsync
+
+    tensors = wsync.trainer_tensors(RECIPE)
+    shards = {t.name: np.zeros(t.shape, dtype=np.uint16) for t in tensors}
+    with wsync.Host(RECIPE) as host:
+        agent = host.agent(rank=0, world=1)
+        for name, shard in shards.items():
+            agent.register_tensor(name, shard, dtype="bfloat16")
+        for step in ("offload_optimizer", "onload_optimizer", "offload_actor", "onload_actor"):
+            agent.register_callback(step, lambda: None)
+        agent.ready()
+        ids = host.submit([{"prompt": [1, 2, 3], "max_tokens": 5000}, {"prompt": [9], "max_tokens": 5000}])
+        seen = {rid: {"tokens": 0, "spans": []} for rid in ids}
+        def poll():
+            for request in host.poll()["requests"]:
+                got = seen[request["id"]]
+                assert request["first_token"] == got["tokens"], (request["first_token"], got["tokens"])
+                got["tokens"] += len(request["tokens"])
+                got["spans"] = request["spans"]
+        for step in (1, 2, 3):
+            time.sleep(0.05)  # (they generate meanwhile)
+            poll()
+            agent.publish(step)
+        time.sleep(0.05)
+        poll()
+        print("trainer:", json.dumps({rid: {"tokens": got["tokens"], "versions": [s["version"] for s in got["spans"]],
+                                            "kv": [s.get("kv") for s in got["spans"]],
+                                            "contiguous": all(b["first_token"] == a["last_token"] + 1
+                                                              for a, b in zip(got["spans"], got["spans"][1:]))}
+                                      for rid, got in seen.items()}), flush=True)
+""")
+
+
+def test_streaming_requests_are_held_across_publications_in_keep_mode(tmp_path):
+    result = run_trainer(KEEP_TRAINER, KEEP_RECIPE, tmp_path, path=(str(ROOT / "bindings" / "python"),),
+                         env={"WSYNC_VLLM_ENGINE": "vllm_stand_in:Engine", "WSYNC_PYTHON": sys.executable})
+    output = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, output
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("trainer: {")]
+    import json
+    requests = json.loads(line[len("trainer: "):])
+    assert len(requests) == 2, output
+    for request in requests.values():
+        assert request["versions"] == [0, 1, 2, 3], output
+        assert request["kv"] == [None, "recomputed", "recomputed", "recomputed"], output
+        assert request["contiguous"] and request["tokens"] > 4, output
+    assert "wsync: verdict: OK: 3 model versions published" in result.stdout, output

@@ -106,6 +106,21 @@ class Host:
         return self._rollout("generate", {"prompts": [list(map(int, prompt)) for prompt in prompts],
                                           "sampling": sampling})
 
+    def submit(self, requests: list[dict[str, Any]]) -> list[int]:
+        """Queues streaming requests (``{prompt: [token ids], max_tokens, sampling}``) in the
+        rollout runtime; their ids. They generate between publications and, with a
+        schedule that pauses in keep mode around ``publish``, across them."""
+        payload = [{"prompt": list(map(int, request["prompt"])), **{k: v for k, v in request.items() if k != "prompt"}}
+                   for request in requests]
+        return list(self._rollout("submit", {"requests": payload})["ids"])
+
+    def poll(self, ids: Optional[list[int]] = None) -> dict[str, Any]:
+        """What streaming requests (all, or ``ids``) produced since the last poll:
+        ``{requests: [{id, tokens, logprobs, first_token, spans, done, finish, generated,
+        model_version}], in_flight}``; a request's version spans (``{version, first_token,
+        last_token[, kv]}``) say which model version produced which of its tokens."""
+        return self._rollout("poll", {"ids": list(ids)} if ids else {})
+
     def runtime_info(self) -> dict[str, Any]:
         """What the session's rollout runtime says of itself (``info``)."""
         return self._rollout("info", {})

@@ -118,8 +118,9 @@ function M.abort()
 end
 
 --- The commands a trainer may send the started session's rollout runtime
---- itself, between its publications.
-M.ROLLOUT_COMMANDS = { generate = true, info = true }
+--- itself, between its publications (submit and poll stream; the schedule's
+--- pause and resume hold streaming requests across a publication).
+M.ROLLOUT_COMMANDS = { generate = true, info = true, submit = true, poll = true }
 
 --- Sends the started session's rollout runtime `cmd` with the JSON payload
 --- `payload_text` and runs the loop until it answers; returns the result as
@@ -133,7 +134,7 @@ function M.rollout(cmd, payload_text)
   local cjson = require("cjson")
   if not M.ROLLOUT_COMMANDS[cmd] then
     errors.raise("INVALID_ARGUMENT", string.format("the rollout runtime's %s is not for trainers (they may send: "
-      .. "generate, info)", tostring(cmd)))
+      .. "generate, info, submit, poll)", tostring(cmd)))
   end
   local state = started
   if not state or state.done then

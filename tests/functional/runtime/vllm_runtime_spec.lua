@@ -190,6 +190,26 @@ describe("wsync run into the vllm runtime (an engine in place of vLLM)", functio
       .. "model.layers.0.self_attn.qkv_proj.weight with values sum ", result.stdout, 1, true)
   end)
 
+  it("streams across 200 keep-mode pause/publish/resume rounds over two replicas, losing and repeating no token",
+    function()
+      local result = process_helper.wsync({ "tests/functional/publish/replicas_soak.lua",
+        fixtures.recipes .. "/vllm_stand_in_soak.lua" }, nil, { env = with(), timeout = 240000 })
+      assert.are.equal(0, result.code, result.stderr)
+      local line = ("\n" .. result.stdout):match("\nSOAK ([^\n]+)")
+      assert.is_not_nil(line, result.stdout .. result.stderr)
+      local summary = require("cjson").decode(line)
+      assert.are.equal(200, summary.rounds)
+      assert.are.same({}, summary.problems)
+      assert.are.equal(4, #summary.requests)
+      for index, request in ipairs(summary.requests) do
+        assert.are.equal(index, request.id, "each request once, across the replicas")
+        assert.are.equal(request.generated, request.tokens, "every token generated was polled once")
+        assert.is_true(request.contiguous, "its spans cover its tokens, in order")
+        assert.are.equal(200, request.last_version)
+        assert.is_true(request.spans >= 100, "tokens from most versions: " .. request.spans)
+      end
+    end)
+
   -- Each fault of the engine fails the run fail-stop: non-zero, the cause
   -- named, nothing committed, nothing left.
   for _, case in ipairs({
