@@ -88,6 +88,12 @@ describe("the vllm runtime with vLLM", function()
       end)
   end
 
+  it("keeps generating across publications in keep mode, each token stamped with its version", function()
+    local result = script({ "tests/gpu/vllm_keep.py" }, 300000)
+    assert.are.equal(0, result.code, result.stderr)
+    assert.matches("vllm_keep: ok", result.stdout, 1, true)
+  end)
+
   it("fails fail-stop when vLLM's engine dies mid-chunk or a worker's receipt is wrong, leaving nothing", function()
     local result = script({ "tests/gpu/vllm_faults.py" }, 420000)
     assert.are.equal(0, result.code, result.stderr)
