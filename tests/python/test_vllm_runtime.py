@@ -392,7 +392,8 @@ class TestStreaming:
             runtime.generate({"prompts": [[1]]})
         for bad, says in (([{"prompt": []}], "prompt 1 is not a non-empty list"),
                           ([{"prompt": [1], "max_tokens": 0}], "max_tokens must be an integer from 1"),
-                          ([{"prompt": [1], "sampling": {"beam": 2}}], "unknown sampling parameters beam"),
+                          ([{"prompt": [1], "sampling": {"beam": 2}}], "sampling parameters beam are not taken"),
+                          ([{"prompt": [1], "sampling": {"n": 2}}], "sampling parameters n are not taken"),
                           ("x", "submit needs a list")):
             with pytest.raises(Failure, match=says) as failed:
                 runtime.submit({"requests": bad})

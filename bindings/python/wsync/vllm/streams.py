@@ -26,6 +26,10 @@ MAX_TOKENS = 65536
 
 PAUSE_MODES = ("abort", "wait", "keep")
 
+#: Sampling parameters a streaming request does not take: its own max_tokens, and what
+#: makes more than one sequence or scores the prompt (generate serves those).
+UNSTREAMED = ("max_tokens", "n", "prompt_logprobs")
+
 
 class Streams:
     """The runtime's streaming requests. ``engine`` has the ``stream_*`` calls; ``version``
@@ -61,11 +65,12 @@ class Streams:
             sampling = request.get("sampling") or {}
             if not isinstance(sampling, dict):
                 raise Failure("INVALID_ARGUMENT", f"request {index}: sampling must be an object of sampling parameters")
-            known = [key for key in sampling_keys if key != "max_tokens"]
+            known = [key for key in sampling_keys if key not in UNSTREAMED]
             unknown = sorted(set(sampling) - set(known))
             if unknown:
-                raise Failure("INVALID_ARGUMENT", f"request {index}: unknown sampling parameters {', '.join(unknown)} "
-                              f"(known: {', '.join(known)}; max_tokens is the request's own)")
+                raise Failure("INVALID_ARGUMENT", f"request {index}: sampling parameters {', '.join(unknown)} are "
+                              f"not taken by a streaming request (it takes: {', '.join(known)}; max_tokens is its "
+                              "own; generate takes n and prompt_logprobs)")
         ids = []
         for request in requests:
             rid = self.next_id
