@@ -30,22 +30,14 @@ Prints one line per step and "vllm_e2e: ok"; exits non-zero on any failure.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import Qwen3MoeForCausalLM
+from vllm_trainer import Trainer, verdict
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "python"))
-from torch_fsdp2 import OptimizerOffload  # noqa: E402
+import wsync
 
-import wsync  # noqa: E402
-
-MODEL = ROOT / "tests" / "fixtures" / "models" / "gpu_tiny"
 RECIPES = {"direct": "tests/fixtures/recipes/vllm_tiny_cuda.lua",
            "native": "tests/fixtures/recipes/vllm_tiny_cuda_native.lua",
            "direct-sleep": "tests/fixtures/recipes/vllm_tiny_cuda_sleep.lua"}
@@ -94,33 +86,19 @@ def main() -> int:
     parser.add_argument("--load", choices=sorted(RECIPES), default="direct")
     load = parser.parse_args().load
     recipe = RECIPES[load]
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    os.chdir(ROOT)
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig.from_pretrained(str(MODEL))
-    model = Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
-    with torch.no_grad():  # a distribution far from uniform (see the module's doc)
+
+    def scaled(model: torch.nn.Module) -> None:  # a distribution far from uniform (see the module's doc)
         model.model.embed_tokens.weight.mul_(40)
         model.lm_head.weight.mul_(40)
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    offload = OptimizerOffload(optimizer)
+    trainer = Trainer(scaled)
+    config, model = trainer.config, trainer.model
     reference = Qwen3MoeForCausalLM(config).to("cuda", torch.float32).eval()
     generator = torch.Generator().manual_seed(1)
     sequence = torch.randint(0, config.vocab_size, (48,), generator=generator).tolist()
     failures = []
 
     with wsync.Host(recipe) as host:
-        agent = host.agent(rank=0, world=1, backend="cuda", device=0)
-        agent.register_module(model)
-        agent.register_callback("offload_optimizer", offload.offload)
-        agent.register_callback("onload_optimizer", offload.onload)
-        agent.ready()
+        agent = trainer.agent(host)
         if load == "direct-sleep":  # (asleep since the bootstrap: nothing to generate with before a publication)
             print("vllm_e2e: before any publication: vLLM sleeps (level 1 at bootstrap)", flush=True)
         else:
@@ -132,11 +110,7 @@ def main() -> int:
                 failures.append(f"before publication: version {version}, mean |delta| {mean:.4f} (want >= "
                                 f"{BEFORE_DELTA})")
         for step in range(1, STEPS + 1):
-            tokens = torch.randint(0, config.vocab_size, (4, 32), device="cuda")
-            loss = model(input_ids=tokens, labels=tokens).loss
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+            loss = trainer.step()
             publication = agent.publish(step)
             version, got = vllm_logprobs(host, sequence)
             ours = trainer_logprobs(model, sequence)
@@ -144,7 +118,7 @@ def main() -> int:
             worst, mean = deltas(got, exact)
             noise_worst, noise_mean = deltas(ours, exact)
             apart_worst, apart_mean = deltas(got, ours)
-            print(f"vllm_e2e: step {step}: loss {loss.item():.4f}, model version {publication.model_version} "
+            print(f"vllm_e2e: step {step}: loss {loss:.4f}, model version {publication.model_version} "
                   f"(generation stamped {version}); |delta| from float32, mean/max: vLLM {mean:.4f}/{worst:.4f}, "
                   f"trainer (bfloat16) {noise_mean:.4f}/{noise_worst:.4f}; vLLM from trainer {apart_mean:.4f}/"
                   f"{apart_worst:.4f}", flush=True)
@@ -168,13 +142,8 @@ def main() -> int:
             print(f"vllm_e2e: version {report['model_version']}: total {timings['total'] * 1e3:.1f} ms (fill "
                   f"{timings['fill'] * 1e3:.1f}, load {timings['load'] * 1e3:.1f}, finish "
                   f"{timings['finish'] * 1e3:.1f})", flush=True)
-    dist.destroy_process_group()
-    for failure in failures:
-        print(f"vllm_e2e: FAILED: {failure}", file=sys.stderr)
-    if failures:
-        return 1
-    print(f"vllm_e2e: ok ({load}: {STEPS} publications, vLLM's log-probabilities follow the trainer's)", flush=True)
-    return 0
+    trainer.close()
+    return verdict("vllm_e2e", failures, f"{load}: {STEPS} publications, vLLM's log-probabilities follow the trainer's")
 
 
 if __name__ == "__main__":

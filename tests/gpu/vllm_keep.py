@@ -14,46 +14,23 @@ Prints one line per request and "vllm_keep: ok"; exits non-zero on any failure.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
-from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from vllm_trainer import Trainer, verdict
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "python"))
-from torch_fsdp2 import OptimizerOffload  # noqa: E402
-
-import wsync  # noqa: E402
+import wsync
 
 RECIPE = "tests/fixtures/recipes/vllm_tiny_cuda_keep.lua"
-MODEL = ROOT / "tests" / "fixtures" / "models" / "gpu_tiny"
 STEPS, REQUESTS, MAX_TOKENS = 3, 4, 400
 
 
 def main() -> int:
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-    os.chdir(ROOT)
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig.from_pretrained(str(MODEL))
-    model = Qwen3MoeForCausalLM(config).to("cuda", torch.bfloat16)
-    fully_shard(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    offload = OptimizerOffload(optimizer)
+    trainer = Trainer()
+    config = trainer.config
     failures = []
     with wsync.Host(RECIPE) as host:
-        agent = host.agent(rank=0, world=1, backend="cuda", device=0)
-        agent.register_module(model)
-        agent.register_callback("offload_optimizer", offload.offload)
-        agent.register_callback("onload_optimizer", offload.onload)
-        agent.ready()
+        agent = trainer.agent(host)
         prompts = [[(7 * i + j) % config.vocab_size for j in range(8)] for i in range(REQUESTS)]
         ids = host.submit([{"prompt": prompt, "max_tokens": MAX_TOKENS, "sampling": {"ignore_eos": True}}
                            for prompt in prompts])
@@ -70,19 +47,16 @@ def main() -> int:
                            finish=request["finish"])
 
         for step in range(1, STEPS + 1):
-            time.sleep(0.2)  # (vLLM generates meanwhile)
+            time.sleep(0.05)  # (vLLM generates meanwhile: 400 tokens take it a few seconds)
             poll()
-            tokens = torch.randint(0, config.vocab_size, (4, 32), device="cuda")
-            model(input_ids=tokens, labels=tokens).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
+            trainer.step()
             publication = agent.publish(step)
             print(f"vllm_keep: published version {publication.model_version}", flush=True)
         deadline = time.monotonic() + 120
         while not all(got["done"] for got in seen.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
             poll()
-    dist.destroy_process_group()
+    trainer.close()
     for rid, got in seen.items():
         versions = [span["version"] for span in got["spans"]]
         kv = [span.get("kv") for span in got["spans"]]
@@ -97,12 +71,7 @@ def main() -> int:
                             "across every publication?)")
         if kv[1:] != ["recomputed"] * (len(kv) - 1) or not contiguous:
             failures.append(f"request {rid}: spans {got['spans']}")
-    for failure in failures:
-        print(f"vllm_keep: FAILED: {failure}", file=sys.stderr)
-    if failures:
-        return 1
-    print(f"vllm_keep: ok ({REQUESTS} requests generated across {STEPS} publications in keep mode)", flush=True)
-    return 0
+    return verdict("vllm_keep", failures, f"{REQUESTS} requests generated across {STEPS} publications in keep mode")
 
 
 if __name__ == "__main__":

@@ -11,12 +11,14 @@ from conftest import ROOT, run_trainer
 
 RECIPE = "tests/fixtures/recipes/vllm_stand_in_external.lua"
 
-TRAINER = textwrap.dedent("""
+# The trainer's start, for both trainers below: its shards (numpy) registered, ready
+# (each goes on inside its `with` block).
+READY = """
     import json
+    import time
     import numpy as np
     import wsync
 
-    rng = np.random.default_rng(7)
     tensors = wsync.trainer_tensors(RECIPE)
     shards = {t.name: np.zeros(t.shape, dtype=np.uint16) for t in tensors}
     with wsync.Host(RECIPE) as host:
@@ -26,6 +28,10 @@ TRAINER = textwrap.dedent("""
         for step in ("offload_optimizer", "onload_optimizer", "offload_actor", "onload_actor"):
             agent.register_callback(step, lambda: None)
         agent.ready()
+"""
+
+TRAINER = textwrap.dedent(READY + """
+        rng = np.random.default_rng(7)
         seen = []
         for step in (1, 2, 3):
             for shard in shards.values():
@@ -68,21 +74,7 @@ def test_a_trainer_publishes_into_the_vllm_runtime_and_generates_between(tmp_pat
 
 KEEP_RECIPE = "tests/fixtures/recipes/vllm_stand_in_keep.lua"
 
-KEEP_TRAINER = textwrap.dedent("""
-    import json
-    import time
-    import numpy as np
-    import wsync
-
-    tensors = wsync.trainer_tensors(RECIPE)
-    shards = {t.name: np.zeros(t.shape, dtype=np.uint16) for t in tensors}
-    with wsync.Host(RECIPE) as host:
-        agent = host.agent(rank=0, world=1)
-        for name, shard in shards.items():
-            agent.register_tensor(name, shard, dtype="bfloat16")
-        for step in ("offload_optimizer", "onload_optimizer", "offload_actor", "onload_actor"):
-            agent.register_callback(step, lambda: None)
-        agent.ready()
+KEEP_TRAINER = textwrap.dedent(READY + """
         ids = host.submit([{"prompt": [1, 2, 3], "max_tokens": 5000}, {"prompt": [9], "max_tokens": 5000}])
         seen = {rid: {"tokens": 0, "spans": []} for rid in ids}
         def poll():

@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 from wsync import Host
 from wsync.vllm.extension import DirectLoader, LoaderPlan
