@@ -77,6 +77,13 @@ function cuda.buffer(device, bytes) end
 ---@return wsync.cuda.Mapping|nil mapping, string? message, string? code
 function cuda.import(device, handle, bytes) end
 
+--- Exports the cudaMalloc allocation that holds `region` (memory allocated
+--- some other way, a torch tensor's storage): its handle, the allocation's
+--- size and where the region starts in it.
+---@param region wsync.cuda.Region
+---@return string|nil handle, number|string allocation_size_or_message, number|string offset_or_code
+function cuda.export_region(region) end
+
 ---@param device integer
 ---@return wsync.cuda.Stream|nil stream, string? message, string? code
 function cuda.stream(device) end
