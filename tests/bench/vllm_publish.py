@@ -19,10 +19,12 @@ experts) as views of one allocation; the same tensors go four ways, in this orde
    also checks the plan against vLLM's own loader, reported apart);
 5. the same with two 4 GiB buffers rather than 1 GiB (tests/fixtures/recipes/vllm_30b_bench_4g.lua);
 6. direct from the trainer's own storage: no packed buffers, one chunk
-   (tests/fixtures/recipes/vllm_30b_bench_storage.lua; its first publication checked too).
+   (tests/fixtures/recipes/vllm_30b_bench_storage.lua; its first publication checked too);
+7. direct as 4., its weight commands over wsync's socket to the worker rather than vLLM's
+   collective_rpc (tests/fixtures/recipes/vllm_30b_bench_socket.lua).
 
     python3 tests/bench/vllm_publish.py [REPEATS] [WAY,WAY,...]
-WAYS: of native, direct, "direct 2x4GiB", "direct storage" (default all); the floor and vLLM's
+WAYS: of native, direct, "direct 2x4GiB", "direct storage", "direct socket" (default all); the floor and vLLM's
 own always run.
 
 A way that fails is reported and the others still run.
@@ -53,7 +55,8 @@ MODEL = ROOT / "recipes" / "models" / "qwen3-30b-a3b"
 RECIPES = {"native": "tests/fixtures/recipes/vllm_30b_bench_native.lua",
            "direct": "tests/fixtures/recipes/vllm_30b_bench.lua",
            "direct 2x4GiB": "tests/fixtures/recipes/vllm_30b_bench_4g.lua",
-           "direct storage": "tests/fixtures/recipes/vllm_30b_bench_storage.lua"}
+           "direct storage": "tests/fixtures/recipes/vllm_30b_bench_storage.lua",
+           "direct socket": "tests/fixtures/recipes/vllm_30b_bench_socket.lua"}
 GiB = 1024 ** 3
 
 

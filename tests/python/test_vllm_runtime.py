@@ -407,3 +407,69 @@ class TestStreaming:
         runtime.sleep({"level": 1})
         (aborted,) = runtime.poll({})["requests"]
         assert aborted["finish"] == "aborted" and runtime.streams.in_flight() == 0
+
+
+class TestChannel:
+    """wsync.vllm.channel: the runtime's sockets to vLLM's workers, beside collective_rpc."""
+
+    @staticmethod
+    def open(tmp_path, handlers):
+        from wsync.vllm.channel import Channels, serve
+        paths = [str(tmp_path / f"tp{rank}.sock") for rank in range(len(handlers))]
+        threads = [serve(path, handler) for path, handler in zip(paths, handlers)]
+        return Channels(paths, timeout=5), threads
+
+    def test_a_command_reaches_every_worker_and_the_answers_come_back_by_rank(self, tmp_path):
+        seen = []
+
+        def worker(rank):
+            def handle(cmd, payload):
+                seen.append((rank, cmd, json.loads(payload)))
+                return json.dumps({"ok": True, "result": {"rank": rank}})
+            return handle
+        channels, threads = self.open(tmp_path, [worker(0), worker(1)])
+        for chunk in (1, 2):
+            answers = channels.call("load_chunk", json.dumps({"chunk": chunk}), timeout=5)
+            assert [json.loads(answer)["result"]["rank"] for answer in answers] == [0, 1]
+        assert sorted((rank, cmd, payload["chunk"]) for rank, cmd, payload in seen) == \
+            [(0, "load_chunk", 1), (0, "load_chunk", 2), (1, "load_chunk", 1), (1, "load_chunk", 2)]
+        assert list(tmp_path.iterdir()) == []  # (each socket file goes once connected)
+        channels.close()
+        for thread in threads:
+            thread.join(5)
+            assert not thread.is_alive()
+
+    def test_a_worker_that_goes_away_or_does_not_answer_fails_the_command(self, tmp_path):
+        import threading
+        hold = threading.Event()
+
+        def slow(cmd, payload):
+            hold.wait(10)
+            return "{}"
+        channels, _ = self.open(tmp_path, [lambda cmd, payload: "{}", slow])
+        with pytest.raises(Failure) as timed_out:
+            channels.call("finish_update", "{}", timeout=0.3)
+        assert timed_out.value.code == "TIMEOUT" and "TP workers [1] did not answer finish_update" in \
+            timed_out.value.message
+        with pytest.raises(Failure) as died:
+            channels.call("load_chunk", "{}", timeout=5, dead=lambda: "vLLM's EngineCore (pid 7) died")
+        assert died.value.code == "ENGINE_DIED" and died.value.message == \
+            "vLLM's EngineCore (pid 7) died during load_chunk" and died.value.fatal
+        hold.set()
+        channels.close()
+
+    def test_a_channel_closed_by_its_worker_is_named(self, tmp_path):
+        from wsync.vllm.channel import Channels
+        import socket
+        path = str(tmp_path / "tp0.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(1)
+        channels = Channels([path], timeout=5)
+        accepted, _ = listener.accept()
+        accepted.close()
+        listener.close()
+        with pytest.raises(Failure) as died:
+            channels.call("load_chunk", "{}", timeout=5)
+        assert died.value.code == "ENGINE_DIED" and "TP worker 0 closed its channel" in died.value.message
+        channels.close()

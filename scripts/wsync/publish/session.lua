@@ -304,7 +304,8 @@ local function spawn_rollout(session)
     kind = recipe.runtime.kind, tp = session.topology.tp, backend = recipe.backend, devices = devices,
     kv_bytes = math.max(recipe.memory.kv_bytes, 1), timeouts = recipe.timeouts, grace_ms = recipe.runtime.grace_ms,
     model = recipe.runtime.kind == "vllm" and require("wsync.runtime.vllm").model_dir(recipe) or nil,
-    load = recipe.runtime.load, check = recipe.runtime.check, engine = recipe.runtime.vllm,
+    load = recipe.runtime.load, check = recipe.runtime.check, channel = recipe.runtime.channel,
+    engine = recipe.runtime.vllm,
     python = recipe.runtime.python,
   }
   local replicas = session.topology.replicas or 1

@@ -91,12 +91,16 @@ M.schema = schema.record({
         -- loader: in the first publication of a session (default), every
         -- publication, or never.
         check = schema.enum({ "first", "every", "never" }),
+        -- How the weight commands reach vLLM's TP workers: through vLLM's
+        -- collective_rpc (default), or a socket of wsync's to each worker
+        -- (wsync.vllm.channel: no trip through vLLM's EngineCore per chunk).
+        channel = schema.enum({ "rpc", "socket" }),
         vllm = schema.map({ item = schema.any({}) }),
         python = schema.string({}),
       },
       check = function(runtime)
         if runtime.kind ~= "vllm" then
-          for _, field in ipairs({ "model", "load", "check", "vllm", "python" }) do
+          for _, field in ipairs({ "model", "load", "check", "channel", "vllm", "python" }) do
             if runtime[field] ~= nil then
               return false, string.format("is for the vllm runtime; this recipe's runtime is %s", runtime.kind),
                 field

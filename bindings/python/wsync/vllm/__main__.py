@@ -32,6 +32,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="how weights reach vLLM's parameters")
     parser.add_argument("--check", choices=("first", "every", "never"), default="first",
                         help="when the direct loader is checked bitwise against vLLM's own loader")
+    parser.add_argument("--channel", choices=("rpc", "socket"), default="rpc",
+                        help="how weight commands reach vLLM's workers: collective_rpc, or a socket to each")
     parser.add_argument("--engine-args", default="{}", help="engine arguments for vllm.LLM, a JSON object")
     parser.add_argument("--timeouts", default="{}", help="the host's per-command timeouts in seconds, JSON")
     return parser.parse_args(argv)
@@ -65,7 +67,7 @@ def make_engine(options: argparse.Namespace, timeouts: dict[str, float]) -> Any:
         from .engine import VllmEngine as engine_class
     engine = engine_class(tp=options.tp, devices=devices, backend=options.backend, model=options.model,
                           load=options.load, engine_args=engine_args, timeouts=timeouts)
-    engine.check = options.check
+    engine.check, engine.channel = options.check, options.channel
     return engine
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Optional, TypeVar
@@ -105,8 +107,11 @@ class VllmEngine:
         self._state = {"weights": "awake", "kv_cache": "reserved"}
         self._closed = False
         self._faults = _faults()
-        # Per weight command: [calls, seconds in collective_rpc, the slowest worker's seconds].
+        # Per weight command: [calls, seconds in collective_rpc (or the channel), the slowest
+        # worker's seconds].
         self._timing: dict[str, list[float]] = {}
+        self._channels: Any = None
+        self._channel_dir: Optional[str] = None
 
     def _dead(self) -> Optional[str]:
         """Which of vLLM's processes died (EngineCore, a TP worker), or None."""
@@ -173,11 +178,23 @@ class VllmEngine:
         if "kv_cache" in tags:
             self._state["kv_cache"] = "reserved"
 
+    def _open_channels(self) -> None:
+        """The channel to every TP worker (``channel = "socket"``: wsync.vllm.channel)."""
+        from .channel import Channels
+        self._channel_dir = tempfile.mkdtemp(prefix="wsync-vllm-")
+        paths = self._watched("channel", lambda: self.llm.collective_rpc("wsync_channel", args=(self._channel_dir,)))
+        self._channels = Channels(paths)
+
     def _command(self, cmd: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
         timeout = _inner(self.timeouts.get(cmd, self.timeouts.get("default", 60)))
         started = time.perf_counter()
-        answers = self._watched(cmd, lambda: self.llm.collective_rpc("wsync_command", timeout=timeout,
-                                                                    args=(cmd, json.dumps(payload))))
+        if getattr(self, "channel", "rpc") == "socket":
+            if self._channels is None:
+                self._open_channels()
+            answers = self._channels.call(cmd, json.dumps(payload), timeout, self._dead)
+        else:
+            answers = self._watched(cmd, lambda: self.llm.collective_rpc("wsync_command", timeout=timeout,
+                                                                        args=(cmd, json.dumps(payload))))
         seconds = time.perf_counter() - started
         results, slowest = [], 0.0
         for rank, text in enumerate(answers):
@@ -195,9 +212,10 @@ class VllmEngine:
         return results
 
     def timing_summary(self) -> str:
-        """Per weight command: calls, mean ms in collective_rpc and in the slowest worker
-        (the difference is vLLM's RPC between this process and its workers)."""
-        parts = [f"{cmd} x{int(calls)}: {total / calls * 1e3:.2f} ms per call in collective_rpc, "
+        """Per weight command: calls, mean ms in collective_rpc (or the channel) and in the
+        slowest worker (the difference is the trip between this process and its workers)."""
+        way = "the channel" if getattr(self, "channel", "rpc") == "socket" else "collective_rpc"
+        parts = [f"{cmd} x{int(calls)}: {total / calls * 1e3:.2f} ms per call in {way}, "
                  f"{worker / calls * 1e3:.2f} in the workers" for cmd, (calls, total, worker) in self._timing.items()]
         return "; ".join(parts) or "no weight commands"
 
@@ -309,6 +327,10 @@ class VllmEngine:
             return
         self._closed = True
         print(f"wsync vllm runtime: {self.timing_summary()}", file=sys.stderr, flush=True)
+        if self._channels is not None:
+            self._channels.close()  # (the workers' channel threads end)
+        if self._channel_dir is not None:
+            shutil.rmtree(self._channel_dir, ignore_errors=True)
         shutdown_engine(self.llm)
 
 

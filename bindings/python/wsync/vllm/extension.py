@@ -336,6 +336,18 @@ class WorkerExtension:
             "resident_tensors": sum(1 for _ in self.get_model().named_parameters()),
         }
 
+    def wsync_channel(self, directory: str) -> str:
+        """Opens this worker's channel (wsync.vllm.channel) in ``directory``: a thread of its
+        own answers the weight commands from now on; the socket's path."""
+        from .channel import serve
+        path = os.path.join(directory, f"tp{self.rank}.sock")
+
+        def start() -> None:
+            import torch
+            torch.cuda.set_device(self.device)
+        serve(path, self.wsync_command, start)
+        return path
+
     def wsync_command(self, cmd: str, payload_json: str) -> str:
         """Runs one weight command on this worker; answers JSON {ok, result} or {ok: false,
         error: {code, message, fatal, traceback}} (an exception must not end vLLM's worker

@@ -1,0 +1,135 @@
+"""A channel from the vllm runtime's main process straight to each of vLLM's TP workers,
+beside vLLM's ``collective_rpc`` (``runtime.channel = "socket"``).
+
+Every weight command through ``collective_rpc`` crosses vLLM's EngineCore (its input
+queue, its loop, its executor's broadcast to the workers and back): 1.3-2.2 ms a call on
+the H200, paid once per chunk. Here each worker's extension serves a Unix socket from a
+thread of its own (``serve``) and the runtime sends a command to every worker at once and
+reads their answers (``Channels``), in wsync's framing (wsync.vllm.protocol). The worker's
+thread runs the same handler as ``collective_rpc`` would (the extension's
+``wsync_command``), and owns the worker's wsync host, so every weight command of the
+session goes through the channel once it is open. vLLM generates nothing meanwhile: the
+runtime refuses generation between start and finish.
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from . import protocol
+from .server import Failure
+
+
+def _send(connection: socket.socket, message: dict[str, Any]) -> None:
+    connection.sendall(protocol.encode(message))
+
+
+def serve(path: str, handle: Callable[[str, str], str], start: Optional[Callable[[], None]] = None) -> threading.Thread:
+    """Listens on the Unix socket ``path`` and answers its one connection from a daemon
+    thread: each request ``{cmd, payload}`` (the payload a JSON string) gets ``{answer}``,
+    ``handle(cmd, payload)``'s JSON string. ``start`` runs first in that thread (the
+    worker's CUDA device). The thread ends when the connection closes; the socket file is
+    removed when the connection is made."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def run() -> None:
+        try:
+            if start is not None:
+                start()
+            connection, _ = listener.accept()
+        finally:
+            listener.close()
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        decoder = protocol.Decoder(protocol.MAX_FRAME)
+        with connection:
+            try:
+                while True:
+                    data = connection.recv(1 << 20)
+                    if not data:
+                        return
+                    for message in decoder.push(data):
+                        answer = handle(str(message.get("cmd")), str(message.get("payload")))
+                        _send(connection, {"answer": answer})
+            except (OSError, protocol.FrameError):
+                return  # (the runtime went away, or broke the stream: it is being destroyed)
+
+    thread = threading.Thread(target=run, name=f"wsync-channel-{os.path.basename(path)}", daemon=True)
+    thread.start()
+    return thread
+
+
+class Channels:
+    """The runtime's ends of every worker's channel, by rank."""
+
+    def __init__(self, paths: list[str], timeout: float = 60.0) -> None:
+        self.connections: list[socket.socket] = []
+        try:
+            for path in paths:
+                connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.connections.append(connection)
+                deadline = time.monotonic() + timeout
+                while True:
+                    try:
+                        connection.connect(path)
+                        break
+                    except (FileNotFoundError, ConnectionRefusedError):
+                        if time.monotonic() > deadline:
+                            raise Failure("RUNTIME_START", f"no worker channel at {path} within {timeout:.0f} s",
+                                          fatal=True) from None
+                        time.sleep(0.01)
+        except BaseException:
+            self.close()
+            raise
+        self.decoders = [protocol.Decoder(protocol.MAX_FRAME) for _ in paths]
+
+    def call(self, cmd: str, payload: str, timeout: float,
+             dead: Callable[[], Optional[str]] = lambda: None) -> list[str]:
+        """Sends ``cmd`` to every worker at once and returns their answers by rank (JSON
+        strings). Fails with TIMEOUT past ``timeout`` seconds, ENGINE_DIED when ``dead()``
+        names a process that died meanwhile or a worker closes its channel."""
+        for rank, connection in enumerate(self.connections):
+            try:
+                _send(connection, {"cmd": cmd, "payload": payload})
+            except OSError as error:
+                why = dead()
+                raise Failure("ENGINE_DIED", f"TP worker {rank} closed its channel before {cmd} ({error}"
+                              + (f"; {why})" if why else ")"), fatal=True, rank=rank) from None
+        answers: list[Optional[str]] = [None] * len(self.connections)
+        waiting = {connection.fileno(): rank for rank, connection in enumerate(self.connections)}
+        deadline = time.monotonic() + timeout
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Failure("TIMEOUT", f"TP workers {sorted(waiting.values())} did not answer {cmd} within "
+                              f"{timeout:.0f} s", fatal=True)
+            ready, _, _ = select.select(list(waiting), [], [], min(left, 0.2))
+            if not ready:
+                why = dead()
+                if why:
+                    raise Failure("ENGINE_DIED", f"{why} during {cmd}", fatal=True)
+            for fileno in ready:
+                rank = waiting[fileno]
+                data = self.connections[rank].recv(1 << 20)
+                if not data:
+                    why = dead()
+                    raise Failure("ENGINE_DIED", f"TP worker {rank} closed its channel during {cmd}"
+                                  + (f" ({why})" if why else ""), fatal=True, rank=rank)
+                for message in self.decoders[rank].push(data):
+                    answers[rank] = str(message.get("answer"))
+                if answers[rank] is not None:
+                    del waiting[fileno]
+        return [answer for answer in answers if answer is not None]
+
+    def close(self) -> None:
+        for connection in self.connections:
+            connection.close()
+        self.connections = []
