@@ -398,6 +398,11 @@ class TestStreaming:
             with pytest.raises(Failure, match=says) as failed:
                 runtime.submit({"requests": bad})
             assert failed.value.code == "INVALID_ARGUMENT" and not failed.value.fatal
+        # all or none: a request the engine refuses withdraws the ones before it
+        with pytest.raises(Failure, match="request 2: the prompt's 2 tokens and max_tokens 65535 exceed") as refused:
+            runtime.submit({"requests": [{"prompt": [1], "max_tokens": 3}, {"prompt": [1, 2], "max_tokens": 65535}]})
+        assert refused.value.code == "INVALID_ARGUMENT" and not refused.value.fatal
+        assert runtime.streams.in_flight() == 1 and sorted(runtime.streams.requests) == [1]
         runtime.start_update({"header": header(runtime)})
         assert runtime.idle() is False  # (no generation between start and finish)
 

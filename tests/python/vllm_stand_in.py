@@ -155,6 +155,9 @@ class Engine:
 
     def stream_add(self, request_id: int, prompt: list[int], sampling: dict[str, Any]) -> None:
         self._check_workers()
+        if len(prompt) + int(sampling["max_tokens"]) > 65536:  # (as vLLM refuses more than max_model_len)
+            raise Failure("INVALID_ARGUMENT", f"the prompt's {len(prompt)} tokens and max_tokens "
+                          f"{sampling['max_tokens']} exceed the model's 65536")
         self.streaming[request_id] = {"context": list(prompt), "left": int(sampling["max_tokens"])}
 
     def stream_step(self) -> list[dict[str, Any]]:

@@ -264,9 +264,12 @@ class VllmEngine:
     def stream_add(self, request_id: int, prompt: list[int], sampling: dict[str, Any]) -> None:
         from vllm import SamplingParams, TokensPrompt
         from vllm.sampling_params import RequestOutputKind
-        params = SamplingParams(logprobs=0, output_kind=RequestOutputKind.DELTA, **sampling)
-        self._watched("submit", lambda: self.llm.llm_engine.add_request(
-            self._request_id(request_id), TokensPrompt(prompt_token_ids=prompt), params))
+        try:
+            params = SamplingParams(logprobs=0, output_kind=RequestOutputKind.DELTA, **sampling)
+            self._watched("submit", lambda: self.llm.llm_engine.add_request(
+                self._request_id(request_id), TokensPrompt(prompt_token_ids=prompt), params))
+        except (ValueError, TypeError) as error:  # (vLLM's refusal of a request: the engine is fine)
+            raise Failure("INVALID_ARGUMENT", f"vLLM refuses it: {error}") from None
 
     @staticmethod
     def _deltas(outputs: list[Any]) -> list[dict[str, Any]]:

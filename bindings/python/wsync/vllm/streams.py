@@ -71,13 +71,22 @@ class Streams:
                 raise Failure("INVALID_ARGUMENT", f"request {index}: sampling parameters {', '.join(unknown)} are "
                               f"not taken by a streaming request (it takes: {', '.join(known)}; max_tokens is its "
                               "own; generate takes n and prompt_logprobs)")
-        ids = []
-        for request in requests:
+        ids: list[int] = []
+        for index, request in enumerate(requests, start=1):
             rid = self.next_id
             self.next_id += 1
             max_tokens = request.get("max_tokens", 16)
             sampling = dict(request.get("sampling") or {}, max_tokens=max_tokens)
-            self.engine.stream_add(rid, list(request["prompt"]), sampling)
+            try:
+                self.engine.stream_add(rid, list(request["prompt"]), sampling)
+            except Failure as refused:
+                # (All or none: the requests of this call the engine took are withdrawn.)
+                if ids:
+                    self.engine.stream_abort(ids)
+                for taken in ids:
+                    del self.requests[taken]
+                self.active = [other for other in self.active if other not in ids]
+                raise Failure(refused.code, f"request {index}: {refused.message}", fatal=refused.fatal) from None
             self.requests[rid] = {"id": rid, "tokens": [], "logprobs": [], "spans": [], "polled": 0, "done": False,
                                   "finish": None, "model_version": self.version(), "resumed_kv": None}
             self.active.append(rid)
