@@ -41,12 +41,13 @@ class Engine:
         self.backend, self.tp, self.devices, self.load = backend, tp, devices, load
         self.transport = "shm" if backend == "host" else "cuda_ipc"
         self.fault = os.environ.get("WSYNC_STAND_IN_FAULT", "")
-        self.processes = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-                          for _ in range(tp)]
         self._state = {"weights": "awake", "kv_cache": "reserved"}
+        # (The hosts first: a libwsync that cannot be loaded must leave no worker behind.)
         self.hosts = [Host() for _ in range(tp)]
         self.uuids = [self.hosts[0].eval(f"return require('wsync.native.device').query('{backend}', {int(device)}).uuid")
                       for device in devices]
+        self.processes = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+                          for _ in range(tp)]
         self.loaders = [self._loader(rank) for rank in range(tp)]
         self.memories: list[list[Any]] = [[] for _ in range(tp)]
         self.residents: list[dict[str, dict[str, Any]]] = [{} for _ in range(tp)]
