@@ -1,6 +1,8 @@
 --- The publication plan, made from metadata before any tensor exists: the
---- trainer tensors (slots) in layout order, the chunks they are packed into
---- (whole slots, back to back, no padding, bounded by the buffer size), the
+--- trainer tensors in layout order, the chunks they are packed into (slots:
+--- each a trainer tensor's rows, back to back, no padding, each chunk filled
+--- up to the buffer size; a tensor goes on in the next chunk at a row where
+--- no canonical tensor goes on, such as a packed expert's boundary), the
 --- canonical tensors each chunk carries with their offsets in the buffer, the
 --- expected manifest, and the memory a device needs.
 local errors = require("wsync.errors")
@@ -41,7 +43,7 @@ M.format_bytes = format_bytes
 
 ---@class wsync.Chunk
 ---@field index integer        1-based chunk number
----@field slots table[]        {index (in layout), name, offset, bytes}
+---@field slots table[]        {index (in layout), name, offset, bytes, rows = {first, count}}
 ---@field tensors table[]      canonical {name, dtype, shape, bytes, offset (in the buffer)}
 ---@field bytes integer
 
@@ -57,9 +59,28 @@ M.format_bytes = format_bytes
 ---@field largest table        the largest trainer tensor {name, bytes}
 ---@field manifest string      expected manifest (from the config alone)
 
+-- The rows of a trainer tensor a chunk may end at (`cuts[row]` true): where
+-- no canonical tensor of its export (`records`, byte offsets in it) goes on.
+local function cuts(records, rows, row_bytes)
+  local cuttable = {}
+  for row = 1, rows - 1 do
+    cuttable[row] = true
+  end
+  for _, record in ipairs(records) do
+    local first = math.floor(record.offset / row_bytes) + 1
+    local last = math.ceil((record.offset + record.bytes) / row_bytes) - 1
+    for row = first, math.min(last, rows - 1) do
+      if row * row_bytes > record.offset and row * row_bytes < record.offset + record.bytes then
+        cuttable[row] = nil
+      end
+    end
+  end
+  return cuttable
+end
+
 --- Builds the plan for `model` ({family, config}) and buffers ({bytes,
---- count, direct}). Raises PLAN_INVALID naming the tensor that does not fit a
---- buffer. `direct` (one rank): one chunk of every tensor, read where the
+--- count, direct}). Raises PLAN_INVALID naming the tensor whose smallest
+--- piece does not fit a buffer. `direct` (one rank): one chunk of every tensor, read where the
 --- trainer holds it, and no packed buffers (`buffer_bytes` 0).
 ---@param model {family: string, config: table}
 ---@param buffers {bytes: integer, count: integer, direct: boolean?}
@@ -85,31 +106,64 @@ function M.build(model, buffers)
     largest = { name = nil, bytes = 0 },
   }
   local current = nil
+  local function open_chunk()
+    current = { index = #plan.chunks + 1, slots = {}, tensors = {}, bytes = 0 }
+    plan.chunks[#plan.chunks + 1] = current
+  end
   for index, tensor in ipairs(layout) do
-    if tensor.bytes > buffers.bytes then
-      errors.raise("PLAN_INVALID", string.format("tensor %s needs %d bytes (%s); the buffer holds %d (%s): "
-        .. "raise buffers.bytes", tensor.name, tensor.bytes, format_bytes(tensor.bytes), buffers.bytes,
-        format_bytes(buffers.bytes)), { field = "buffers.bytes", tensor = tensor.name })
-    end
     if tensor.bytes > plan.largest.bytes then
       plan.largest = { name = tensor.name, bytes = tensor.bytes }
     end
-    if current == nil or current.bytes + tensor.bytes > buffers.bytes then
-      current = { index = #plan.chunks + 1, slots = {}, tensors = {}, bytes = 0 }
-      plan.chunks[#plan.chunks + 1] = current
+    local records = family.export(tensor.name, tensor.shape)
+    local rows = tensor.shape[1]
+    local row_bytes = tensor.bytes / rows
+    local cuttable = cuts(records, rows, row_bytes)
+    -- Rows [row, rows) still to place: as many as fit the current chunk, ending
+    -- where no canonical tensor goes on (or at the tensor's end); a piece
+    -- that fits no empty buffer is refused.
+    local row = 0
+    while row < rows do
+      local space = current and (buffers.bytes - current.bytes) or 0
+      local last = math.min(rows, row + math.floor(space / row_bytes))
+      while last > row and last < rows and not cuttable[last] do
+        last = last - 1
+      end
+      if last == row then
+        if current and current.bytes == 0 then
+          local need = rows
+          for cut = row + 1, rows - 1 do
+            if cuttable[cut] then
+              need = cut
+              break
+            end
+          end
+          local bytes = (need - row) * row_bytes
+          errors.raise("PLAN_INVALID", string.format("tensor %s needs %d bytes (%s) in one piece%s; the buffer holds "
+            .. "%d (%s): raise buffers.bytes", tensor.name, bytes, format_bytes(bytes),
+            need - row < rows and string.format(" (rows %d to %d of %d)", row, need - 1, rows) or "",
+            buffers.bytes, format_bytes(buffers.bytes)), { field = "buffers.bytes", tensor = tensor.name })
+        end
+        open_chunk()
+      else
+        local first_byte, end_byte = row * row_bytes, last * row_bytes
+        local slot = { index = index, name = tensor.name, offset = current.bytes, bytes = end_byte - first_byte,
+          shape = tensor.shape, dtype = tensor.dtype, rows = { row, last - row } }
+        current.slots[#current.slots + 1] = slot
+        for _, canonical in ipairs(records) do
+          if canonical.offset >= first_byte and canonical.offset < end_byte then
+            local placed = {
+              name = canonical.name, dtype = canonical.dtype, shape = canonical.shape, bytes = canonical.bytes,
+              offset = slot.offset + canonical.offset - first_byte, source = tensor.name,
+              source_offset = canonical.offset,
+            }
+            current.tensors[#current.tensors + 1] = placed
+            plan.canonical[#plan.canonical + 1] = placed
+          end
+        end
+        current.bytes = current.bytes + slot.bytes
+        row = last
+      end
     end
-    local slot = { index = index, name = tensor.name, offset = current.bytes, bytes = tensor.bytes,
-      shape = tensor.shape, dtype = tensor.dtype }
-    current.slots[#current.slots + 1] = slot
-    for _, canonical in ipairs(family.export(tensor.name, tensor.shape)) do
-      local placed = {
-        name = canonical.name, dtype = canonical.dtype, shape = canonical.shape, bytes = canonical.bytes,
-        offset = slot.offset + canonical.offset, source = tensor.name, source_offset = canonical.offset,
-      }
-      current.tensors[#current.tensors + 1] = placed
-      plan.canonical[#plan.canonical + 1] = placed
-    end
-    current.bytes = current.bytes + tensor.bytes
     plan.bytes = plan.bytes + tensor.bytes
   end
   plan.manifest = manifest.of(plan.canonical).digest

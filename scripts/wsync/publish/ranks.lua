@@ -188,8 +188,9 @@ function Ranks:init_buffers(plan, timeout)
   return self.descriptors
 end
 
--- What the agents get to plan a chunk's fill: its slots' names and offsets
--- and, when the ranks gather by broadcasts, every rank's rows of each.
+-- What the agents get to plan a chunk's fill: its slots' names, offsets and
+-- rows (of the trainer tensor) and, when the ranks gather by broadcasts, every
+-- rank's rows of each tensor.
 function Ranks:_fill_slots(chunk)
   local key = self.broadcasts and "fill_payload_broadcast" or "fill_payload"
   if not chunk[key] then
@@ -204,7 +205,7 @@ function Ranks:_fill_slots(chunk)
     end
     local slots = {}
     for i, slot in ipairs(chunk.slots) do
-      slots[i] = { name = slot.name, offset = slot.offset, ranks = rows_of[slot.name] }
+      slots[i] = { name = slot.name, offset = slot.offset, rows = slot.rows, ranks = rows_of[slot.name] }
     end
     chunk[key] = slots
   end

@@ -372,13 +372,14 @@ function Agent:_nccl_id()
   return { id = id }
 end
 
--- Plans chunk `k`'s fill from its slots (`{name, offset, ranks?}`: the
--- trainer tensors in the chunk, where each starts in the buffer and, with
+-- Plans chunk `k`'s fill from its slots (`{name, offset, rows?, ranks?}`:
+-- the trainer tensors in the chunk, where each starts in the buffer, which of
+-- its rows the chunk holds (`{first, count}`; all when absent) and, with
 -- several ranks on a transport that gathers by broadcasts, every rank's
--- `{first, count}` rows): this rank's rows of each (`spans`), every rank's
--- (`roots`), and the canonical records the export makes of them (the chunk's
--- part of the consumed manifest). The transport's own plan is made at the
--- first fill (M._fill).
+-- `{first, count}` rows of the tensor): this rank's rows of each in the chunk
+-- (`spans`), every rank's (`roots`), and the canonical records the export
+-- makes of those rows (the chunk's part of the consumed manifest). The
+-- transport's own plan is made at the first fill (M._fill).
 function Agent:_plan_fill(k, slots)
   local spans, roots, segment = {}, {}, assert(manifest_module.segment())
   local ok, err = pcall(function()
@@ -391,23 +392,47 @@ function Agent:_plan_fill(k, slots)
       if not tensor then
         refuse(self, "MISSING_TENSOR", "fill", "has no tensor " .. slot.name .. " registered")
       end
-      for _, record in ipairs(self.family.export(tensor.name, tensor.shape)) do
-        local added, message = segment:add(record.name, record.dtype, record.shape)
-        if not added then
-          refuse(self, "MANIFEST", "fill", message)
+      local first, count = 0, tensor.shape[1]
+      if slot.rows ~= nil then
+        first, count = slot.rows[1], slot.rows[2]
+        if type(first) ~= "number" or type(count) ~= "number" or first < 0 or count < 1 or first % 1 ~= 0
+            or count % 1 ~= 0 or first + count > tensor.shape[1] then
+          refuse(self, "BAD_MESSAGE", "fill", string.format("fill of chunk %d: rows %s of %s, which has %d", k,
+            require("cjson").encode(slot.rows), slot.name, tensor.shape[1]))
         end
       end
-      if tensor.rows[2] > 0 then
-        spans[#spans + 1] = { target_offset = slot.offset + tensor.rows[1] * tensor.row_bytes,
-          source = tensor.source, source_offset = tensor.offset, bytes = tensor.rows[2] * tensor.row_bytes }
+      local low, high = first * tensor.row_bytes, (first + count) * tensor.row_bytes
+      for _, record in ipairs(self.family.export(tensor.name, tensor.shape)) do
+        if record.offset >= low and record.offset < high then
+          local added, message = segment:add(record.name, record.dtype, record.shape)
+          if not added then
+            refuse(self, "MANIFEST", "fill", message)
+          end
+        end
+      end
+      -- A shard's rows {at, n} within the chunk's: where they go in the buffer,
+      -- where they start in the shard, how many bytes; nil when none are.
+      local function within(at, n)
+        local a, b = math.max(at, first), math.min(at + n, first + count)
+        if b <= a then
+          return nil
+        end
+        return slot.offset + (a - first) * tensor.row_bytes, (a - at) * tensor.row_bytes, (b - a) * tensor.row_bytes
+      end
+      local target, skip, bytes = within(tensor.rows[1], tensor.rows[2])
+      if target then
+        spans[#spans + 1] = { target_offset = target, source = tensor.source, source_offset = tensor.offset + skip,
+          bytes = bytes }
       end
       for index, rows in ipairs(type(slot.ranks) == "table" and slot.ranks or {}) do
         roots[index] = roots[index] or {}
         if type(rows) == "table" and (rows[2] or 0) > 0 then
           local own = index - 1 == self.rank
-          roots[index][#roots[index] + 1] = { target_offset = slot.offset + rows[1] * tensor.row_bytes,
-            bytes = rows[2] * tensor.row_bytes, source = own and tensor.source or nil,
-            source_offset = own and tensor.offset or nil }
+          target, skip, bytes = within(rows[1], rows[2])
+          if target then
+            roots[index][#roots[index] + 1] = { target_offset = target, bytes = bytes,
+              source = own and tensor.source or nil, source_offset = own and tensor.offset + skip or nil }
+          end
         end
       end
     end

@@ -1,6 +1,7 @@
--- wsync.plan: chunks of whole trainer tensors packed back to back into the
--- buffer size, the canonical tensors each chunk carries and their offsets,
--- the expected manifest, and the summary `wsync check` prints.
+-- wsync.plan: chunks of trainer tensors' rows packed back to back up to the
+-- buffer size (a tensor goes on in the next chunk only where no canonical
+-- tensor goes on), the canonical tensors each chunk carries and their
+-- offsets, the expected manifest, and the summary `wsync check` prints.
 local manifest = require("wsync.native.manifest")
 local plan_module = require("wsync.plan")
 local qwen3_moe = require("wsync.plan.qwen3_moe")
@@ -29,37 +30,70 @@ end
 local LARGEST = 1000 * 64 * 2
 
 describe("plan.build chunks", function()
+  -- The rows a chunk may end at inside a trainer tensor: where none of its
+  -- canonical tensors goes on.
+  local function cut_allowed(tensor, row)
+    local row_bytes = tensor.bytes / tensor.shape[1]
+    for _, record in ipairs(qwen3_moe.export(tensor.name, tensor.shape)) do
+      if record.offset < row * row_bytes and row * row_bytes < record.offset + record.bytes then
+        return false
+      end
+    end
+    return true
+  end
+
   for _, bytes in ipairs({ LARGEST, 160 * KiB, 200 * KiB, 1024 * KiB }) do
-    it("packs whole trainer tensors back to back in layout order, none over " .. bytes .. " bytes", function()
-      local plan = build("tiny", bytes)
-      local layout = qwen3_moe.trainer_layout(qwen3_moe.config("tiny"))
-      local index = 0
-      for k, chunk in ipairs(plan.chunks) do
-        assert.are.equal(k, chunk.index)
-        local offset = 0
-        for _, slot in ipairs(chunk.slots) do
-          index = index + 1
-          local tensor = layout[index]
-          -- the trainer tensor itself, whole, where the previous one ended
-          assert.are.equal(index, slot.index)
-          assert.are.equal(tensor.name, slot.name)
-          assert.are.equal(tensor.bytes, slot.bytes)
-          assert.are.same(tensor.shape, slot.shape)
-          assert.are.equal(offset, slot.offset)
-          offset = offset + slot.bytes
+    it("packs trainer tensors' rows back to back in layout order, full chunks, none over " .. bytes .. " bytes",
+      function()
+        local plan = build("tiny", bytes)
+        local layout = qwen3_moe.trainer_layout(qwen3_moe.config("tiny"))
+        local index, next_row = 1, 0
+        for k, chunk in ipairs(plan.chunks) do
+          assert.are.equal(k, chunk.index)
+          local offset = 0
+          for _, slot in ipairs(chunk.slots) do
+            if next_row == layout[index].shape[1] then
+              index, next_row = index + 1, 0
+            end
+            local tensor = layout[index]
+            -- the trainer tensor's next rows, where the previous slot ended
+            assert.are.equal(index, slot.index)
+            assert.are.equal(tensor.name, slot.name)
+            assert.are.same({ next_row, slot.rows[2] }, slot.rows)
+            assert.are.equal(tensor.bytes / tensor.shape[1] * slot.rows[2], slot.bytes)
+            assert.are.same(tensor.shape, slot.shape)
+            assert.are.equal(offset, slot.offset)
+            offset = offset + slot.bytes
+            next_row = next_row + slot.rows[2]
+            assert.is_true(next_row == tensor.shape[1] or cut_allowed(tensor, next_row),
+              string.format("%s cut at row %d, inside a canonical tensor", tensor.name, next_row))
+          end
+          assert.are.equal(offset, chunk.bytes)
+          assert.is_true(chunk.bytes <= bytes, "chunk " .. k .. " holds " .. chunk.bytes)
         end
-        assert.are.equal(offset, chunk.bytes)
-        assert.is_true(chunk.bytes <= bytes, "chunk " .. k .. " holds " .. chunk.bytes)
-        -- greedy: the next chunk's first tensor did not fit into this one
-        local following = plan.chunks[k + 1]
-        if following then
-          assert.is_true(chunk.bytes + following.slots[1].bytes > bytes)
+        assert.are.equal(#layout, index)
+        assert.are.equal(layout[index].shape[1], next_row)
+        assert.are.equal(qwen3_moe.counts(qwen3_moe.config("tiny")).bytes, plan.bytes)
+      end)
+  end
+
+  it("goes on with a packed expert tensor in the next chunk at an expert's boundary", function()
+    -- (the 30B's 1 GiB chunks: 58, where whole trainer tensors took 97)
+    local plan = build("tiny", LARGEST)
+    local pieces = {}
+    for k, chunk in ipairs(plan.chunks) do
+      for _, slot in ipairs(chunk.slots) do
+        if slot.name == "model.layers.1.mlp.experts.gate_up_proj" then
+          pieces[#pieces + 1] = { k, slot.rows[1], slot.rows[2] }
         end
       end
-      assert.are.equal(#layout, index)
-      assert.are.equal(qwen3_moe.counts(qwen3_moe.config("tiny")).bytes, plan.bytes)
-    end)
-  end
+    end
+    assert.are.same({ { 2, 0, 3 }, { 3, 3, 1 } }, pieces)
+    assert.are.equal(4, #plan.chunks) -- the embedding, two of layers, lm_head
+    local gigabyte = plan_module.build({ family = "qwen3_moe", config = "qwen3-30b-a3b" }, { bytes = 1024 ^ 3,
+      count = 2 })
+    assert.are.equal(58, #gigabyte.chunks)
+  end)
 
   it("makes one chunk when the buffer holds the whole model", function()
     local plan = build("tiny", 405248)
@@ -67,19 +101,20 @@ describe("plan.build chunks", function()
     assert.are.equal(405248, plan.chunks[1].bytes)
   end)
 
-  it("starts a chunk only when the next tensor does not fit, with a buffer of just the largest", function()
-    -- The count, greedy by hand from the layout: the embedding alone, then
-    -- the layers' tensors packed up to 128000 bytes, lm_head alone.
+  it("starts a chunk only when the next piece does not fit, with a buffer of just the largest", function()
     local plan = build("tiny", LARGEST)
-    local layout = qwen3_moe.trainer_layout(qwen3_moe.config("tiny"))
-    local chunks, used = 0, nil
-    for _, tensor in ipairs(layout) do
-      if used == nil or used + tensor.bytes > LARGEST then
-        chunks, used = chunks + 1, 0
+    for k = 1, #plan.chunks - 1 do
+      local chunk, following = plan.chunks[k], plan.chunks[k + 1]
+      local first = following.slots[1]
+      -- the next chunk's first piece: its first slot, up to its first allowed cut
+      local layout = qwen3_moe.trainer_layout(qwen3_moe.config("tiny"))
+      local tensor = layout[first.index]
+      local row, row_bytes = first.rows[1] + 1, tensor.bytes / tensor.shape[1]
+      while row < tensor.shape[1] and not cut_allowed(tensor, row) do
+        row = row + 1
       end
-      used = used + tensor.bytes
+      assert.is_true(chunk.bytes + (row - first.rows[1]) * row_bytes > LARGEST, "chunk " .. k .. " had room")
     end
-    assert.are.equal(chunks, #plan.chunks)
     assert.are.equal("model.embed_tokens.weight", plan.chunks[1].slots[1].name)
     assert.are.equal(1, #plan.chunks[1].slots)
   end)
@@ -94,12 +129,14 @@ describe("plan.build chunks", function()
     assert.matches("holds 127999", err.message, 1, true)
   end)
 
-  it("names the first tensor that does not fit, a packed expert tensor included", function()
-    -- tied, with a vocabulary small enough that gate_up_proj [4, 64, 64] is the largest
-    local err = error_of(build, tiny({ vocab_size = 64, tie_word_embeddings = true }), 32767)
+  it("names the first piece that does not fit, one expert of a packed tensor included", function()
+    -- tied, a small vocabulary and wide experts: one expert of gate_up_proj [4, 128, 64] is the largest piece
+    local err = error_of(build, tiny({ vocab_size = 64, tie_word_embeddings = true, moe_intermediate_size = 64 }),
+      16383)
+    assert.are.equal("PLAN_INVALID", err.code)
     assert.are.equal("model.layers.0.mlp.experts.gate_up_proj", err.tensor)
-    assert.matches("needs 32768 bytes", err.message, 1, true)
-    assert.matches("holds 32767", err.message, 1, true)
+    assert.matches("needs 16384 bytes (16.00 KiB) in one piece (rows 0 to 0 of 4)", err.message, 1, true)
+    assert.matches("holds 16383", err.message, 1, true)
   end)
 
   it("refuses a config size no number holds exactly, naming it as written", function()
@@ -138,7 +175,7 @@ end)
 
 describe("plan.build canonical tensors", function()
   it("places every canonical tensor inside its trainer tensor's slot, in stream order", function()
-    local plan = build("tiny", 160 * KiB)
+    local plan = build("tiny", LARGEST) -- (a packed expert tensor in two chunks)
     local config = qwen3_moe.config("tiny")
     local canonical = qwen3_moe.canonical(config)
     local layout = qwen3_moe.trainer_layout(config)
@@ -159,8 +196,9 @@ describe("plan.build canonical tensors", function()
         assert.are.equal(expected.bytes, tensor.bytes)
         assert.are.equal(layout[expected.source].name, tensor.source)
         local slot = assert(slots[tensor.source], tensor.name .. " outside its chunk's slots")
+        local row_bytes = slot.bytes / slot.rows[2]
         assert.are.equal(expected.offset, tensor.source_offset)
-        assert.are.equal(slot.offset + expected.offset, tensor.offset)
+        assert.are.equal(slot.offset + expected.offset - slot.rows[1] * row_bytes, tensor.offset)
         assert.is_true(tensor.offset + tensor.bytes <= slot.offset + slot.bytes)
         covered = covered + tensor.bytes
       end
