@@ -169,6 +169,7 @@ function commands.check(args)
     summary.runtime = { kind = recipe.runtime.kind, tp = topology.tp, replicas = topology.replicas }
     if recipe.runtime.kind == "vllm" then
       summary.runtime.load = recipe.runtime.load or "direct"
+      summary.runtime.channel = recipe.runtime.channel or "rpc"
       summary.runtime.model = require("wsync.runtime.vllm").model_dir(recipe)
     end
     summary.runs_here = unserved == nil
@@ -204,7 +205,8 @@ function commands.check(args)
       string.format("manifest     %s", summary.manifest),
       string.format("runtime      %s %sTP%d%s", summary.runtime.kind, summary.runtime.replicas > 1
         and (summary.runtime.replicas .. " replicas x ") or "", summary.runtime.tp, summary.runtime.load
-        and string.format(", load %s, model %s", summary.runtime.load, summary.runtime.model) or ""),
+        and string.format(", load %s%s, model %s", summary.runtime.load, summary.runtime.channel == "socket"
+          and " over wsync's socket" or "", summary.runtime.model) or ""),
     }
     if unserved then
       lines[#lines + 1] = string.format("runs here    no: %s; `wsync run` refuses it", unserved)
