@@ -85,8 +85,8 @@ describe("wsync check", function()
     local result = check({ "check", path })
     assert.are.equal(3, result.code)
     assert.are.equal("", result.stdout)
-    assert.are.equal(string.format("wsync: %s:%d: tensor model.embed_tokens.weight needs 128000 bytes (125.00 KiB) in one piece; "
-      .. "the buffer holds 102400 (100.00 KiB): raise buffers.bytes\n", path, line), result.stderr)
+    assert.are.equal(string.format("wsync: %s:%d: tensor model.embed_tokens.weight needs 128000 bytes (125.00 KiB) "
+      .. "in one piece; the buffer holds 102400 (100.00 KiB): raise buffers.bytes\n", path, line), result.stderr)
   end)
 
   it("exits 3 naming the step, both byte counts and file:line when the schedule is over budget", function()

@@ -217,8 +217,8 @@ describe("publication faults", function()
 
     it("a tensor larger than the buffer: exits 3 naming the tensor and both byte counts", function()
       local stderr = run_refused("publish_small_buffer.lua", "tensor larger than the buffer")
-      assert.matches("tensor model.embed_tokens.weight needs 128000 bytes (125.00 KiB) in one piece; the buffer holds 102400",
-        stderr, 1, true)
+      assert.matches("tensor model.embed_tokens.weight needs 128000 bytes (125.00 KiB) in one piece; the buffer "
+        .. "holds 102400", stderr, 1, true)
     end)
 
     it("a schedule over budget: exits 3 naming the step and both byte counts", function()
