@@ -24,6 +24,8 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+from marks import marked_pids  # noqa: E402
 
 TRAINER = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist
@@ -54,19 +56,6 @@ CASES = [("kill_engine@load_chunk#2", ("ENGINE_DIED",)),
          ("bad_receipt@finish_update", ("RECEIPT_INVALID",))]
 
 
-def marked(entry: bytes) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != os.getpid():
-            try:
-                with open(f"/proc/{name}/environ", "rb") as environ:
-                    if entry in environ.read().split(b"\0"):
-                        found.append(int(name))
-            except OSError:
-                pass
-    return found
-
-
 def gpu_pids() -> set[int]:
     out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
                          text=True).stdout
@@ -82,11 +71,11 @@ def main() -> int:
         process = subprocess.Popen([sys.executable, "-c", TRAINER], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)
         while process.poll() is None:  # the run's processes, while it runs (short-lived ones too)
-            seen.update(marked(mark.encode()))
+            seen.update(marked_pids(mark.encode()))
             time.sleep(0.2)
         output = process.stdout.read()
         time.sleep(2)
-        alive = marked(mark.encode())
+        alive = sorted(marked_pids(mark.encode()))
         holding = gpu_pids() & (seen | {process.pid})
         raised = [line for line in output.splitlines() if line.startswith("trainer: publish raised:")]
         named = raised and any(word in raised[0] for word in says)

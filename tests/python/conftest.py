@@ -23,6 +23,8 @@ from typing import Callable, Optional
 
 import pytest
 
+from marks import marked_pids
+
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
@@ -43,21 +45,6 @@ def wsync_binary() -> str:
     assert os.access(path, os.X_OK), (f"the wsync binary {path} is not there: build first (scripts/dev.sh build) or "
                                       "set WSYNC_BIN")
     return path
-
-
-def _marked_pids(entry: bytes) -> set[int]:
-    found = set()
-    own = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == own:
-            continue
-        try:
-            with open(f"/proc/{name}/environ", "rb") as environ:
-                if entry in environ.read().split(b"\0"):
-                    found.add(int(name))
-        except OSError:
-            continue
-    return found
 
 
 @dataclass
@@ -101,7 +88,7 @@ class Marked:
 
     def _watch(self) -> None:
         while not self._stop.wait(0.01):
-            self.seen |= _marked_pids(self.entry)
+            self.seen |= marked_pids(self.entry)
 
     def start(self, name: str, args: list[str]) -> Proc:
         popen = subprocess.Popen(args, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -132,12 +119,12 @@ class Marked:
             # The host reaps its runtime before it exits; give the kernel a moment to drop
             # what it reaped from /proc.
             deadline = time.monotonic() + 2
-            while _marked_pids(self.entry) and time.monotonic() < deadline:
+            while marked_pids(self.entry) and time.monotonic() < deadline:
                 time.sleep(0.01)
         finally:
             self._stop.set()
             self._watcher.join()
-            live = sorted(_marked_pids(self.entry))
+            live = sorted(marked_pids(self.entry))
             for pid in live:
                 os.kill(pid, signal.SIGKILL)
             for proc in self.procs:
