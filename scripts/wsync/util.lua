@@ -38,6 +38,32 @@ function M.read_file(path)
   return text
 end
 
+--- What processes of this user left in directory `parent` when they died
+--- without removing it (SIGKILL): an iterator of (entry, path, creator pid,
+--- lstat) over the entries whose names match `pattern` (its capture the
+--- creator's pid), owned by this user, whose creator is not this process and
+--- is gone. The caller removes what it recognizes.
+---@param parent string
+---@param pattern string
+function M.leftovers(parent, pattern)
+  local scanner = uv.fs_scandir(parent)
+  local own_uid = require("wsync._socket").own_uid()
+  return function()
+    while scanner do
+      local entry = uv.fs_scandir_next(scanner)
+      if not entry then
+        return nil
+      end
+      local pid = tonumber(entry:match(pattern))
+      local path = parent .. "/" .. entry
+      local stat = pid and pid ~= uv.os_getpid() and uv.fs_lstat(path)
+      if stat and stat.uid == own_uid and select(3, uv.kill(pid, 0)) == "ESRCH" then
+        return entry, path, pid, stat
+      end
+    end
+  end
+end
+
 --- This process's memory after a full collection: the Lua heap and the
 --- resident set, in bytes (soak tests and `wsync repl` read them).
 ---@return {lua_heap_bytes: integer, rss_bytes: integer, pid: integer}

@@ -192,28 +192,16 @@ end
 ---@return string[]
 function M.remove_leftovers(parent, report)
   local removed = {}
-  local scanner = uv.fs_scandir(parent)
-  local own_uid = socket.own_uid()
-  while scanner do
-    local entry, kind = uv.fs_scandir_next(scanner)
-    if not entry then
-      break
-    end
-    local pid = tonumber(entry:match("^wsync%-(%d+)%-%w%w%w%w%w%w$"))
-    local path = parent .. "/" .. entry
-    local stat = pid and kind == "directory" and uv.fs_lstat(path)
-    if stat and stat.uid == own_uid and pid ~= uv.os_getpid() then
-      local _, _, code = uv.kill(pid, 0)
-      if code == "ESRCH" then
-        uv.fs_unlink(path .. "/control.sock")
-        local ok, message = uv.fs_rmdir(path)
-        if ok then
-          removed[#removed + 1] = path
-        end
-        if report then
-          report(ok and string.format("removed %s, left by host pid %d, which is gone", path, pid)
-            or string.format("cannot remove %s, left by host pid %d: %s", path, pid, tostring(message)))
-        end
+  for _, path, pid, stat in require("wsync.util").leftovers(parent, "^wsync%-(%d+)%-%w%w%w%w%w%w$") do
+    if stat.type == "directory" then
+      uv.fs_unlink(path .. "/control.sock")
+      local ok, message = uv.fs_rmdir(path)
+      if ok then
+        removed[#removed + 1] = path
+      end
+      if report then
+        report(ok and string.format("removed %s, left by host pid %d, which is gone", path, pid)
+          or string.format("cannot remove %s, left by host pid %d: %s", path, pid, tostring(message)))
       end
     end
   end

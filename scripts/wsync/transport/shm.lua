@@ -303,6 +303,9 @@ function M.checksum(memory, offset, bytes)
   return memory:sha256(offset, bytes)
 end
 
+-- A wsync segment's name in /dev/shm (its capture: the creator's pid).
+local SEGMENT = "^wsync%-(%d+)%-%x+$"
+
 -- The wsync segments in /dev/shm: an iterator of (entry, creator pid).
 local function segments()
   local scanner = uv.fs_scandir("/dev/shm")
@@ -312,7 +315,7 @@ local function segments()
       if not entry then
         return nil
       end
-      local pid = tonumber(entry:match("^wsync%-(%d+)%-%x+$"))
+      local pid = tonumber(entry:match(SEGMENT))
       if pid then
         return entry, pid
       end
@@ -328,17 +331,11 @@ end
 ---@return string[]
 function M.remove_dead_segments(report)
   local removed = {}
-  local own_uid = require("wsync._socket").own_uid()
-  for entry, pid in segments() do
-    local path = "/dev/shm/" .. entry
-    local stat = uv.fs_lstat(path)
-    if stat and stat.type == "file" and stat.uid == own_uid and pid ~= uv.os_getpid() then
-      local _, _, code = uv.kill(pid, 0)
-      if code == "ESRCH" and uv.fs_unlink(path) then
-        removed[#removed + 1] = path
-        if report then
-          report(string.format("removed %s, left by pid %d, which is gone (%d bytes)", path, pid, stat.size))
-        end
+  for _, path, pid, stat in require("wsync.util").leftovers("/dev/shm", SEGMENT) do
+    if stat.type == "file" and uv.fs_unlink(path) then
+      removed[#removed + 1] = path
+      if report then
+        report(string.format("removed %s, left by pid %d, which is gone (%d bytes)", path, pid, stat.size))
       end
     end
   end
