@@ -478,3 +478,16 @@ class TestChannel:
             channels.call("load_chunk", "{}", timeout=5)
         assert died.value.code == "ENGINE_DIED" and "TP worker 0 closed its channel" in died.value.message
         channels.close()
+
+
+def test_the_check_against_vllms_loader_goes_a_bounded_group_of_parameters_at_a_time():
+    from wsync.vllm.extension import check_groups
+    tensors = [{"name": name} for name in ("q", "k", "v", "e0", "e1", "e2", "huge", "norm")]
+    writes = {"q": ["qkv"], "k": ["qkv"], "v": ["qkv"], "e0": ["w13"], "e1": ["w13"], "e2": ["w13"],
+              "huge": ["big"], "norm": ["n"]}
+    sizes = {"qkv": 30, "w13": 60, "big": 500, "n": 1}
+    groups = check_groups(tensors, writes, sizes.__getitem__, 100)
+    # a parameter counts once however many tensors fill it; one over the bound goes alone
+    assert [([t["name"] for t in group], sorted(residents)) for group, residents in groups] == [
+        (["q", "k", "v", "e0", "e1", "e2"], ["qkv", "w13"]), (["huge"], ["big"]), (["norm"], ["n"])]
+    assert check_groups([], writes, sizes.__getitem__, 100) == []

@@ -185,8 +185,28 @@ class DirectLoader:
 CHECK_GROUP_BYTES = 2 << 30
 
 
-def _bytes_of(parameters: dict[str, Any], names: set[str]) -> int:
-    return sum(parameters[name].data.numel() * parameters[name].data.element_size() for name in names)
+def check_groups(tensors: list[dict[str, Any]], writes: dict[str, list[str]], size: Callable[[str], int],
+                 limit: int) -> list[tuple[list[dict[str, Any]], set[str]]]:
+    """A chunk's canonical tensors in order, in groups whose resident parameters (what
+    ``writes`` says each fills; ``size`` their bytes) come to ``limit`` bytes at most, or
+    to one tensor's when a single tensor's exceed it: each group with its parameters. The
+    check against vLLM's loader clones a group's parameters at a time."""
+    groups: list[tuple[list[dict[str, Any]], set[str]]] = []
+    group: list[dict[str, Any]] = []
+    residents: set[str] = set()
+    total = 0  # (the bytes of `residents`, kept as they grow)
+    for tensor in tensors:
+        new = set(writes.get(tensor["name"], ())) - residents
+        if group and total + sum(size(name) for name in new) > limit:
+            groups.append((group, residents))
+            group, residents, total = [], set(), 0
+            new = set(writes.get(tensor["name"], ()))
+        group.append(tensor)
+        residents |= new
+        total += sum(size(name) for name in new)
+    if group:
+        groups.append((group, residents))
+    return groups
 
 
 class _CudaBytes:
@@ -255,20 +275,10 @@ class CheckedDirectLoader(DirectLoader):
                                                   device=device)
         model = self.worker.get_model()
         parameters = {plan_name(name): parameter for name, parameter in model.named_parameters()}
-        # In groups of canonical tensors whose parameters come to CHECK_GROUP_BYTES at most
-        # (one more when a single tensor's do): a group's parameters are cloned, as the
-        # direct loader left them, before vLLM's loader writes them again.
-        group: list[dict[str, Any]] = []
-        residents: set[str] = set()
-        for tensor in tensors:
-            writes = set(self.plan.writes.get(tensor["name"], ()))
-            grown = residents | writes
-            if group and _bytes_of(parameters, grown) > CHECK_GROUP_BYTES:
-                self._check_group(chunk, slot, group, residents, memories, parameters, model)
-                group, grown = [], writes
-            group.append(tensor)
-            residents = grown
-        if group:
+
+        def size(name: str) -> int:
+            return parameters[name].data.numel() * parameters[name].data.element_size()
+        for group, residents in check_groups(tensors, self.plan.writes, size, CHECK_GROUP_BYTES):
             self._check_group(chunk, slot, group, residents, memories, parameters, model)
 
     def _check_group(self, chunk: int, slot: int, tensors: list[dict[str, Any]], residents: set[str],

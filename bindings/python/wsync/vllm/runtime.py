@@ -24,10 +24,9 @@ from . import protocol
 from .engine import SAMPLING_KEYS
 from .receipts import check_receipts
 from .server import Failure, Server
-from .streams import Streams
+from .streams import PAUSE_MODES, Streams
 
 SLEEP_LEVELS = (1, 2)
-PAUSE_MODES = ("abort", "wait", "keep")
 WAKE_TAGS = ("weights", "kv_cache")
 _HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
