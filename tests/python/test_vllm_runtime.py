@@ -491,3 +491,31 @@ def test_the_check_against_vllms_loader_goes_a_bounded_group_of_parameters_at_a_
     assert [([t["name"] for t in group], sorted(residents)) for group, residents in groups] == [
         (["q", "k", "v", "e0", "e1", "e2"], ["qkv", "w13"]), (["huge"], ["big"]), (["norm"], ["n"])]
     assert check_groups([], writes, sizes.__getitem__, 100) == []
+
+
+class TestCaller:
+    """wsync.vllm.engine.Caller: blocking calls into vLLM on one thread, watched."""
+
+    def test_calls_run_in_order_on_one_thread_and_their_errors_come_back(self):
+        import threading
+        from wsync.vllm.engine import Caller
+        caller = Caller(lambda: None)
+        threads = {caller("a", threading.get_ident), caller("b", threading.get_ident)}
+        assert len(threads) == 1 and threading.get_ident() not in threads
+        assert caller("sum", lambda: 1 + 2) == 3
+        with pytest.raises(ZeroDivisionError):
+            caller("bad", lambda: 1 / 0)
+
+    def test_a_call_into_a_dead_engine_fails_at_once_naming_what_died(self):
+        import threading
+        import time
+        from wsync.vllm.engine import Caller
+        died = threading.Event()
+        caller = Caller(lambda: "vLLM's EngineCore (pid 9) died" if died.is_set() else None)
+        threading.Timer(0.3, died.set).start()
+        started = time.monotonic()
+        with pytest.raises(Failure) as failed:
+            caller("load_chunk", lambda: time.sleep(10))  # (an answer that does not come in time)
+        assert failed.value.code == "ENGINE_DIED" and failed.value.fatal
+        assert failed.value.message == "vLLM's EngineCore (pid 9) died during load_chunk"
+        assert time.monotonic() - started < 5

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import signal
 import sys
@@ -78,6 +79,45 @@ def _inner(timeout: float) -> float:
     return max(timeout - 1, timeout * 0.8)
 
 
+class Caller:
+    """Runs blocking calls into vLLM, one at a time, on a daemon thread of its own, while
+    the calling thread looks every WATCH_INTERVAL whether the engine died (``dead()``
+    names what died, or None) and then fails at once with ENGINE_DIED: vLLM 0.26's client
+    waits for a dead EngineCore's answer forever (a utility call has no timeout on the
+    client's side). One thread for every call (each generation step among them), not one
+    made per call; a call that never returns stays on it, but the engine is dead then and
+    the runtime broken."""
+
+    def __init__(self, dead: Callable[[], Optional[str]]) -> None:
+        self.dead = dead
+        self.calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="wsync-vllm-calls", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            call, done, outcome = self.calls.get()
+            try:
+                outcome["value"] = call()
+            except BaseException as error:  # re-raised in the caller's thread
+                outcome["error"] = error
+            done.set()
+
+    def __call__(self, what: str, call: Callable[[], _R]) -> _R:
+        done = threading.Event()
+        outcome: dict[str, Any] = {}
+        self.calls.put((call, done, outcome))
+        while not done.wait(WATCH_INTERVAL):
+            dead = self.dead()
+            if dead:
+                raise Failure("ENGINE_DIED", f"{dead} during {what}", fatal=True)
+        if "error" in outcome:
+            dead = self.dead()
+            if dead:
+                raise Failure("ENGINE_DIED", f"{dead} during {what}: {outcome['error']}", fatal=True)
+            raise outcome["error"]
+        return outcome["value"]
+
+
 class VllmEngine:
     transport = "cuda_ipc"
 
@@ -98,6 +138,7 @@ class VllmEngine:
                        worker_extension_cls="wsync.vllm.extension.WorkerExtension", **arguments)
         self._engine_pids = _engine_pids(self.llm)
         self._identities: list[dict[str, Any]] = []
+        self._watched = Caller(self._dead)
         self.llm.init_weight_transfer_engine({"init_info": {}})
         self._identities = self._watched("startup", lambda: self.llm.collective_rpc(
             "wsync_identity", timeout=_inner(timeouts.get("startup", 600))))
@@ -126,33 +167,6 @@ class VllmEngine:
         if resources is not None and getattr(resources, "engine_dead", False):
             return "vLLM's EngineCore died"
         return None
-
-    def _watched(self, what: str, call: Callable[[], _R]) -> _R:
-        """``call()`` (a blocking call into vLLM), failing at once with ENGINE_DIED when
-        vLLM's engine dies meanwhile: vLLM 0.26's client waits for a dead EngineCore's
-        answer forever (a utility call has no timeout of its own on the client's side)."""
-        done = threading.Event()
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                outcome["value"] = call()
-            except BaseException as error:  # re-raised in the caller's thread
-                outcome["error"] = error
-            done.set()
-
-        # (A daemon: a call that never returns must not keep this process from exiting.)
-        threading.Thread(target=run, name=f"wsync-vllm-{what}", daemon=True).start()
-        while not done.wait(WATCH_INTERVAL):
-            dead = self._dead()
-            if dead:
-                raise Failure("ENGINE_DIED", f"{dead} during {what}", fatal=True)
-        if "error" in outcome:
-            dead = self._dead()
-            if dead:
-                raise Failure("ENGINE_DIED", f"{dead} during {what}: {outcome['error']}", fatal=True)
-            raise outcome["error"]
-        return outcome["value"]
 
     def _inject(self, where: str) -> None:
         if self._faults.get(where) == "kill_engine":
