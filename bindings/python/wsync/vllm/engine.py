@@ -293,10 +293,8 @@ class VllmEngine:
             if not name.startswith("wsync-"):
                 continue
             completion = output.outputs[0]
-            tokens = list(completion.token_ids)
-            steps = completion.logprobs or []
-            found.append({"id": int(name.split("-", 1)[1]), "token_ids": tokens,
-                          "logprobs": [step[token].logprob for step, token in zip(steps, tokens)],
+            found.append({"id": int(name.split("-", 1)[1]), "token_ids": list(completion.token_ids),
+                          "logprobs": _sampled_logprobs(completion),
                           "finished": bool(output.finished), "finish": completion.finish_reason})
         return found
 
@@ -311,9 +309,9 @@ class VllmEngine:
         # vLLM answers once its EngineCore sent everything it produced; what reached this
         # process is then read without blocking (vLLM 0.26's client keeps it in a queue).
         self._watched("pause", lambda: self.llm.sleep(level=0, mode="keep"))
-        queue = getattr(self.llm.llm_engine.engine_core, "outputs_queue", None)
+        pending = getattr(self.llm.llm_engine.engine_core, "outputs_queue", None)
         outputs = []
-        while queue is not None and not queue.empty():
+        while pending is not None and not pending.empty():
             outputs.extend(self._deltas(self._watched("pause", self.llm.llm_engine.step)))
         return outputs
 
@@ -331,8 +329,7 @@ class VllmEngine:
         outputs = []
         for result in self._watched("generate", lambda: self.llm.generate(requests, params, use_tqdm=False)):
             completion = result.outputs[0]
-            sampled = [step[token].logprob for step, token in zip(completion.logprobs or [], completion.token_ids)]
-            output = {"token_ids": list(completion.token_ids), "logprobs": sampled}
+            output = {"token_ids": list(completion.token_ids), "logprobs": _sampled_logprobs(completion)}
             if result.prompt_logprobs is not None:
                 output["prompt_logprobs"] = [None if step is None else step[token].logprob
                                              for step, token in zip(result.prompt_logprobs, result.prompt_token_ids)]
@@ -349,6 +346,11 @@ class VllmEngine:
         if self._channel_dir is not None:
             shutil.rmtree(self._channel_dir, ignore_errors=True)
         shutdown_engine(self.llm)
+
+
+def _sampled_logprobs(completion: Any) -> list[float]:
+    """The log-probability of each token a vLLM CompletionOutput sampled."""
+    return [step[token].logprob for step, token in zip(completion.logprobs or [], completion.token_ids)]
 
 
 def _engine_pids(llm: Any) -> list[int]:
