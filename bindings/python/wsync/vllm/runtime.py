@@ -9,9 +9,9 @@ later command is refused until then. Generation is refused between start and fin
 result is stamped with the model version committed when its request was dispatched.
 
 Generation either waits for its outputs (``generate``) or streams (``submit``, ``poll``:
-wsync.vllm.streams, with an engine that streams), in which case the engine steps between
-commands (Server.idle) whenever generation may run, and ``pause`` / ``resume`` hold and
-release the requests in flight in vLLM's modes.
+wsync.vllm.streams), the engine stepping between commands (Server.idle) whenever
+generation may run; ``pause`` / ``resume`` abort, finish or hold the requests in flight in
+vLLM's modes.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from . import protocol
 from .engine import SAMPLING_KEYS
 from .receipts import check_receipts
 from .server import Failure, Server
-from .streams import PAUSE_MODES, Streams
+from .streams import Streams
 
 SLEEP_LEVELS = (1, 2)
 WAKE_TAGS = ("weights", "kv_cache")
@@ -72,11 +72,19 @@ class Engine(Protocol):
 
     def close(self) -> None: ...
 
-    # Streaming (optional: wsync.vllm.streams; an engine without it only generates):
-    #   stream_add(id, prompt, sampling) queues a request; stream_step() -> the new tokens
-    #   of one engine step, [{id, token_ids, logprobs, finished, finish}]; stream_abort(ids);
-    #   stream_hold() holds every request (what was produced before, as stream_step);
-    #   stream_release() lets them go on.
+    # Streaming (wsync.vllm.streams):
+    def stream_add(self, request_id: int, prompt: list[int], sampling: dict[str, Any]) -> None:
+        """Queues a request (refused with a non-fatal Failure when the engine will not take it)."""
+
+    def stream_step(self) -> list[dict[str, Any]]:
+        """The new tokens of one engine step: [{id, token_ids, logprobs, finished, finish}]."""
+
+    def stream_abort(self, ids: list[int]) -> None: ...
+
+    def stream_hold(self) -> list[dict[str, Any]]:
+        """Holds every request; what they produced before the hold took effect (as stream_step)."""
+
+    def stream_release(self) -> None: ...
 
 
 def _memory() -> dict[str, int]:
@@ -101,8 +109,7 @@ class Runtime:
         self.broken: Optional[Failure] = None
         self.prefix_cache_resets = 0
         self.generated = 0
-        self.paused: Optional[str] = None
-        self.streams = Streams(engine, lambda: self.model_version) if hasattr(engine, "stream_add") else None
+        self.streams = Streams(engine, lambda: self.model_version)
 
     # Failures -----------------------------------------------------------------------
 
@@ -137,7 +144,7 @@ class Runtime:
             "pid": os.getpid(),
             "tp_world": self.tp,
             "backend": self.engine.backend,
-            "capabilities": {"generate": True, "stream": self.streams is not None, "sleep_levels": list(SLEEP_LEVELS),
+            "capabilities": {"generate": True, "stream": True, "sleep_levels": list(SLEEP_LEVELS),
                              "wake_tags": list(WAKE_TAGS)},
             "state": state,
             "workers": workers,
@@ -153,7 +160,7 @@ class Runtime:
         level = payload.get("level")
         if level not in SLEEP_LEVELS:
             raise Failure("INVALID_ARGUMENT", f"sleep level must be 1 or 2, got {level}")
-        if self.streams is not None and self.streams.in_flight():
+        if self.streams.in_flight():
             # (A sleep takes the KV cache: vLLM's own sleep aborts them too.)
             self._engine_call("sleep", self.streams.abort_all)
         self._engine_call(f"sleep level {level}", self.engine.sleep, level)
@@ -173,41 +180,22 @@ class Runtime:
     # Generation -----------------------------------------------------------------------
 
     def pause(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """Pauses generation (vLLM's modes abort, wait, keep). With a streaming engine the
-        requests in flight are aborted, finished or held (wsync.vllm.streams); otherwise
-        each generate command runs to its end, nothing is in flight between commands, and
-        the pause only refuses generation until resume."""
+        """Pauses generation (vLLM's modes abort, wait, keep): the requests in flight are
+        aborted, finished or held (wsync.vllm.streams)."""
         self._check_alive()
         mode, kv = payload.get("mode"), payload.get("kv")
-        if self.streams is not None:
-            result = self._engine_call(f"pause ({mode})", self.streams.pause, mode, kv)
-            self.paused = mode
-            return result
-        if mode not in PAUSE_MODES:
-            raise Failure("INVALID_ARGUMENT", f"pause mode must be abort, wait or keep, got {mode}")
-        if kv is not None and kv not in ("recompute", "keep"):
-            raise Failure("INVALID_ARGUMENT", f"the KV policy of keep must be recompute or keep, got {kv}")
-        if self.paused is not None:
-            raise Failure("STATE_REFUSED", f"generation is paused already ({self.paused})")
-        self.paused = mode
-        return {"mode": mode, "aborted": 0, "finished": 0, "held": 0}
+        return self._engine_call(f"pause ({mode})", self.streams.pause, mode, kv)
 
     def resume(self, _payload: dict[str, Any]) -> dict[str, Any]:
         self._check_alive()
-        if self.paused is None:
-            raise Failure("STATE_REFUSED", "resume without a pause")
-        if self.streams is not None:
-            result = self._engine_call("resume", self.streams.resume)
-            self.paused = None
-            return result
-        self.paused = None
-        return {"held": 0}
+        return self._engine_call("resume", self.streams.resume)
 
     def _generation_allowed(self, held: bool = False) -> Optional[str]:
         """Why generation cannot run now (paused, unless ``held``: requests submitted while
         paused wait for resume; an update; weights or KV cache asleep), or None."""
-        if self.paused is not None and not held:
-            return f"generation is paused ({self.paused}): resume first"
+        paused = self.streams.paused
+        if paused is not None and not held:
+            return f"generation is paused ({paused['mode']}): resume first"
         if self.update is not None:
             return (f"no generation during a weight update (publication {self.update['publication_id']} is between "
                     "start and finish)")
@@ -220,8 +208,6 @@ class Runtime:
     def submit(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Queues streaming requests; while paused they wait for resume."""
         self._check_alive()
-        if self.streams is None:
-            raise Failure("NOT_SUPPORTED", "this engine does not stream: use generate")
         why = self._generation_allowed(held=True)
         if why:
             raise Failure("STATE_REFUSED", why)
@@ -230,15 +216,13 @@ class Runtime:
 
     def poll(self, payload: dict[str, Any]) -> dict[str, Any]:
         self._check_alive()
-        if self.streams is None:
-            raise Failure("NOT_SUPPORTED", "this engine does not stream: use generate")
         return {"requests": self.streams.poll(payload.get("ids")), "in_flight": self.streams.in_flight()}
 
     def idle(self) -> bool:
         """Between commands: one engine step for the streaming requests when generation may
         run; whether there is more to do at once. A failing step breaks the runtime (the
         next command says so)."""
-        if self.streams is None or self.broken is not None or not self.streams.active:
+        if self.broken is not None or not self.streams.active:
             return False
         if self._generation_allowed() is not None:
             return False
@@ -252,7 +236,7 @@ class Runtime:
         why = self._generation_allowed()
         if why:
             raise Failure("STATE_REFUSED", why)
-        if self.streams is not None and self.streams.in_flight():
+        if self.streams.in_flight():
             raise Failure("STATE_REFUSED", f"generate while {self.streams.in_flight()} streaming requests are in "
                           "flight (poll them to their end first)")
         prompts = payload.get("prompts", [])
@@ -375,8 +359,7 @@ class Runtime:
             raise
         # Commit: the version is served from now on; prefixes cached with the old weights
         # are dropped.
-        held = self.streams is not None and self.streams.held_across()
-        if held:
+        if self.streams.held_across():
             self._engine_call("commit", self.engine.commit, header["model_version"], True)
         else:
             self._engine_call("commit", self.engine.commit, header["model_version"])
