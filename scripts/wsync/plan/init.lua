@@ -60,20 +60,22 @@ M.format_bytes = format_bytes
 ---@field manifest string      expected manifest (from the config alone)
 
 -- The rows of a trainer tensor a chunk may end at (`cuts[row]` true): where
--- no canonical tensor of its export (`records`, byte offsets in it) goes on.
-local function cuts(records, rows, row_bytes)
-  local cuttable = {}
-  for row = 1, rows - 1 do
-    cuttable[row] = true
+-- one of the canonical tensors of its export (`records`, byte offsets in it)
+-- starts on a row's boundary and none before it goes on past that row.
+local function cuts(records, row_bytes)
+  local ordered = {}
+  for index, record in ipairs(records) do
+    ordered[index] = record
   end
-  for _, record in ipairs(records) do
-    local first = math.floor(record.offset / row_bytes) + 1
-    local last = math.ceil((record.offset + record.bytes) / row_bytes) - 1
-    for row = first, math.min(last, rows - 1) do
-      if row * row_bytes > record.offset and row * row_bytes < record.offset + record.bytes then
-        cuttable[row] = nil
-      end
+  table.sort(ordered, function(a, b)
+    return a.offset < b.offset
+  end)
+  local cuttable, reach = {}, 0
+  for _, record in ipairs(ordered) do
+    if record.offset > 0 and record.offset >= reach and record.offset % row_bytes == 0 then
+      cuttable[record.offset / row_bytes] = true
     end
+    reach = math.max(reach, record.offset + record.bytes)
   end
   return cuttable
 end
@@ -117,7 +119,7 @@ function M.build(model, buffers)
     local records = family.export(tensor.name, tensor.shape)
     local rows = tensor.shape[1]
     local row_bytes = tensor.bytes / rows
-    local cuttable = cuts(records, rows, row_bytes)
+    local cuttable = cuts(records, row_bytes)
     -- Rows [row, rows) still to place: as many as fit the current chunk, ending
     -- where no canonical tensor goes on (or at the tensor's end); a piece
     -- that fits no empty buffer is refused.
