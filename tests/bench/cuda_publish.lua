@@ -5,7 +5,10 @@
 --   wsync tests/bench/cuda_publish.lua [BUFFER_GIB|direct,...] [PUBLICATIONS] [RECIPE]
 --       BUFFER_GIB    packed-buffer sizes to try, two buffers each, and
 --                     `direct`: no packed buffers, the TP worker reading the
---                     trainer's exported storage (default 4,8,direct)
+--                     trainer's exported storage (one allocation), and
+--                     `direct-tensor`: the same with one allocation per
+--                     trainer tensor, as a PyTorch trainer's (default
+--                     4,8,direct,direct-tensor)
 --       PUBLICATIONS  per size (default 5); the first of each (plans made,
 --                     buffers mapped, resident storage allocated) is left
 --                     out of the medians
@@ -26,8 +29,13 @@ local recipe_module = require("wsync.recipe")
 local session = require("wsync.publish.session")
 
 local sizes = {}
-for value in (arg[1] or "4,8,direct"):gmatch("[%w.]+") do
-  sizes[#sizes + 1] = value == "direct" and value or tonumber(value)
+for value in (arg[1] or "4,8,direct,direct-tensor"):gmatch("[%w%.%-]+") do
+  local size = (value == "direct" or value == "direct-tensor") and value or tonumber(value)
+  if not size then
+    io.stderr:write("cuda_publish: '", value, "' is no buffer size in GiB, direct or direct-tensor\n")
+    os.exit(2)
+  end
+  sizes[#sizes + 1] = size
 end
 local publications = tonumber(arg[2] or "") or 5
 local RECIPE = arg[3] or "tests/fixtures/recipes/cuda_30b.lua"
@@ -69,13 +77,14 @@ loop.spawn(function()
     publications, bytes / 1e9, #plan.canonical))
   print(string.format("floors: one flat cudaMemcpyAsync %.2f ms (the direct path's); the packed path (pack + "
     .. "unpack) %.2f ms", flat, packed_floor))
-  print(string.format("| %-10s | %6s | %9s | %8s | %8s | %9s | %9s | %8s |", "buffers", "chunks", "total ms", "fill ms",
+  print(string.format("| %-16s | %6s | %9s | %8s | %8s | %9s | %9s | %8s |", "buffers", "chunks", "total ms", "fill ms",
     "load ms", "copies ms", "vs floor", "GB/s"))
   local best = nil
   for _, gib in ipairs(sizes) do
     local recipe = recipe_module.load(RECIPE)
-    local direct = gib == "direct"
+    local direct = gib == "direct" or gib == "direct-tensor"
     recipe.buffers.direct = direct
+    recipe.trainer.storage = gib == "direct-tensor" and "tensor" or "one"
     if not direct then
       recipe.buffers.bytes = math.floor(gib * 1024 * 1024 * 1024)
     end
@@ -89,7 +98,7 @@ loop.spawn(function()
     end
     local total = median(totals) * 1e3
     local floor = direct and flat or packed_floor
-    print(string.format("| %-12s | %6d | %9.1f | %8.1f | %8.1f | %9.1f | %9.2f | %8.0f |", direct and "direct"
+    print(string.format("| %-16s | %6d | %9.1f | %8.1f | %8.1f | %9.1f | %9.2f | %8.0f |", direct and gib
       or string.format("2 x %.1f GiB", gib), reports[1].chunks, total, median(fills) * 1e3, median(loads) * 1e3,
       median(copies) * 1e3, total / floor, bytes / (total / 1e3) / 1e9))
     local key = direct and "direct" or "packed"

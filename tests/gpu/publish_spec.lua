@@ -66,15 +66,19 @@ describe("publication on the cuda backend", function()
     assert.are.equal(30532122624, elements)
   end)
 
-  it("publishes the 30B-A3B shape on the direct path (no packed buffers), every slice checked", function()
-    local result = run("tests/fixtures/recipes/cuda_30b_direct.lua", nil, 300000)
-    io.stderr:write("\n", result.stdout:match("(wsync: closing report.-)\nwsync: verdict") or result.stdout, "\n")
-    assert.are.equal(0, result.code, result.stdout .. result.stderr)
-    assert.matches("^OK: 3 model versions published", verdict(result.stdout))
-    assert.matches("in 1 chunks", result.stdout, 1, true)
-    local elements = tonumber(result.stdout:match("verified on the device %(%d+ slices, (%d+) elements"))
-    assert.are.equal(30532122624, elements)
-  end)
+  for _, case in ipairs({ { recipe = "cuda_30b_direct.lua", storage = "one allocation" },
+    { recipe = "cuda_30b_direct_tensors.lua", storage = "one allocation per tensor" } }) do
+    it("publishes the 30B-A3B shape on the direct path (no packed buffers) from " .. case.storage
+      .. ", every slice checked", function()
+      local result = run("tests/fixtures/recipes/" .. case.recipe, nil, 300000)
+      io.stderr:write("\n", result.stdout:match("(wsync: closing report.-)\nwsync: verdict") or result.stdout, "\n")
+      assert.are.equal(0, result.code, result.stdout .. result.stderr)
+      assert.matches("^OK: 3 model versions published", verdict(result.stdout))
+      assert.matches("in 1 chunks (direct", result.stdout, 1, true)
+      local elements = tonumber(result.stdout:match("verified on the device %(%d+ slices, (%d+) elements"))
+      assert.are.equal(30532122624, elements)
+    end)
+  end
 
   for _, case in ipairs({
     { env = "WSYNC_RUNTIME_FAULT=worker0:crash@load_chunk#2", says = "TP worker 0", phase = "chunks" },

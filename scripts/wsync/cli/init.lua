@@ -32,8 +32,10 @@ internal (started by wsync itself, not by hand):
                                        one TP worker of the reference runtime
        wsync trainer --endpoint ENDPOINT --rank R --world N --model PRESET|JSON
                      [--versions N] [--backend host] [--device I]
+                     [--storage one|tensor]
                                        a synthetic trainer rank (generated weights)
-                                       that publishes N versions to the host;
+                                       that publishes N versions to the host, its
+                                       shards in one allocation or one per tensor;
                                        ENDPOINT is the socket path or the
                                        tcp://ADDR:PORT?token=HEX the host prints
 
@@ -352,8 +354,11 @@ end
 function commands.trainer(args)
   local options = parse_options(args, {
     endpoint = "string", rank = "number", world = "number", model = "string", versions = "number",
-    backend = "string", family = "string", device = "number",
+    backend = "string", family = "string", device = "number", storage = "string",
   })
+  if options.storage ~= nil and options.storage ~= "one" and options.storage ~= "tensor" then
+    usage_error("wsync trainer --storage takes one or tensor, not '" .. tostring(options.storage) .. "'")
+  end
   for _, name in ipairs({ "endpoint", "rank", "world", "model" }) do
     if options[name] == nil then
       usage_error("wsync trainer needs --" .. name)
@@ -370,6 +375,7 @@ function commands.trainer(args)
       versions = options.versions or 1,
       backend = options.backend or "host",
       device_index = options.device,
+      storage = options.storage,
     })
   end)
 end

@@ -70,6 +70,10 @@ M.schema = schema.record({
         kind = schema.enum({ "synthetic", "external", default = "synthetic" }),
         ranks = rank_count,
         steps = integer(1, 1),
+        -- How a synthetic rank allocates its shards: "one" allocation for
+        -- them all, or one per "tensor" (as a PyTorch trainer's caching
+        -- allocator gives each large tensor a segment of its own).
+        storage = schema.enum({ "one", "tensor", default = "one" }),
       },
     }),
     runtime = schema.record({

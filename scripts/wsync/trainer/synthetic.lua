@@ -77,29 +77,52 @@ function M.shards(layout, world, rank, shard_rows)
   return shards
 end
 
---- Writes version `version`'s values into every shard: on the device
---- where the transport can (one launch for all shards), else on the host.
----@param memory any
+--- Places the shards in memory from `allocate(bytes, what)`: "one"
+--- allocation holding them all back to back (as M.shards lays them out), or
+--- one allocation per "tensor" (as a PyTorch trainer's caching allocator
+--- gives each large tensor a segment of its own). Sets each shard's `memory`,
+--- `region` (its index in `shards.memories`) and `offset` in it.
+---@param shards table  M.shards' result
+---@param storage "one"|"tensor"
+---@param allocate fun(bytes: integer, what: string): any
+function M.place(shards, storage, allocate)
+  shards.memories = {}
+  if storage == "tensor" then
+    for index, shard in ipairs(shards.tensors) do
+      shards.memories[index] = assert(allocate(shard.bytes, shard.name))
+      shard.memory, shard.region, shard.offset = shards.memories[index], index, 0
+    end
+    return
+  end
+  shards.memories[1] = assert(allocate(shards.bytes, "the rank's shards"))
+  for _, shard in ipairs(shards.tensors) do
+    shard.memory, shard.region = shards.memories[1], 1
+  end
+end
+
+--- Writes version `version`'s values into every shard (placed by M.place):
+--- on the device where the transport can (one launch for all shards), else
+--- on the host.
 ---@param shards table
 ---@param version integer
 ---@param transport table?  the backend's transport (wsync.transport)
-function M.generate(memory, shards, version, transport)
+function M.generate(shards, version, transport)
   if transport and transport.fill_synthetic then
     if not shards.ops then
       shards.ops = {}
       for _, shard in ipairs(shards.tensors) do
         if shard.bytes > 0 then
-          shards.ops[#shards.ops + 1] = { region = 1, name = shard.name, offset = shard.offset,
+          shards.ops[#shards.ops + 1] = { region = shard.region, name = shard.name, offset = shard.offset,
             elements = shard.rows[2] * shard.row_elements, first = shard.rows[1] * shard.row_elements }
         end
       end
     end
-    assert(transport.fill_synthetic(memory, shards.ops, version))
+    assert(transport.fill_synthetic(shards.memories, shards.ops, version))
     return
   end
   for _, shard in ipairs(shards.tensors) do
     if shard.bytes > 0 then
-      assert(synth.fill(memory, shard.offset, shard.name, shard.rows[1] * shard.row_elements,
+      assert(synth.fill(shard.memory, shard.offset, shard.name, shard.rows[1] * shard.row_elements,
         shard.rows[2] * shard.row_elements, version))
     end
   end
@@ -114,6 +137,7 @@ end
 ---@field versions integer
 ---@field backend string?
 ---@field device_index integer?
+---@field storage "one"|"tensor"?  how the shards are allocated (M.place; default "one")
 
 --- Runs one synthetic trainer rank: connect, register, then for each version
 --- an optimizer step and a collective publish.
@@ -135,7 +159,9 @@ function M.main(options)
   local transport = transport_module.for_backend(options.backend or "host")
   -- The shards live on the rank's device (the host backend's is this
   -- process's memory).
-  local memory = assert(transport.allocate(shards.bytes, "the rank's shards", { device = device_index }))
+  M.place(shards, options.storage or "one", function(bytes, what)
+    return transport.allocate(bytes, what, { device = device_index })
+  end)
   if faults.wrong_device then
     device_index = (options.rank + 1) % options.world
   end
@@ -144,7 +170,7 @@ function M.main(options)
     backend = options.backend or "host", device_index = device_index,
   })
   for _, shard in ipairs(shards.tensors) do
-    agent:register_tensor({ name = shard.name, dtype = shard.dtype, shape = shard.shape, memory = memory,
+    agent:register_tensor({ name = shard.name, dtype = shard.dtype, shape = shard.shape, memory = shard.memory,
       offset = shard.offset, rows = shard.rows })
   end
 
@@ -206,7 +232,7 @@ function M.main(options)
     for version = 1, options.versions do
       -- The optimizer step: every shard takes the next version's values.
       if not fires("stale", "publish", version) then
-        M.generate(memory, shards, version, transport)
+        M.generate(shards, version, transport)
       end
       if fires("stop", "publish", version) then
         uv.kill(uv.os_getpid(), "sigstop") -- a rank that stops before it publishes
@@ -226,7 +252,9 @@ function M.main(options)
     end
   end)
   agent:close()
-  memory:close()
+  for _, memory in ipairs(shards.memories) do
+    memory:close()
+  end
   if not ok then
     error(err, 0)
   end

@@ -476,15 +476,17 @@ function M.checksum(memory, offset, bytes)
   return digest.sha256_hex(data)
 end
 
--- Runs a synthetic plan of `ops` over `memory` once: `check` (the result)
--- or a fill (true), waited for on the process's stream.
-local function synthetic(memory, ops, version, check)
-  local stream, message, code = stream_of(memory:device())
+-- Runs a synthetic plan of `ops` over the buffers `regions` (of one device)
+-- once: `check` (the result) or a fill (true), waited for on the process's
+-- stream.
+local function synthetic(regions, ops, version, check)
+  local device = regions[1]:device()
+  local stream, message, code = stream_of(device)
   if not stream then
     return nil, message, code
   end
   local plan
-  plan, message, code = cuda().synth_plan(memory:device(), { memory }, ops)
+  plan, message, code = cuda().synth_plan(device, regions, ops)
   if not plan then
     return nil, message, code
   end
@@ -511,14 +513,14 @@ end
 --- device: `ops` as wsync._cuda.synth_plan takes them (region 1 is
 --- `memory`). Returns {mismatches, op, element}, or nil, message, code.
 function M.check_synthetic(memory, ops, version)
-  return synthetic(memory, ops, version, true)
+  return synthetic({ memory }, ops, version, true)
 end
 
---- Writes wsync's synthetic values at `version` into `memory` on the
---- device (`ops` as for M.check_synthetic), and waits for them. Returns
---- true, or nil, message, code.
-function M.fill_synthetic(memory, ops, version)
-  return synthetic(memory, ops, version, false)
+--- Writes wsync's synthetic values at `version` into the buffers `memories`
+--- (a list of buffers of one device; an op's region is its index in it) on
+--- the device, and waits for them. Returns true, or nil, message, code.
+function M.fill_synthetic(memories, ops, version)
+  return synthetic(memories, ops, version, false)
 end
 
 --- Nothing of a cuda buffer outlives the processes that hold it: no names

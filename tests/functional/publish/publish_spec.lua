@@ -93,6 +93,22 @@ describe("wsync run recipes/demo.lua", function()
   end)
 end)
 
+describe("wsync run, the demo's variants", function()
+  for _, case in ipairs({
+    { recipe = "demo_tensor_storage.lua", what = "synthetic shards in one allocation per tensor (trainer.storage)",
+      chunks = 3 },
+  }) do
+    it(case.what .. ": three versions, every resident slice verified, nothing left behind", function()
+      local result = leftovers.run({ "run", "tests/fixtures/recipes/" .. case.recipe })
+      leftovers.assert_clean(result)
+      assert.are.equal(0, result.code, result.stdout .. result.stderr)
+      assert.are.equal("OK: 3 model versions published, every resident TP slice verified", verdict(result.stdout))
+      assert.are.same({ 1, 2, 3 }, host_publications(result.stdout))
+      assert.matches("in " .. case.chunks .. " chunks (buffers 2 x 160.00 KiB)", result.stdout, 1, true)
+    end)
+  end
+end)
+
 describe("wsync run, a runtime respawned after a failed publication", function()
   it("publishes step 3 as model version 3 into a new runtime when step 2 failed as version 2", function()
     -- The runtime's 4th load_chunk is the first chunk of step 2; the new
