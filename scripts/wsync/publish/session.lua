@@ -242,6 +242,7 @@ local function spawn_trainers(session)
         "trainer", "--endpoint", session.endpoint.path, "--rank", tostring(rank),
         "--world", tostring(session.topology.world), "--model", model,
         "--versions", tostring(recipe.trainer.steps), "--backend", recipe.backend,
+        "--storage", recipe.trainer.storage or "one",
       },
       stdio = { nil, 1, 2 },
     }, function(code, signal)
@@ -317,6 +318,14 @@ local function spawn_rollout(session)
 end
 
 -- "TP2" or "2 x TP1": the runtime's shape, as messages say it.
+-- The packed buffers a chunk goes through, or the direct path's words.
+local function buffers_shape(session)
+  if session.recipe.buffers.direct then
+    return "direct: no packed buffers, the TP workers read the trainer's storage"
+  end
+  return string.format("buffers %d x %s", session.plan.buffer_count, format_bytes(session.plan.buffer_bytes))
+end
+
 local function runtime_shape(topology)
   local replicas = topology.replicas or 1
   return replicas > 1 and string.format("%d x TP%d", replicas, topology.tp) or string.format("TP%d", topology.tp)
@@ -416,9 +425,8 @@ function M.open(recipe, options)
   if options and options.on_open then
     options.on_open(session)
   end
-  say("recipe %s: %s, %d canonical tensors, %s in %d chunks (buffers %d x %s), manifest %s", recipe.name,
-    plan.family, #plan.canonical, format_bytes(plan.bytes), #plan.chunks, plan.buffer_count,
-    format_bytes(plan.buffer_bytes), plan.manifest)
+  say("recipe %s: %s, %d canonical tensors, %s in %d chunks (%s), manifest %s", recipe.name,
+    plan.family, #plan.canonical, format_bytes(plan.bytes), #plan.chunks, buffers_shape(session), plan.manifest)
   say("schedule checked: predicted peak %s per device at %s", format_bytes(memory_report.peak),
     memory_report.peak_step)
   local ok, err = pcall(function()
@@ -891,9 +899,8 @@ Session.close = M.close
 local function closing_report(session)
   say("closing report: recipe %s, %s, %d trainer ranks -> %s %s runtime", session.recipe.name,
     session.plan.family, session.topology.world, runtime_shape(session.topology), session.recipe.runtime.kind)
-  say("  plan: %d canonical tensors, %s, %d chunks of at most %s, manifest %s", #session.plan.canonical,
-    format_bytes(session.plan.bytes), #session.plan.chunks, format_bytes(session.plan.buffer_bytes),
-    session.plan.manifest)
+  say("  plan: %d canonical tensors, %s, %d chunks (%s), manifest %s", #session.plan.canonical,
+    format_bytes(session.plan.bytes), #session.plan.chunks, buffers_shape(session), session.plan.manifest)
   say("  %-8s %-5s %-10s %-9s %-9s %-9s %-9s %-9s %-9s %s", "version", "step", "bytes", "total ms", "init ms",
     "fill ms", "load ms", "finish ms", "GB/s", "receipts")
   for _, report in ipairs(session.reports) do
