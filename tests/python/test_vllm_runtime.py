@@ -292,9 +292,17 @@ class TestWire:
 
     def test_lua_literals_hold_any_text(self):
         from wsync.host import lua_literal
-        text = 'a]]b]=]c"\n\\\u00e9'
+        texts = ['a]]b]=]c"\n\\\u00e9', "ends]", "ends]=", "]]", "]=]]==]", "\nleading newline",
+                 "cr\r\nlf", "", '{"residents": {"a": [1, 2]}}' * 2000]
         with Host() as host:
-            assert host.eval("return " + lua_literal(text)) == text
+            for text in texts:
+                assert host.eval("return " + lua_literal(text), result_bytes=1 << 20) == text
+            # (eval's answer is a C string: the NUL is seen in the length.)
+            assert host.eval("return #" + lua_literal("nul\0byte")) == "8"
+        # (A long bracket for JSON, bytes escaped for text Lua would not read back as is.)
+        assert lua_literal('{"a": [1]}') == '[[{"a": [1]}]]'
+        assert lua_literal("x]]") == "[=[x]]]=]"
+        assert lua_literal("cr\r").startswith('"')
 
 
 def test_vllm_parameter_names_map_to_the_loader_plans():

@@ -198,10 +198,22 @@ def trainer_tensors(recipe: str, **overrides: Any) -> list[TrainerTensor]:
     return [TrainerTensor(item["name"], item["dtype"], tuple(item["shape"])) for item in json.loads(text)]
 
 
+_LUA_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ./_-=+:,@")
+
+
 def lua_literal(text: str) -> str:
-    """A Lua string literal of `text` (any bytes: every one outside a safe set escaped)."""
-    safe = set(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ./_-=+:,@")
-    return '"' + "".join(chr(byte) if byte in safe else f"\\{byte:03d}" for byte in text.encode()) + '"'
+    """A Lua string literal of `text` (any text). A long bracket (``[==[...]==]``, its level
+    one that does not occur in `text`) where Lua reads `text` back unchanged: no carriage
+    return (Lua turns end-of-line sequences into newlines), no NUL (the chunk is a C string),
+    no leading newline (Lua skips it). Otherwise, or for non-ASCII text, every byte outside a
+    safe set escaped (milliseconds for a JSON payload of 60 KB, which the vllm runtime's
+    direct loader sends with every publication)."""
+    if text.isascii() and "\r" not in text and "\0" not in text and not text.startswith("\n"):
+        level = 0
+        while "]" + "=" * level + "]" in text or text.endswith("]" + "=" * level):
+            level += 1
+        return "[" + "=" * level + "[" + text + "]" + "=" * level + "]"
+    return '"' + "".join(chr(byte) if byte in _LUA_SAFE else f"\\{byte:03d}" for byte in text.encode()) + '"'
 
 
 def version() -> str:
