@@ -315,6 +315,55 @@ def test_vllm_parameter_names_map_to_the_loader_plans():
         assert plan_name(same) == same
 
 
+def test_the_direct_loader_lists_the_engines_parameters_again_only_when_they_moved():
+    from wsync.vllm.extension import DirectLoader
+    calls = []
+    where = {"a": 1000}
+
+    class Recorded(DirectLoader):
+        def _call(self, cmd, payload):
+            calls.append((cmd, payload))
+            return {}
+
+    loader = Recorded({"rank": 0, "world": 1, "device": {"backend": "host", "index": 0}}, None,
+                      lambda: {name: {"pointer": pointer} for name, pointer in where.items()},
+                      lambda: tuple(sorted(where.items())))
+    loader.opened = True
+    loader.init_weights({"buffers": [[]]})
+    assert calls[-1][1]["residents"] == {"a": {"pointer": 1000}}
+    loader.start_update({"header": {}})
+    assert calls[-1][1].get("residents_unchanged") is True and "residents" not in calls[-1][1]
+    where["a"] = 2000  # (a parameter moved: in a sleep, say)
+    loader.start_update({"header": {}})
+    assert calls[-1][1]["residents"] == {"a": {"pointer": 2000}} and "residents_unchanged" not in calls[-1][1]
+    loader.start_update({"header": {}})
+    assert calls[-1][1].get("residents_unchanged") is True
+
+    class Failing(Recorded):
+        def _call(self, cmd, payload):
+            super()._call(cmd, payload)
+            if cmd == "start_update" and "residents" in payload:
+                raise Failure("DIRECT_UNSUPPORTED", "refused", fatal=True)
+            return {}
+
+    # A refused binding is never taken for a bound one.
+    failing = Failing(loader.identity, None, loader.residents, loader.fingerprint)
+    failing.opened = True
+    failing.init_weights({"buffers": [[]]})
+    where["a"] = 3000
+    with pytest.raises(Failure):
+        failing.start_update({"header": {}})
+    with pytest.raises(Failure):
+        failing.start_update({"header": {}})
+    assert "residents" in calls[-1][1]
+    # No fingerprint: the parameters go with every publication.
+    plain = Recorded(loader.identity, None, loader.residents)
+    plain.opened = True
+    plain.init_weights({"buffers": [[]]})
+    plain.start_update({"header": {}})
+    assert "residents" in calls[-1][1]
+
+
 def test_eval_reuses_its_result_buffer_and_grows_it():
     with Host() as host:
         assert host.eval("return 'a'") == "a"

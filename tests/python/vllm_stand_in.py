@@ -84,7 +84,9 @@ class Engine:
     def _loader(self, rank: int) -> DirectLoader:
         identity = {"rank": rank, "world": self.tp, "device": {"backend": self.backend, "index": self.devices[rank],
                                                                 "uuid": self.uuids[rank]}}
-        return DirectLoader(identity, self.hosts[rank], lambda: self.residents[rank])
+        # (The fingerprint: where each parameter lies; unchanged publications say so.)
+        return DirectLoader(identity, self.hosts[rank], lambda: self.residents[rank],
+                            lambda: tuple(sorted((name, r["pointer"]) for name, r in self.residents[rank].items())))
 
     def _allocate(self, rank: int, nbytes: int) -> Any:
         """One parameter's memory: host memory, or device memory from torch on cuda."""

@@ -236,8 +236,16 @@ function Worker:start_update(payload)
     fatal("NOT_INITIALIZED", "start_update before init_weights")
   end
   if self.external then
-    -- (The engine sleeps and wakes its own parameters; where they lie now.)
-    self:bind_residents(payload.residents)
+    -- (The engine sleeps and wakes its own parameters; where they lie now,
+    -- or word that they lie where they were bound last.)
+    if payload.residents_unchanged == true then
+      if not self.weights then
+        fatal("DIRECT_UNSUPPORTED", "start_update says the engine's parameters are where they were bound, and "
+          .. "none are bound")
+      end
+    else
+      self:bind_residents(payload.residents)
+    end
   elseif self.weights_state ~= "awake" then
     refuse(string.format("cannot update weights that are %s: wake weights first", self.weights_state))
   end

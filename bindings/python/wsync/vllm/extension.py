@@ -132,14 +132,19 @@ class DirectLoader:
     """Loads with wsync's loader inside this process (see the module's doc): the commands go
     to scripts/wsync/runtime/worker.lua's embedded worker in ``host`` (a wsync.Host), over
     the engine's parameters, which ``residents()`` lists where they lie now: name ->
-    {pointer, size, dtype, shape}."""
+    {pointer, size, dtype, shape}. With ``fingerprint`` (a cheap value that changes when any
+    parameter moves, is replaced or changes shape or dtype), a publication whose fingerprint is
+    the one bound last tells the loader its parameters are where they were instead of listing
+    them again."""
 
     mode = "direct"
 
     def __init__(self, identity: dict[str, Any], host: Any,
-                 residents: Callable[[], dict[str, dict[str, Any]]]) -> None:
-        self.identity, self.host, self.residents = identity, host, residents
+                 residents: Callable[[], dict[str, dict[str, Any]]],
+                 fingerprint: Optional[Callable[[], Any]] = None) -> None:
+        self.identity, self.host, self.residents, self.fingerprint = identity, host, residents, fingerprint
         self.opened = False
+        self.bound: Any = None  # (the fingerprint of the parameters the loader holds, when known)
 
     def _call(self, cmd: str, payload: dict[str, Any]) -> dict[str, Any]:
         answer = json.loads(self.host.eval(
@@ -158,13 +163,25 @@ class DirectLoader:
                                 "backend": device["backend"], "device": device["index"]})
             self.opened = True
         # (Each worker maps its own rank's buffers, as the reference runtime's do.)
-        return self._call("init_weights", dict(payload, buffers=payload["buffers"][self.identity["rank"]],
-                                               residents=self.residents()))
+        self.bound = None
+        key = self.fingerprint() if self.fingerprint else None
+        result = self._call("init_weights", dict(payload, buffers=payload["buffers"][self.identity["rank"]],
+                                                 residents=self.residents()))
+        self.bound = key
+        return result
 
     def start_update(self, payload: dict[str, Any]) -> dict[str, Any]:
         # (vLLM's sleep mode keeps a parameter's address through sleep and wake;
         # the loader re-plans the chunks when one moved.)
-        return self._call("start_update", dict(payload, residents=self.residents()))
+        key = self.fingerprint() if self.fingerprint else None
+        if key is not None and key == self.bound:
+            payload = dict(payload, residents_unchanged=True)
+        else:
+            self.bound = None
+            payload = dict(payload, residents=self.residents())
+        result = self._call("start_update", payload)
+        self.bound = key
+        return result
 
     def load_chunk(self, payload: dict[str, Any]) -> dict[str, Any]:
         return self._call("load_chunk", payload)
@@ -227,7 +244,8 @@ class CheckedDirectLoader(DirectLoader):
     model."""
 
     def __init__(self, worker: Any, identity: dict[str, Any], host: Any) -> None:
-        super().__init__(identity, host, lambda: torch_residents(worker.get_model()))
+        super().__init__(identity, host, lambda: torch_residents(worker.get_model()),
+                         lambda: torch_fingerprint(worker.get_model()))
         self.worker = worker
         self.check, self.checked, self.checking = "first", False, False
         self.chunks: dict[int, list[dict[str, Any]]] = {}
@@ -329,6 +347,13 @@ def torch_residents(model: Any) -> dict[str, dict[str, Any]]:
         found[name] = {"pointer": data.data_ptr(), "size": data.numel() * data.element_size(),
                        "dtype": str(data.dtype).split(".")[-1], "shape": list(data.shape)}
     return found
+
+
+def torch_fingerprint(model: Any) -> tuple[Any, ...]:
+    """What changes when any of a torch module's parameters moves, is replaced, or changes
+    shape or dtype (cheaper than torch_residents: no listing for the loader)."""
+    return tuple((name, parameter.data_ptr(), tuple(parameter.shape), parameter.dtype)
+                 for name, parameter in model.named_parameters())
 
 
 class WorkerExtension:
