@@ -345,7 +345,9 @@ end
 --- Removes the names of packed buffers that their creators can no longer
 --- remove: those in `descriptors` (lists of names), and every segment named
 --- for a process in `pids` ({[pid] = true}: ranks that died before they could
---- say their names). A mapping that still exists stays valid. Returns the
+--- say their names). A mapping that still exists stays valid. The names are
+--- unlinked without opening them: a rank killed between creating a name and
+--- sizing it leaves an empty segment, which no open accepts. Returns the
 --- names removed and the failures ({name, message}).
 ---@param descriptors string[][]
 ---@param pids table<integer, boolean>
@@ -372,15 +374,11 @@ function M.remove_leftovers(descriptors, pids)
   end
   local removed, failures = {}, {}
   for _, name in ipairs(names) do
-    local buffer = shm.open(name)
-    if buffer then
-      local ok, message = buffer:unlink()
-      buffer:close()
-      if ok then
-        removed[#removed + 1] = name
-      else
-        failures[#failures + 1] = { name = name, message = tostring(message) }
-      end
+    local ok, message, code = uv.fs_unlink("/dev/shm/" .. name:gsub("^/", ""))
+    if ok then
+      removed[#removed + 1] = name
+    elseif code ~= "ENOENT" then
+      failures[#failures + 1] = { name = name, message = tostring(message) }
     end
   end
   return removed, failures
