@@ -3,7 +3,8 @@
 -- against the floors measured in the same run.
 --
 --   wsync tests/bench/cuda_publish.lua [BUFFER_GIB|direct,...] [PUBLICATIONS] [RECIPE]
---       BUFFER_GIB    packed-buffer sizes to try, two buffers each, and
+--       BUFFER_GIB    packed-buffer sizes to try, two buffers each (NxGIB:
+--                     N buffers of GIB each), and
 --                     `direct`: no packed buffers, the TP worker reading the
 --                     trainer's exported storage (one allocation), and
 --                     `direct-tensor`: the same with one allocation per
@@ -21,21 +22,49 @@
 -- chunk count, the median total, its fill and load phases (they overlap,
 -- double-buffered), the copies' own device time, and the ratio of the total
 -- to the packed path's floor. Every publication's resident slices are
--- checked on the device after it, outside the timed publication.
+-- checked on the device after it, outside the timed publication. After the
+-- table, the fastest publication of each size chunk by chunk: when its fill
+-- and its load were asked for and answered, against their copies' own time
+-- (the rest of each request is control: the trip to the rank or the TP
+-- worker and back, and waiting for the stream).
 package.path = "./?.lua;" .. package.path
 local cuda = require("wsync._cuda")
 local loop = require("wsync.loop")
 local recipe_module = require("wsync.recipe")
 local session = require("wsync.publish.session")
 
-local sizes = {}
+local sizes, counts = {}, {} -- (counts: buffers per size, by index)
 for value in (arg[1] or "4,8,direct,direct-tensor"):gmatch("[%w%.%-]+") do
-  local size = (value == "direct" or value == "direct-tensor") and value or tonumber(value)
+  local count, gib = value:match("^(%d+)x([%d.]+)$")
+  local size = (value == "direct" or value == "direct-tensor") and value or tonumber(gib or value)
   if not size then
-    io.stderr:write("cuda_publish: '", value, "' is no buffer size in GiB, direct or direct-tensor\n")
+    io.stderr:write("cuda_publish: '", value, "' is no buffer size in GiB (GIB or NxGIB), direct or direct-tensor\n")
     os.exit(2)
   end
   sizes[#sizes + 1] = size
+  counts[#sizes] = tonumber(count) or 2
+end
+require("wsync.publish.publication").trace = true
+
+-- Chunk by chunk, the publication `report`'s trace, in ms since it started.
+local function print_trace(label, report)
+  local trace = report.trace or {}
+  print(string.format("%s, publication of version %d (%.1f ms): per chunk, fill and load asked -> answered "
+    .. "(copy), ms", label, report.model_version, report.timings.total * 1e3))
+  local control = { fill = 0, load = 0 }
+  for k = 1, #trace do
+    local parts = {}
+    for _, side in ipairs({ "fill", "load" }) do
+      local t = trace[k][side]
+      if t then
+        parts[#parts + 1] = string.format("%s %7.2f -> %7.2f (%6.2f)", side, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3)
+        control[side] = control[side] + (t[2] - t[1] - t[3])
+      end
+    end
+    print(string.format("  chunk %3d: %s", k, table.concat(parts, "   ")))
+  end
+  print(string.format("  control (asked -> answered, less the copy): fills %.2f ms, loads %.2f ms in all",
+    control.fill * 1e3, control.load * 1e3))
 end
 local publications = tonumber(arg[2] or "") or 5
 local RECIPE = arg[3] or "tests/fixtures/recipes/cuda_30b.lua"
@@ -79,32 +108,42 @@ loop.spawn(function()
     .. "unpack) %.2f ms", flat, packed_floor))
   print(string.format("| %-16s | %6s | %9s | %8s | %8s | %9s | %9s | %8s |", "buffers", "chunks", "total ms", "fill ms",
     "load ms", "copies ms", "vs floor", "GB/s"))
-  local best = nil
-  for _, gib in ipairs(sizes) do
+  local best, fastest = nil, {}
+  for index, gib in ipairs(sizes) do
     local recipe = recipe_module.load(RECIPE)
     local direct = gib == "direct" or gib == "direct-tensor"
     recipe.buffers.direct = direct
     recipe.trainer.storage = gib == "direct-tensor" and "tensor" or "one"
     if not direct then
       recipe.buffers.bytes = math.floor(gib * 1024 * 1024 * 1024)
+      recipe.buffers.count = counts[index]
     end
     recipe.trainer.steps = publications
     local reports = session.run(recipe)
     local totals, fills, loads, copies = {}, {}, {}, {}
-    for index = 2, #reports do
-      local t = reports[index].timings
+    local label = direct and gib or string.format("%d x %.1f GiB", counts[index], gib)
+    for at = 2, #reports do
+      local t = reports[at].timings
       totals[#totals + 1], fills[#fills + 1], loads[#loads + 1] = t.total, t.fill, t.load
       copies[#copies + 1] = (t.fill_copy or 0) + (t.load_copy or 0)
+      if not fastest[index] or t.total < fastest[index].report.timings.total then
+        fastest[index] = { label = label, report = reports[at] }
+      end
     end
     local total = median(totals) * 1e3
     local floor = direct and flat or packed_floor
-    print(string.format("| %-16s | %6d | %9.1f | %8.1f | %8.1f | %9.1f | %9.2f | %8.0f |", direct and gib
-      or string.format("2 x %.1f GiB", gib), reports[1].chunks, total, median(fills) * 1e3, median(loads) * 1e3,
+    print(string.format("| %-16s | %6d | %9.1f | %8.1f | %8.1f | %9.1f | %9.2f | %8.0f |", label,
+      reports[1].chunks, total, median(fills) * 1e3, median(loads) * 1e3,
       median(copies) * 1e3, total / floor, bytes / (total / 1e3) / 1e9))
     local key = direct and "direct" or "packed"
     best = best or {}
     if not best[key] or total < best[key].total then
-      best[key] = { total = total, gib = gib, floor = floor }
+      best[key] = { total = total, label = label, floor = floor }
+    end
+  end
+  for index in ipairs(sizes) do
+    if fastest[index] then
+      print_trace(fastest[index].label, fastest[index].report)
     end
   end
   for _, key in ipairs({ "packed", "direct" }) do
@@ -112,7 +151,7 @@ loop.spawn(function()
     if b then
       print(string.format("publish %s %s (%.2f GB, %d tensors): best %.1f ms%s = %.2fx its floor (%.1f ms) "
         .. "measured in this run; target 1.25x", base.name, key, bytes / 1e9, #plan.canonical, b.total,
-        key == "packed" and string.format(" with 2 x %.1f GiB buffers", b.gib) or "", b.total / b.floor, b.floor))
+        key == "packed" and string.format(" with %s buffers", b.label) or "", b.total / b.floor, b.floor))
     end
   end
   io.stdout:flush()

@@ -24,6 +24,12 @@ local rollout_module = require("wsync.publish.rollout")
 
 local M = {}
 
+--- When true, each report carries `trace`: per chunk, when its fill and its
+--- load were asked for and answered (seconds since the publication started)
+--- and their copies' own seconds, {fill = {asked, answered, copy}, load = ...}.
+--- For benchmarks (tests/bench/cuda_publish.lua); off, nothing is kept.
+M.trace = false
+
 local function now()
   return uv.hrtime() / 1e9
 end
@@ -148,11 +154,22 @@ end
 
 -- Chunk `k` once: every rank fills it (the consensus gate), then the runtime
 -- loads it. Adds the phases' times and the copies' own times.
+-- Notes chunk k's `side` ("fill" or "load") in the trace, when M.trace.
+function Publication:_note(k, side, started, copy)
+  if M.trace then
+    self.trace = self.trace or {}
+    self.trace[k] = self.trace[k] or {}
+    self.trace[k][side] = { started - self.started, now() - self.started, copy }
+  end
+end
+
 function Publication:_fill(k)
   local started = now()
   local reports = self.ranks:fill(self.plan, k, M.buffer_of(self.plan, k), self.timeouts.fill)
+  local copy = fill_copy_seconds(reports)
   self.timings.fill = (self.timings.fill or 0) + (now() - started)
-  self.timings.fill_copy = self.timings.fill_copy + fill_copy_seconds(reports)
+  self.timings.fill_copy = self.timings.fill_copy + copy
+  self:_note(k, "fill", started, copy)
   self.fills[k] = reports
   return reports
 end
@@ -163,6 +180,7 @@ function Publication:_load(k)
   local answer = self.rollout:load_chunk(self.plan, k, M.buffer_of(self.plan, k), tensors)
   self.timings.load = (self.timings.load or 0) + (now() - started)
   self.timings.load_copy = self.timings.load_copy + (tonumber(answer.copy_seconds) or 0)
+  self:_note(k, "load", started, tonumber(answer.copy_seconds) or 0)
   self.loads[k] = answer
   return answer
 end
@@ -409,6 +427,7 @@ function Publication:report()
     timings = self.timings,
     gbps = plan.bytes / self.timings.total / 1e9,
     receipts = self.result.receipts,
+    trace = self.trace,
   }
 end
 

@@ -1,0 +1,64 @@
+-- The publication trace (wsync.publish.publication.trace) that
+-- tests/bench/cuda_publish.lua prints: per chunk, when its fill and its load
+-- were asked for and answered, and their copies' own time; the demo run in
+-- this process on the host backend.
+local loop = require("wsync.loop")
+local process = require("tests.helpers.process")
+local publication = require("wsync.publish.publication")
+local recipe_module = require("wsync.recipe")
+local session = require("wsync.publish.session")
+
+-- Runs `fn` in a coroutine while the loop drives the session's processes.
+local function in_coroutine(fn)
+  local outcome = nil
+  loop.spawn(fn, function(...)
+    outcome = { ... }
+  end)
+  process.drive(function()
+    return outcome ~= nil
+  end, 60000, "the test's coroutine")
+  if not outcome[1] then
+    error(outcome[2], 0)
+  end
+  return unpack(outcome, 2)
+end
+
+local function demo()
+  return in_coroutine(function()
+    return session.run(recipe_module.load("recipes/demo.lua"))
+  end)
+end
+
+describe("wsync.publish.publication.trace", function()
+  after_each(function()
+    publication.trace = false
+  end)
+
+  it("gives each report every chunk's fill and load, asked before answered, in the pipeline's order", function()
+    publication.trace = true
+    local reports = demo()
+    assert.are.equal(3, #reports)
+    for _, report in ipairs(reports) do
+      assert.are.equal(report.chunks, #report.trace)
+      for k, chunk in ipairs(report.trace) do
+        for _, side in ipairs({ "fill", "load" }) do
+          local asked, answered, copy = unpack(chunk[side])
+          assert.is_true(asked >= 0 and asked <= answered and answered <= report.timings.total, side .. " " .. k)
+          assert.is_true(copy >= 0 and copy <= answered - asked + 1e-3, side .. " " .. k)
+        end
+        -- The consensus gate: a chunk loads once every rank filled it; and a
+        -- buffer (two of them) fills again once its last chunk loaded.
+        assert.is_true(chunk.load[1] >= chunk.fill[2], "chunk " .. k)
+        if k > 2 then
+          assert.is_true(chunk.fill[1] >= report.trace[k - 2].load[2], "chunk " .. k)
+        end
+      end
+    end
+  end)
+
+  it("is kept by no report when off", function()
+    local reports = demo()
+    assert.are.equal(3, #reports)
+    assert.is_nil(reports[1].trace)
+  end)
+end)
