@@ -51,8 +51,8 @@ if stage copy; then
 fi
 if stage publish; then
   echo "== cuda publish benchmark" | tee -a "$out/summary.txt"
-  timeout 200 wsync tests/bench/cuda_publish.lua 4,8,direct 5 >"$out/cuda_publish.log" 2>&1 || status=1
-  grep -v "^trainer rank\|^wsync:" "$out/cuda_publish.log" | tail -n 12 | tee -a "$out/summary.txt"
+  timeout 240 wsync tests/bench/cuda_publish.lua 4,8,3x4,4x4,direct,direct-tensor 5 >"$out/cuda_publish.log" 2>&1 || status=1
+  grep -v "^trainer rank\|^wsync:\|^  chunk" "$out/cuda_publish.log" | tail -n 24 | tee -a "$out/summary.txt"
 fi
 if stage vllm || stage vllm-bench; then
   if [ -f .vllm/activate.sh ]; then
