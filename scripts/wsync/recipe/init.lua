@@ -71,10 +71,18 @@ M.schema = schema.record({
         ranks = rank_count,
         steps = integer(1, 1),
         -- How a synthetic rank allocates its shards: "one" allocation for
-        -- them all, or one per "tensor" (as a PyTorch trainer's caching
-        -- allocator gives each large tensor a segment of its own).
-        storage = schema.enum({ "one", "tensor", default = "one" }),
+        -- them all (the default), or one per "tensor" (as a PyTorch
+        -- trainer's caching allocator gives each large tensor a segment of
+        -- its own).
+        storage = schema.enum({ "one", "tensor" }),
       },
+      check = function(trainer)
+        if trainer.storage ~= nil and trainer.kind == "external" then
+          return false, "storage says how a synthetic trainer allocates its shards; an external trainer's "
+            .. "tensors are its own (leave storage out)"
+        end
+        return true
+      end,
     }),
     runtime = schema.record({
       fields = {

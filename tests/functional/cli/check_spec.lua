@@ -135,6 +135,8 @@ describe("wsync check and wsync run agree", function()
       .. "number holds exactly), got 1e+308" },
     { "too_many_ranks.lua", "field 'trainer.ranks': 100000 trainer ranks: the host backend has 64 devices" },
     { "ranks_not_tp.lua", "field 'runtime.tp': TP 1 differs from the 2 trainer ranks" },
+    { "external_storage.lua", "field 'trainer': storage says how a synthetic trainer allocates its shards; an "
+      .. "external trainer's tensors are its own (leave storage out)" },
     { "shm_too_small.lua", "the packed buffers take 70368744177664 bytes (64.00 TiB) of /dev/shm (2 trainer ranks x 2 "
       .. "buffers x 17592186044416 bytes); it has " },
     { "kv_too_large.lua", "on the host backend every device is this machine's memory: the run holds 35184373562624 "
