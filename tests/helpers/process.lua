@@ -174,6 +174,25 @@ function M.drive(predicate, ms, what)
   assert(not expired, string.format("timed out after %d ms waiting for %s", ms, what))
 end
 
+--- Runs `fn` in a coroutine of wsync.loop (it may wait on the loop) while
+--- the loop drives the started processes too, for at most `ms` milliseconds
+--- (default 60000); returns what it returned, raises what it raised.
+---@param fn function
+---@param ms integer?
+function M.in_coroutine(fn, ms)
+  local outcome = nil
+  require("wsync.loop").spawn(fn, function(...)
+    outcome = { ... }
+  end)
+  M.drive(function()
+    return outcome ~= nil
+  end, ms or 60000, "the test's coroutine")
+  if not outcome[1] then
+    error(outcome[2], 0)
+  end
+  return unpack(outcome, 2)
+end
+
 --- Kills `proc` (SIGKILL) unless it is done, and waits until it is.
 ---@param proc StartedProcess
 function M.finish(proc)

@@ -11,7 +11,6 @@ local leftovers = require("tests.helpers.leftovers")
 local process = require("tests.helpers.process")
 local channel_module = require("wsync.control.channel")
 local device = require("wsync.native.device")
-local loop = require("wsync.loop")
 local peer_module = require("wsync.control.peer")
 local qwen3_moe = require("wsync.plan.qwen3_moe")
 local trainer = require("wsync.trainer.synthetic")
@@ -87,21 +86,7 @@ local function connect(endpoint)
   return pipe
 end
 
--- Runs `fn` in a coroutine (it may wait on the loop) while the loop drives
--- the started processes too; returns what it returned, raises what it raised.
-local function in_coroutine(fn)
-  local outcome = nil
-  loop.spawn(fn, function(...)
-    outcome = { ... }
-  end)
-  process.drive(function()
-    return outcome ~= nil
-  end, 60000, "the test's coroutine")
-  if not outcome[1] then
-    error(outcome[2], 0)
-  end
-  return unpack(outcome, 2)
-end
+local in_coroutine = process.in_coroutine
 
 -- A peer (this process as a trainer agent) connected to `endpoint`.
 local function agent_peer(endpoint)

@@ -2,29 +2,13 @@
 -- tests/bench/cuda_publish.lua prints: per chunk, when its fill and its load
 -- were asked for and answered, and their copies' own time; the demo run in
 -- this process on the host backend.
-local loop = require("wsync.loop")
 local process = require("tests.helpers.process")
 local publication = require("wsync.publish.publication")
 local recipe_module = require("wsync.recipe")
 local session = require("wsync.publish.session")
 
--- Runs `fn` in a coroutine while the loop drives the session's processes.
-local function in_coroutine(fn)
-  local outcome = nil
-  loop.spawn(fn, function(...)
-    outcome = { ... }
-  end)
-  process.drive(function()
-    return outcome ~= nil
-  end, 60000, "the test's coroutine")
-  if not outcome[1] then
-    error(outcome[2], 0)
-  end
-  return unpack(outcome, 2)
-end
-
 local function demo()
-  return in_coroutine(function()
+  return process.in_coroutine(function()
     return session.run(recipe_module.load("recipes/demo.lua"))
   end)
 end
