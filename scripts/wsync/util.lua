@@ -38,16 +38,13 @@ function M.read_file(path)
   return text
 end
 
---- What processes of this user left in directory `parent` when they died
---- without removing it (SIGKILL): an iterator of (entry, path, creator pid,
---- lstat) over the entries whose names match `pattern` (its capture the
---- creator's pid), owned by this user, whose creator is not this process and
---- is gone. The caller removes what it recognizes.
+--- The entries of directory `parent` named for a process: an iterator of
+--- (entry, creator pid) over the names that match `pattern` (its capture the
+--- creator's pid).
 ---@param parent string
 ---@param pattern string
-function M.leftovers(parent, pattern)
+function M.named_entries(parent, pattern)
   local scanner = uv.fs_scandir(parent)
-  local own_uid = require("wsync._socket").own_uid()
   return function()
     while scanner do
       local entry = uv.fs_scandir_next(scanner)
@@ -55,8 +52,27 @@ function M.leftovers(parent, pattern)
         return nil
       end
       local pid = tonumber(entry:match(pattern))
+      if pid then
+        return entry, pid
+      end
+    end
+  end
+end
+
+--- What processes of this user left in directory `parent` when they died
+--- without removing it (SIGKILL): an iterator of (entry, path, creator pid,
+--- lstat) over the entries M.named_entries finds, owned by this user, whose
+--- creator is not this process and is gone. The caller removes what it
+--- recognizes.
+---@param parent string
+---@param pattern string
+function M.leftovers(parent, pattern)
+  local entries = M.named_entries(parent, pattern)
+  local own_uid = require("wsync._socket").own_uid()
+  return function()
+    for entry, pid in entries do
       local path = parent .. "/" .. entry
-      local stat = pid and pid ~= uv.os_getpid() and uv.fs_lstat(path)
+      local stat = pid ~= uv.os_getpid() and uv.fs_lstat(path)
       if stat and stat.uid == own_uid and select(3, uv.kill(pid, 0)) == "ESRCH" then
         return entry, path, pid, stat
       end

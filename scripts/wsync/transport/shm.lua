@@ -306,23 +306,6 @@ end
 -- A wsync segment's name in /dev/shm (its capture: the creator's pid).
 local SEGMENT = "^wsync%-(%d+)%-%x+$"
 
--- The wsync segments in /dev/shm: an iterator of (entry, creator pid).
-local function segments()
-  local scanner = uv.fs_scandir("/dev/shm")
-  return function()
-    while scanner do
-      local entry = uv.fs_scandir_next(scanner)
-      if not entry then
-        return nil
-      end
-      local pid = tonumber(entry:match(SEGMENT))
-      if pid then
-        return entry, pid
-      end
-    end
-  end
-end
-
 --- Removes the segments in /dev/shm that processes of this user left when
 --- they died without removing them (a host or a trainer killed with
 --- SIGKILL): `wsync-<pid>-<16 hex digits>` files of this user whose pid is
@@ -366,7 +349,7 @@ function M.remove_leftovers(descriptors, pids)
     end
   end
   if next(pids or {}) then
-    for entry, pid in segments() do
+    for entry, pid in require("wsync.util").named_entries("/dev/shm", SEGMENT) do
       if pids[pid] then
         add("/" .. entry)
       end
