@@ -96,6 +96,9 @@ bundle() {
   rm -rf "$out"
   mkdir -p "$out/bin" "$out/lua/share" "$out/lua/lib"
   cp "$build/wsync" "$out/bin/wsync"
+  if [ -f "$build/wsync_copy_shapes" ]; then
+    cp "$build/wsync_copy_shapes" "$out/bin/" # (a GPU benchmark: tests/bench/copy_shapes.cu)
+  fi
   # busted and its helpers, as Debian installed them, so `wsync test` runs the
   # GPU tier on a machine that has none of them. Never committed: build/ only.
   cp -rL /usr/share/lua/5.1/. "$out/lua/share/"

@@ -9,7 +9,9 @@
 --                     trainer's exported storage (one allocation), and
 --                     `direct-tensor`: the same with one allocation per
 --                     trainer tensor, as a PyTorch trainer's (default
---                     4,8,direct,direct-tensor)
+--                     4,8,direct,direct-tensor); `serial:SIZE` moves SIZE's
+--                     chunks one side at a time (fill k, then load k), to
+--                     time each copy alone
 --       PUBLICATIONS  per size (default 5); the first of each (plans made,
 --                     buffers mapped, resident storage allocated) is left
 --                     out of the medians
@@ -33,8 +35,10 @@ local loop = require("wsync.loop")
 local recipe_module = require("wsync.recipe")
 local session = require("wsync.publish.session")
 
-local sizes, counts = {}, {} -- (counts: buffers per size, by index)
-for value in (arg[1] or "4,8,direct,direct-tensor"):gmatch("[%w%.%-]+") do
+local sizes, counts, serial = {}, {}, {} -- (counts: buffers per size, serial: one side at a time, by index)
+for token in (arg[1] or "4,8,direct,direct-tensor"):gmatch("[%w%.%-:]+") do
+  local value = token:match("^serial:(.+)$") or token
+  serial[#sizes + 1] = value ~= token
   local count, gib = value:match("^(%d+)x([%d.]+)$")
   local size = (value == "direct" or value == "direct-tensor") and value or tonumber(gib or value)
   if not size then
@@ -44,7 +48,8 @@ for value in (arg[1] or "4,8,direct,direct-tensor"):gmatch("[%w%.%-]+") do
   sizes[#sizes + 1] = size
   counts[#sizes] = tonumber(count) or 2
 end
-require("wsync.publish.publication").trace = true
+local publication_module = require("wsync.publish.publication")
+publication_module.trace = true
 
 -- Chunk by chunk, the publication `report`'s trace, in ms since it started.
 local function print_trace(label, report)
@@ -106,7 +111,7 @@ loop.spawn(function()
     publications, bytes / 1e9, #plan.canonical))
   print(string.format("floors: one flat cudaMemcpyAsync %.2f ms (the direct path's); the packed path (pack + "
     .. "unpack) %.2f ms", flat, packed_floor))
-  print(string.format("| %-16s | %6s | %9s | %8s | %8s | %9s | %9s | %8s |", "buffers", "chunks", "total ms", "fill ms",
+  print(string.format("| %-20s | %6s | %9s | %8s | %8s | %9s | %9s | %8s |", "buffers", "chunks", "total ms", "fill ms",
     "load ms", "copies ms", "vs floor", "GB/s"))
   local best, fastest = nil, {}
   for index, gib in ipairs(sizes) do
@@ -119,9 +124,12 @@ loop.spawn(function()
       recipe.buffers.count = counts[index]
     end
     recipe.trainer.steps = publications
+    publication_module.serial = serial[index]
     local reports = session.run(recipe)
+    publication_module.serial = false
     local totals, fills, loads, copies = {}, {}, {}, {}
-    local label = direct and gib or string.format("%d x %.1f GiB", counts[index], gib)
+    local label = (serial[index] and "serial " or "")
+      .. (direct and gib or string.format("%d x %.1f GiB", counts[index], gib))
     for at = 2, #reports do
       local t = reports[at].timings
       totals[#totals + 1], fills[#fills + 1], loads[#loads + 1] = t.total, t.fill, t.load
@@ -132,7 +140,7 @@ loop.spawn(function()
     end
     local total = median(totals) * 1e3
     local floor = direct and flat or packed_floor
-    print(string.format("| %-16s | %6d | %9.1f | %8.1f | %8.1f | %9.1f | %9.2f | %8.0f |", label,
+    print(string.format("| %-20s | %6d | %9.1f | %8.1f | %8.1f | %9.1f | %9.2f | %8.0f |", label,
       reports[1].chunks, total, median(fills) * 1e3, median(loads) * 1e3,
       median(copies) * 1e3, total / floor, bytes / (total / 1e3) / 1e9))
     local key = direct and "direct" or "packed"

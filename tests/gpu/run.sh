@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # On the GPU machine: runs the GPU test tier, the PyTorch/FSDP2 trainer through the
 # Python package (tests/python/torch_fsdp2.py), the GPU benchmarks (the batched copy
-# kernel against the floors, whole 30B-A3B publications) and, when the vLLM bundle is
+# kernel against the floors, its loop shapes, whole 30B-A3B publications) and, when the vLLM bundle is
 # carried (.vllm, ../shared/tools/vllm-bundle), the vLLM specs and the benchmark against
 # vLLM's own weight sync, from the bundle that `scripts/dev.sh bundle` made here (carried
 # as build/bundle or build/bundle.tar.xz), writing every log under $OUT (default
 # ./gpu-out) and a summary.
 #
-#   [STAGES="tier fsdp2 copy publish vllm vllm-bench"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
+#   [STAGES="tier fsdp2 copy shapes publish vllm vllm-bench"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
 #     STAGES: which to run (default all; one device call has 10 minutes)
 #     VLLM_WAYS: the benchmark's ways beside vLLM's own (tests/bench/vllm_publish.py;
 #       default "direct storage,direct 2x4GiB,native")
@@ -17,7 +17,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=${OUT:-./gpu-out}
 mkdir -p "$out"
 scale=${1:-1}
-stages=" ${STAGES:-tier fsdp2 copy publish vllm vllm-bench} "
+stages=" ${STAGES:-tier fsdp2 copy shapes publish vllm vllm-bench} "
 # The bundle, or its archive (carried beside the vLLM bundle: both must fit in one
 # run's 64 MiB).
 if [ ! -f build/bundle/env.sh ] && [ -f build/bundle.tar.xz ]; then
@@ -51,9 +51,14 @@ if stage copy; then
   timeout 150 wsync tests/bench/cuda_copy.lua "$scale" 3 >"$out/cuda_copy.log" 2>&1 || status=1
   tail -n 30 "$out/cuda_copy.log" | tee -a "$out/summary.txt"
 fi
+if stage shapes; then
+  echo "== copy kernel loop shapes (tests/bench/copy_shapes.cu, 8 GiB)" | tee -a "$out/summary.txt"
+  timeout 120 wsync_copy_shapes 8 >"$out/copy_shapes.log" 2>&1 || status=1
+  tail -n 24 "$out/copy_shapes.log" | tee -a "$out/summary.txt"
+fi
 if stage publish; then
   echo "== cuda publish benchmark" | tee -a "$out/summary.txt"
-  timeout 240 wsync tests/bench/cuda_publish.lua 4,8,3x4,4x4,direct,direct-tensor 5 >"$out/cuda_publish.log" 2>&1 || status=1
+  timeout 240 wsync tests/bench/cuda_publish.lua 8,serial:8,3x4,direct,direct-tensor 5 >"$out/cuda_publish.log" 2>&1 || status=1
   grep -v "^trainer rank\|^wsync:\|^  chunk" "$out/cuda_publish.log" | tail -n 24 | tee -a "$out/summary.txt"
 fi
 if stage vllm || stage vllm-bench; then

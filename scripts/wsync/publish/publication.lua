@@ -30,6 +30,11 @@ local M = {}
 --- For benchmarks (tests/bench/cuda_publish.lua); off, nothing is kept.
 M.trace = false
 
+--- When true, chunks move one at a time, fill k and then load k, never at
+--- once: for benchmarks that time each side alone (tests/bench/cuda_publish.lua
+--- `serial:`). Off, chunk k+1 fills while chunk k loads.
+M.serial = false
+
 local function now()
   return uv.hrtime() / 1e9
 end
@@ -191,6 +196,13 @@ end
 --- chunk k+1 fills while chunk k loads.
 function Publication:_move_chunks(first)
   local plan = self.plan
+  if M.serial then
+    for k = first, #plan.chunks do
+      self:_fill(k)
+      self:_load(k)
+    end
+    return
+  end
   local count, buffers = #plan.chunks, plan.buffer_count
   local filled, loaded = first - 1, first - 1
   local failure = nil

@@ -15,7 +15,7 @@ end
 
 describe("wsync.publish.publication.trace", function()
   after_each(function()
-    publication.trace = false
+    publication.trace, publication.serial = false, false
   end)
 
   it("gives each report every chunk's fill and load, asked before answered, in the pipeline's order", function()
@@ -35,6 +35,21 @@ describe("wsync.publish.publication.trace", function()
         assert.is_true(chunk.load[1] >= chunk.fill[2], "chunk " .. k)
         if k > 2 then
           assert.is_true(chunk.fill[1] >= report.trace[k - 2].load[2], "chunk " .. k)
+        end
+      end
+    end
+  end)
+
+  it("with publication.serial, moves each chunk's fill and then its load, never at once", function()
+    publication.trace, publication.serial = true, true
+    local reports = demo()
+    assert.are.equal(3, #reports)
+    for _, report in ipairs(reports) do
+      assert.are.equal(report.chunks, #report.trace)
+      for k, chunk in ipairs(report.trace) do
+        assert.is_true(chunk.load[1] >= chunk.fill[2], "chunk " .. k)
+        if k > 1 then
+          assert.is_true(chunk.fill[1] >= report.trace[k - 1].load[2], "chunk " .. k)
         end
       end
     end
