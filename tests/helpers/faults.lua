@@ -18,7 +18,8 @@ M.COMMANDS = {
   { at = "load_chunk#2", cmd = "load_chunk", phase = "chunks" },
   { at = "load_chunk#3", cmd = "load_chunk", phase = "chunks" },
   { at = "finish_update", cmd = "finish_update", phase = "finish" },
-  { at = "release", cmd = "release", phase = "release" },
+  -- (No release: a publication's finish_update asks for it, and the
+  -- runtime's answer says it released.)
 }
 
 --- What the error says for each misbehaviour of the runtime.

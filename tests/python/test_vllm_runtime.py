@@ -117,13 +117,15 @@ def runtime():
     engine.close()
 
 
-def publish(runtime: Runtime, **changes) -> dict:
+def publish(runtime: Runtime, release: bool = False, **changes) -> dict:
     started = header(runtime, **changes)
     runtime.start_update({"header": started})
     tensors = [{"name": "a", "dtype": "bfloat16", "shape": [2, 3], "offset": 0, "bytes": 12}]
     runtime.load_chunk({"chunk": 1, "buffer": 1, "tensors": tensors})
-    return runtime.finish_update({"publication_id": started["publication_id"],
-                                  "model_version": started["model_version"]})
+    finish = {"publication_id": started["publication_id"], "model_version": started["model_version"]}
+    if release:
+        finish["release"] = True
+    return runtime.finish_update(finish)
 
 
 class TestRuntime:
@@ -137,6 +139,10 @@ class TestRuntime:
         assert after["model_version"] == 1 and after["outputs"][0]["model_version"] == 1
         assert after["outputs"][0]["token_ids"] != before["outputs"][0]["token_ids"]
         assert runtime.info()["prefix_cache_resets"] == 1
+
+    def test_finish_releases_in_its_answer_only_when_asked(self, runtime):
+        assert "released" not in publish(runtime)
+        assert publish(runtime, release=True)["released"] is True
 
     def test_no_generation_between_start_and_finish(self, runtime):
         runtime.start_update({"header": header(runtime)})

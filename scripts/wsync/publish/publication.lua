@@ -193,18 +193,28 @@ end
 --- Moves chunks `first`..last: the ranks fill chunk k into buffer k mod B;
 --- when every rank reported success (the consensus gate) the runtime loads
 --- it; only after the load may that buffer be refilled. With two buffers,
---- chunk k+1 fills while chunk k loads.
-function Publication:_move_chunks(first)
+--- chunk k+1 fills while chunk k loads. `after_fills`, when given, runs once
+--- the last chunk is filled, while the runtime still loads (run() verifies
+--- the ranks' manifests there).
+---
+--- The direct path's fill moves nothing (the runtime reads the ranks' own
+--- storage, which `begin` found where it was exported), so its load does not
+--- wait for it; a failed fill still poisons.
+function Publication:_move_chunks(first, after_fills)
   local plan = self.plan
   if M.serial then
     for k = first, #plan.chunks do
       self:_fill(k)
       self:_load(k)
     end
+    if after_fills then
+      after_fills()
+    end
     return
   end
   local count, buffers = #plan.chunks, plan.buffer_count
   local filled, loaded = first - 1, first - 1
+  local gated = not plan.direct
   local failure = nil
   local changed = loop.condition()
 
@@ -229,11 +239,14 @@ function Publication:_move_chunks(first)
       filled = k -- every rank succeeded: chunk k may load
       changed:notify()
     end
+    if after_fills and failure == nil then
+      after_fills()
+    end
   end)
   local loader = guarded(function()
     for k = first, count do
       changed:wait(function()
-        return failure ~= nil or filled >= k
+        return failure ~= nil or filled >= k or not gated
       end)
       if failure then
         return
@@ -307,10 +320,13 @@ function Publication:_fail(err)
     error(err, 0) -- before start nothing moved: no poison
   end
   self.rollout:destroy(err)
-  local fields = { phase = self.phase, rank = errors.is(err) and err.rank or nil,
+  -- (A phase folded into another one's time, verify into chunks', names
+  -- itself: `folded_phase`.)
+  local phase = errors.is(err) and err.folded_phase or self.phase
+  local fields = { phase = phase, rank = errors.is(err) and err.rank or nil,
     cause = errors.is(err) and err.code or "LUA_ERROR" }
   local message = string.format("publication of model version %d failed in %s: %s", self.header.model_version,
-    self.phase, errors.is(err) and err.message or tostring(err))
+    phase, errors.is(err) and err.message or tostring(err))
   self.failed = errors.new("PUBLISH_FAILED", message, fields)
   error(self.failed, 0)
 end
@@ -338,15 +354,24 @@ function Publication:init()
   end)
 end
 
---- The runtime enters update mode; the agents start their consumed manifests.
+--- The runtime enters update mode; the agents start their consumed manifests
+--- (at once: neither waits for the other).
 function Publication:start()
   local header = self.header
   self:_phase("start", function()
     self.started_update = true -- from here on, a failure poisons
-    self.rollout:request("start_update", { header = header })
-    self.ranks:all("begin", function()
-      return { family = self.plan.family, publication_id = header.publication_id }
-    end, self.timeouts.start)
+    local _, failed, failure = loop.all(2, function(i)
+      if i == 1 then
+        self.rollout:request("start_update", { header = header })
+      else
+        self.ranks:all("begin", function()
+          return { family = self.plan.family, publication_id = header.publication_id }
+        end, self.timeouts.start)
+      end
+    end)
+    if failed then
+      error(failure, 0)
+    end
   end)
 end
 
@@ -365,35 +390,63 @@ function Publication:chunk()
   return { chunk = k, fills = self.fills[k], load = self.loads[k] }
 end
 
---- Moves every remaining chunk, double-buffered.
-function Publication:chunks()
+--- Moves every remaining chunk, double-buffered. With `verify`, the verify
+--- phase runs as soon as the last chunk is filled, while the runtime still
+--- loads it (run() does so; the REPL steps verify on its own).
+function Publication:chunks(verify)
   self:_phase("chunks", function()
-    self:_move_chunks(self.next_chunk)
+    self:_move_chunks(self.next_chunk, verify and function()
+      self:_verify_folded()
+    end)
   end)
   self.next_chunk = #self.plan.chunks + 1
 end
 
+-- Every agent's consumed manifest against the expected one. Returns the
+-- agents' answers; raises VERIFY_FAILED naming the rank.
+function Publication:_check_manifests()
+  local plan = self.plan
+  local results = self.ranks:all("verify", function()
+    return {}
+  end, self.timeouts.verify)
+  for index, result in ipairs(results) do
+    if result.manifest ~= plan.manifest then
+      fail("VERIFY_FAILED", string.format("trainer rank %d exported manifest %s (%d tensors); expected %s (%d)",
+        index - 1, result.manifest, result.tensors, plan.manifest, #plan.canonical), { rank = index - 1 })
+    end
+  end
+  return results
+end
+
+-- The verify phase inside the chunks phase (Publication:chunks(true)): timed
+-- and completed as verify, a failure named as verify's.
+function Publication:_verify_folded()
+  local started = now()
+  local ok, result = pcall(self._check_manifests, self)
+  self.timings.verify = (self.timings.verify or 0) + (now() - started)
+  if not ok then
+    if errors.is(result) then
+      result.folded_phase = "verify"
+    end
+    error(result, 0)
+  end
+  self.consumed = result
+  self.completed.verify = true
+end
+
 --- Every agent's consumed manifest must equal the expected one.
 function Publication:verify()
-  local plan = self.plan
   self.consumed = self:_phase("verify", function()
-    local results = self.ranks:all("verify", function()
-      return {}
-    end, self.timeouts.verify)
-    for index, result in ipairs(results) do
-      if result.manifest ~= plan.manifest then
-        fail("VERIFY_FAILED", string.format("trainer rank %d exported manifest %s (%d tensors); expected %s (%d)",
-          index - 1, result.manifest, result.tensors, plan.manifest, #plan.canonical), { rank = index - 1 })
-      end
-    end
-    return results
+    return self:_check_manifests()
   end)
   return self.consumed
 end
 
 --- The runtime validates the workers' receipts and commits; the host
---- validates them again.
-function Publication:finish()
+--- validates them again. With `release`, the runtime also releases (the
+--- buffer policy, Publication:release) in the same answer (`released`), and
+--- release asks nothing more of it (run() does so).
+function Publication:finish(release)
   local header = self.header
   self.result = self:_phase("finish", function()
     if self.next_chunk <= #self.plan.chunks then
@@ -401,7 +454,7 @@ function Publication:finish()
         #self.plan.chunks))
     end
     local result = self.rollout:request("finish_update", {
-      publication_id = header.publication_id, model_version = header.model_version,
+      publication_id = header.publication_id, model_version = header.model_version, release = release or nil,
     })
     -- (With several replicas: each one's answer, against its part of the
     -- header; the version counts as committed only once all finished.)
@@ -413,10 +466,13 @@ end
 
 --- Release per the buffer policy ("keep": buffers stay allocated and mapped
 --- for the next publication; the runtime confirms it reads none of them),
---- then the host counts the version as committed.
+--- then the host counts the version as committed. A runtime that released
+--- in its finish answer (`released`) is not asked again.
 function Publication:release()
   self:_phase("release", function()
-    self.rollout:request("release", { publication_id = self.header.publication_id })
+    if not (self.result and self.result.released == true) then
+      self.rollout:request("release", { publication_id = self.header.publication_id })
+    end
   end)
   self.versions:commit(self.header.model_version)
   self.phase = "done"
@@ -450,9 +506,8 @@ function Publication:run()
   self:preflight()
   self:init()
   self:start()
-  self:chunks()
-  self:verify()
-  self:finish()
+  self:chunks(true) -- (verify with the last load)
+  self:finish(true) -- (release in finish's answer)
   return self:release()
 end
 

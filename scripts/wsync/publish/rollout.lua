@@ -356,6 +356,12 @@ function ReplicaSet:request(cmd, payload)
     return replica:request(cmd, own)
   end)
   local merged = util.merged(results[1], { replicas = results })
+  if cmd == "finish_update" then
+    -- (Released in its finish answer only when every replica released.)
+    for _, result in ipairs(results) do
+      merged.released = merged.released and result.released == true or nil
+    end
+  end
   -- Lists every replica answers with, joined in replica order.
   for _, field in ipairs({ "workers", "receipts" }) do
     if type(results[1][field]) == "table" then

@@ -303,7 +303,11 @@ function Runtime:handlers()
       self.prefix_cache_resets = (self.prefix_cache_resets or 0) + 1
       -- The decoder's weights are the new ones from the next token on.
       self:forget_digest()
-      return { model_version = self.model_version, receipts = receipts, prefix_cache_reset = true }
+      -- (`release`: the buffer policy's release in the same answer. The
+      -- workers read no buffer outside an update, and the buffers stay
+      -- mapped: "keep".)
+      return { model_version = self.model_version, receipts = receipts, prefix_cache_reset = true,
+        released = payload.release == true or nil }
     end,
     release = function(payload)
       if self.update then

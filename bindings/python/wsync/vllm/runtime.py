@@ -365,7 +365,12 @@ class Runtime:
             self._engine_call("commit", self.engine.commit, header["model_version"])
         self.model_version = header["model_version"]
         self.prefix_cache_resets += 1
-        return {"model_version": self.model_version, "receipts": receipts, "prefix_cache_reset": True}
+        answer = {"model_version": self.model_version, "receipts": receipts, "prefix_cache_reset": True}
+        if payload.get("release") is True:
+            # (The buffer policy's release in the same answer: no worker reads a buffer
+            # outside an update, and the buffers stay mapped, "keep".)
+            answer["released"] = True
+        return answer
 
     def release(self, _payload: dict[str, Any]) -> dict[str, Any]:
         self._check_alive()

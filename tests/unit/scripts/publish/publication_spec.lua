@@ -26,7 +26,10 @@ local function plan_of(chunks, buffers)
 end
 
 -- Stand-ins: `log` gets one line per call; `fail` = {what = "fill#2", ...}
--- makes that call fail; `delay` (ms) makes fills and loads wait.
+-- makes that call fail; `delay` (ms) makes fills and loads wait; `exported`
+-- is rank 1's manifest at verify; `keeps_release`: the runtime's finish
+-- answer does not say it released; `slow_start`: start_update and begin
+-- wait `delay` too.
 local function stand_ins(options)
   options = options or {}
   local log = {}
@@ -68,8 +71,11 @@ local function stand_ins(options)
   end
   function ranks:all(cmd)
     hit(cmd)
+    if cmd == "begin" and options.slow_start then
+      wait("begin")
+    end
     if cmd == "verify" then
-      return { { manifest = MANIFEST, tensors = 1 }, { manifest = MANIFEST, tensors = 1 } }
+      return { { manifest = MANIFEST, tensors = 1 }, { manifest = options.exported or MANIFEST, tensors = 1 } }
     end
     return { {}, {} }
   end
@@ -97,6 +103,9 @@ local function stand_ins(options)
     hit(cmd)
     if cmd == "start_update" then
       header = payload.header
+      if options.slow_start then
+        wait("start_update")
+      end
     elseif cmd == "finish_update" then
       local receipts = {}
       for index, uuid in ipairs(header.uuids) do
@@ -104,7 +113,7 @@ local function stand_ins(options)
           tp_rank = index - 1, tp_world = 2, uuid = uuid, manifest = MANIFEST, resident_tensors = 5 }
       end
       return { model_version = options.committed or header.model_version, receipts = receipts,
-        prefix_cache_reset = true }
+        prefix_cache_reset = true, released = payload.release and not options.keeps_release or nil }
     end
     return {}
   end
@@ -132,9 +141,11 @@ describe("wsync.publish.publication", function()
       local ranks, rollout, log = stand_ins()
       local versions = versions_module.new()
       local report = new(plan_of(1), ranks, rollout, versions):run()
+      -- (verify as soon as the last chunk is filled, while it loads; release
+      -- in finish_update's answer)
       assert.are.same({ "memory#1", "check_registration#1", "init_buffers#1", "init_weights#1",
-        "start_update#1", "begin#1", "fill#1 chunk 1 buffer 1", "end fill 1", "load#1 chunk 1 buffer 1",
-        "end load 1", "verify#1", "finish_update#1", "release#1" }, log)
+        "start_update#1", "begin#1", "fill#1 chunk 1 buffer 1", "end fill 1", "verify#1",
+        "load#1 chunk 1 buffer 1", "end load 1", "finish_update#1" }, log)
       assert.are.equal(1, report.model_version)
       assert.are.equal(1, versions.committed)
       assert.are.equal(protocol.VERSION, 1) -- (the header's protocol)
@@ -191,6 +202,64 @@ describe("wsync.publish.publication", function()
       assert.are.equal(0, versions.committed)
       -- The number is burned: the next publication gets 2.
       assert.are.equal(2, versions:next())
+    end)
+  end)
+
+  it("asks the runtime's start_update and the agents' begin at once", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins({ delay = 20, slow_start = true })
+      new(plan_of(1), ranks, rollout):run()
+      assert.are.same({ "start_update#1", "begin#1" }, { log[5], log[6] })
+      assert.matches("^end ", log[7])
+    end)
+  end)
+
+  it("asks for release when the runtime's finish answer does not say it released", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins({ keeps_release = true })
+      assert.are.equal(1, new(plan_of(1), ranks, rollout):run().model_version)
+      assert.are.same({ "finish_update#1", "release#1" }, { log[#log - 1], log[#log] })
+    end)
+  end)
+
+  it("verifies while the last chunk loads, and a manifest that differs poisons as verify's", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins({ delay = 20, exported = string.rep("cd", 32) })
+      local versions = versions_module.new()
+      local publication = new(plan_of(2), ranks, rollout, versions)
+      local ok, err = pcall(publication.run, publication)
+      assert.is_false(ok)
+      assert.are.equal("PUBLISH_FAILED", err.code)
+      assert.are.equal("verify", err.phase)
+      assert.are.equal("VERIFY_FAILED", err.cause)
+      assert.are.equal(1, err.rank)
+      assert.matches("failed in verify: trainer rank 1 exported manifest cdcd", err.message, 1, true)
+      local verify_at, load_end_at
+      for index, line in ipairs(log) do
+        verify_at = line == "verify#1" and index or verify_at
+        load_end_at = line == "end load 2" and index or load_end_at
+      end
+      assert.is_true(verify_at < load_end_at, "verify waited for the last load")
+      assert.is_not_nil(rollout.destroyed, "not poisoned")
+      assert.are.equal(0, versions.committed)
+    end)
+  end)
+
+  it("on the direct path, loads a chunk without waiting for its fill (which moves nothing)", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins({ delay = 20 })
+      local plan = plan_of(1)
+      plan.direct = true
+      function ranks:direct_tensors()
+        return {}
+      end
+      new(plan, ranks, rollout):run()
+      local load_at, fill_end_at
+      for index, line in ipairs(log) do
+        load_at = line:match("^load#1") and index or load_at
+        fill_end_at = line == "end fill 1" and index or fill_end_at
+      end
+      assert.is_true(load_at < fill_end_at, "the load waited for the fill")
     end)
   end)
 
