@@ -511,7 +511,9 @@ static int event_tostring(lua_State *L) {
 // Plans
 
 static void push_info(lua_State *L, const ws_cuda_plan_info *info) {
-  lua_createtable(L, 0, 6);
+  lua_createtable(L, 0, 7);
+  lua_pushnumber(L, (lua_Number)info->tile);
+  lua_setfield(L, -2, "tile");
   lua_pushnumber(L, (lua_Number)info->ops);
   lua_setfield(L, -2, "ops");
   lua_pushnumber(L, (lua_Number)info->pieces);
@@ -554,9 +556,23 @@ static void convert_copy_op(lua_State *L, int table, size_t position,
       ws_lua_op_field(L, table, position, "source_pitch", 0, op->width);
 }
 
-// _cuda.copy_plan(device, regions, ops) -> plan | nil, message, CODE
+// _cuda.copy_plan(device, regions, ops[, {tile = bytes}]) -> plan | nil,
+// message, CODE (with `tile`, the tiled layout)
 static int cuda_copy_plan(lua_State *L) {
   int device = check_device(L, 1);
+  uint64_t tile = 0;
+  if (!lua_isnoneornil(L, 4)) {
+    luaL_checktype(L, 4, LUA_TTABLE);
+    lua_getfield(L, 4, "tile"); // [.., options, tile]
+    if (!lua_isnil(L, -1)) {
+      lua_Number bytes = luaL_checknumber(L, -1);
+      if (bytes < 1 || bytes > (lua_Number)WS_CUDA_TILE_MAX ||
+          bytes != (lua_Number)(uint64_t)bytes)
+        return luaL_argerror(L, 4, "tile must be a whole number of bytes");
+      tile = (uint64_t)bytes;
+    }
+    lua_pop(L, 1);
+  }
   size_t region_count = 0, count = 0;
   const ws_cuda_region *regions =
       ws_lua_check_cuda_regions(L, 2, &region_count);
@@ -565,8 +581,12 @@ static int cuda_copy_plan(lua_State *L) {
   ws_lua_push_box(L, copy_plan_class, NULL); // [.., regions, ops, box]
   keep_referenced(L, 2, 2);
   ws_cuda_copy_plan *plan = NULL;
-  int status = ws_cuda_copy_plan_create(device, regions, region_count, ops,
-                                        count, &plan);
+  int status = tile != 0
+                   ? ws_cuda_copy_plan_create_tiled(device, regions,
+                                                    region_count, ops, count,
+                                                    tile, &plan)
+                   : ws_cuda_copy_plan_create(device, regions, region_count,
+                                              ops, count, &plan);
   return ws_lua_fill_box(L, status, plan);
 }
 
@@ -577,7 +597,7 @@ static int copy_plan_launch(lua_State *L) {
       L, ws_cuda_copy_plan_launch(plan, ws_lua_opt_cuda_stream(L, 2)));
 }
 
-// plan:info() -> {ops, pieces, warps, blocks, bytes, device_bytes}
+// plan:info() -> {ops, pieces, warps, blocks, bytes, device_bytes, tile}
 static int copy_plan_info(lua_State *L) {
   ws_cuda_plan_info info;
   ws_cuda_copy_plan_info(ws_lua_check_box(L, 1, copy_plan_class), &info);
@@ -708,7 +728,7 @@ static int synth_plan_result(lua_State *L) {
   return 1;
 }
 
-// plan:info() -> {ops, pieces, warps, blocks, bytes, device_bytes}
+// plan:info() -> {ops, pieces, warps, blocks, bytes, device_bytes, tile}
 static int synth_plan_info(lua_State *L) {
   ws_cuda_plan_info info;
   ws_cuda_synth_plan_info(ws_lua_check_box(L, 1, synth_plan_class), &info);

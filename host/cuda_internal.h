@@ -87,6 +87,14 @@ WS_INTERNAL int ws_cuda_launch_copy(const ws_cuda_copy_desc *descs,
                                     const uint32_t *warp_start, uint32_t warps,
                                     void *stream);
 
+/// Launches the tiled copy kernel: `warps` warps take tiles of `tile` bytes
+/// of the `count` descriptors' stream in turn (`starts`: count + 1 uint64_t
+/// in device memory; host/cuda_tiles.h). A cudaError_t.
+WS_INTERNAL int ws_cuda_launch_copy_tiles(const ws_cuda_copy_desc *descs,
+                                          const void *starts, uint32_t count,
+                                          uint64_t tile, uint32_t warps,
+                                          void *stream);
+
 /// Launches the synthetic kernel, filling or (`check`) checking into `state`.
 WS_INTERNAL int ws_cuda_launch_synth(const ws_cuda_synth_piece *pieces,
                                      const uint32_t *warp_start,

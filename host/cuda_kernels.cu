@@ -5,8 +5,11 @@
 // Both kernels give each warp a range of pieces (warp_start[w] ..
 // warp_start[w + 1] - 1, laid out on the host so that every warp has the same
 // bytes or elements) and let the warp's 32 lanes stride through one piece at
-// a time.
+// a time. The tiled copy kernel instead lets the warps take tiles of the
+// copy stream in turn (host/cuda_tiles.h), so that they work on neighbouring
+// bytes at any moment.
 #include "cuda_internal.h"
+#include "cuda_tiles.h"
 
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -185,6 +188,51 @@ __global__ void __launch_bounds__(WS_CUDA_THREADS, 4)
   }
 }
 
+// One part of a tiled walk: a contiguous stretch or whole strided rows.
+__device__ __forceinline__ void copy_part(const ws_cuda_copy_desc &part,
+                                          unsigned lane) {
+  const char *source = reinterpret_cast<const char *>(part.source);
+  char *target = reinterpret_cast<char *>(part.target);
+  if (part.rows == 1)
+    copy_contiguous(source, target, part.width, lane);
+  else
+    copy_rows(source, target, part.rows, part.width, part.source_pitch,
+              part.target_pitch, lane);
+}
+
+// Warp w of the grid's W copies tiles w, w + W, ... of the descriptors'
+// stream; each tile's parts come from the descriptors it overlaps, found
+// from the last tile's with one coalesced look at the next 32 starts.
+__global__ void __launch_bounds__(WS_CUDA_THREADS, 4)
+    tiled_copy_kernel(const ws_cuda_copy_desc *__restrict__ descs,
+                      const uint64_t *__restrict__ starts, uint32_t count,
+                      uint64_t tile) {
+  const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
+  const uint64_t warps = (uint64_t)gridDim.x * (blockDim.x / kWarp);
+  const unsigned lane = threadIdx.x % kWarp;
+  const uint64_t total = starts[count];
+  uint32_t cursor = 0; // the last descriptor starting at or before `begin`
+  for (uint64_t begin = warp * tile; begin < total; begin += warps * tile) {
+    const uint64_t end = begin + tile < total ? begin + tile : total;
+    for (;;) {
+      uint32_t probe = cursor + 1 + lane;
+      unsigned before =
+          __ballot_sync(kAll, probe < count && starts[probe] <= begin);
+      cursor += __popc(before); // (the starts ascend: a run of low lanes)
+      if (before != kAll)
+        break;
+    }
+    for (uint32_t i = cursor; i < count && starts[i] < end; i++) {
+      const uint64_t start = starts[i], next = starts[i + 1];
+      ws_cuda_copy_desc parts[3];
+      unsigned n = ws_cuda_tile_parts(&descs[i], begin > start ? begin - start : 0,
+                                      (end < next ? end : next) - start, parts);
+      for (unsigned p = 0; p < n; p++)
+        copy_part(parts[p], lane);
+    }
+  }
+}
+
 // host/synth.c's generator, bit for bit.
 __device__ __forceinline__ uint64_t mix(uint64_t value) {
   value += 0x9e3779b97f4a7c15ULL;
@@ -322,6 +370,17 @@ extern "C" int ws_cuda_launch_copy(const ws_cuda_copy_desc *descs,
                                    void *stream) {
   void *arguments[] = {&descs, &warp_start, &warps};
   return (int)cudaLaunchKernel((const void *)copy_kernel,
+                               dim3(blocks_for(warps)), dim3(WS_CUDA_THREADS),
+                               arguments, 0, (cudaStream_t)stream);
+}
+
+extern "C" int ws_cuda_launch_copy_tiles(const ws_cuda_copy_desc *descs,
+                                         const void *starts, uint32_t count,
+                                         uint64_t tile, uint32_t warps,
+                                         void *stream) {
+  const uint64_t *start_list = static_cast<const uint64_t *>(starts);
+  void *arguments[] = {&descs, &start_list, &count, &tile};
+  return (int)cudaLaunchKernel((const void *)tiled_copy_kernel,
                                dim3(blocks_for(warps)), dim3(WS_CUDA_THREADS),
                                arguments, 0, (cudaStream_t)stream);
 }

@@ -1,6 +1,7 @@
 #include "cuda_plan.h"
 
 #include "cuda_internal.h"
+#include "cuda_tiles.h"
 #include "dtype.h"
 #include "status.h"
 
@@ -297,6 +298,76 @@ int ws_cuda_copy_layout(const ws_cuda_region *regions, size_t region_count,
   return WS_OK;
 }
 
+static int check_tile(uint64_t tile) {
+  if (tile < WS_CUDA_TILE_UNIT || tile > WS_CUDA_TILE_MAX ||
+      tile % WS_CUDA_TILE_UNIT != 0)
+    return ws_fail(WS_EINVAL,
+                   "cuda: a tile of %llu bytes (a multiple of %d up to %d)",
+                   (unsigned long long)tile, WS_CUDA_TILE_UNIT,
+                   WS_CUDA_TILE_MAX);
+  return WS_OK;
+}
+
+int ws_cuda_copy_tile_layout(const ws_cuda_region *regions,
+                             size_t region_count, const ws_cuda_copy_op *ops,
+                             size_t count, ws_cuda_copy_desc *descs,
+                             size_t capacity, size_t *desc_count,
+                             uint64_t *starts) {
+  // (One warp's layout: every op in stream order, cut only at the
+  // descriptor size limit.)
+  uint32_t one = 0;
+  int status = ws_cuda_copy_layout(regions, region_count, ops, count, 1, NULL,
+                                   0, desc_count, NULL, &one);
+  if (status != WS_OK || descs == NULL)
+    return status;
+  if (starts == NULL)
+    return ws_fail(WS_EINVAL, "cuda: a tiled layout needs its starts");
+  uint32_t warp_start[2];
+  status = ws_cuda_copy_layout(regions, region_count, ops, count, 1, descs,
+                               capacity, desc_count, warp_start, &one);
+  if (status != WS_OK)
+    return status;
+  starts[0] = 0;
+  for (size_t i = 0; i < *desc_count; i++)
+    starts[i + 1] = starts[i] + (uint64_t)descs[i].rows * descs[i].width;
+  return WS_OK;
+}
+
+int ws_cuda_copy_tiles_on_host(const ws_cuda_copy_desc *descs,
+                               const uint64_t *starts, size_t count,
+                               uint64_t tile, uint32_t warps) {
+  ws_clear_error();
+  int status = check_tile(tile);
+  if (status != WS_OK)
+    return status;
+  if (warps == 0 || (count > 0 && (descs == NULL || starts == NULL)))
+    return ws_fail(WS_EINVAL, "cuda: no warps or no descriptors to walk");
+  const uint64_t total = starts != NULL ? starts[count] : 0;
+  for (uint32_t warp = 0; warp < warps; warp++) {
+    size_t cursor = 0;
+    for (uint64_t begin = (uint64_t)warp * tile; begin < total;
+         begin += (uint64_t)warps * tile) {
+      uint64_t end = begin + tile < total ? begin + tile : total;
+      while (cursor + 1 < count && starts[cursor + 1] <= begin)
+        cursor++;
+      for (size_t i = cursor; i < count && starts[i] < end; i++) {
+        uint64_t from = begin > starts[i] ? begin - starts[i] : 0;
+        uint64_t to = (end < starts[i + 1] ? end : starts[i + 1]) - starts[i];
+        ws_cuda_copy_desc parts[3];
+        unsigned n = ws_cuda_tile_parts(&descs[i], from, to, parts);
+        for (unsigned p = 0; p < n; p++)
+          for (uint32_t row = 0; row < parts[p].rows; row++)
+            memmove((char *)(uintptr_t)(parts[p].target +
+                                        row * parts[p].target_pitch),
+                    (const char *)(uintptr_t)(parts[p].source +
+                                              row * parts[p].source_pitch),
+                    parts[p].width);
+      }
+    }
+  }
+  return WS_OK;
+}
+
 // ---------------------------------------------------------------------------
 // Synthetic ops
 
@@ -424,8 +495,9 @@ static void split_synth(struct synth_layout *layout, uint64_t total,
 
 struct ws_cuda_copy_plan {
   int device;
-  void *memory; // descriptors, then warp_start
+  void *memory; // descriptors, then warp_start (tiled: their starts)
   size_t memory_bytes;
+  uint64_t tile; // 0: per-warp ranges
   uint32_t warps;
   size_t pieces;
   size_t ops;
@@ -447,6 +519,7 @@ struct ws_cuda_synth_plan {
 
 static void describe(ws_cuda_plan_info *out, size_t ops, size_t pieces,
                      uint32_t warps, uint64_t bytes, size_t memory_bytes) {
+  out->tile = 0;
   out->ops = ops;
   out->pieces = pieces;
   out->warps = warps;
@@ -460,6 +533,7 @@ void ws_cuda_copy_plan_info(const ws_cuda_copy_plan *plan,
                             ws_cuda_plan_info *out) {
   describe(out, plan->ops, plan->pieces, plan->warps, plan->bytes,
            plan->memory_bytes);
+  out->tile = plan->tile;
 }
 
 void ws_cuda_synth_plan_info(const ws_cuda_synth_plan *plan,
@@ -510,12 +584,56 @@ static size_t round_up(size_t value, size_t to) {
   return (value + to - 1) / to * to;
 }
 
-int ws_cuda_copy_plan_create(int device, const ws_cuda_region *regions,
-                             size_t region_count, const ws_cuda_copy_op *ops,
-                             size_t count, ws_cuda_copy_plan **out) {
+// Lays the ops out (per-warp ranges, or tiles of `tile` bytes) into host
+// memory as the plan's device memory holds them. Returns the bytes in *out
+// (freed by the caller), the descriptor count and the warps of a launch.
+static int lay_out_copies(const ws_cuda_region *regions, size_t region_count,
+                          const ws_cuda_copy_op *ops, size_t count,
+                          uint32_t capacity, uint64_t tile, void **out,
+                          size_t *out_bytes, size_t *pieces,
+                          uint32_t *warps) {
+  int status = tile != 0
+                   ? ws_cuda_copy_tile_layout(regions, region_count, ops, count,
+                                              NULL, 0, pieces, NULL)
+                   : ws_cuda_copy_layout(regions, region_count, ops, count,
+                                         capacity, NULL, 0, pieces, NULL, warps);
+  if (status != WS_OK)
+    return status;
+  size_t desc_bytes = round_up(*pieces * sizeof(ws_cuda_copy_desc), 16);
+  size_t bytes = desc_bytes + (tile != 0
+                                   ? (*pieces + 1) * sizeof(uint64_t)
+                                   : ((size_t)*warps + 1) * sizeof(uint32_t));
+  void *host = malloc(bytes);
+  if (host == NULL)
+    return ws_fail(WS_ENOMEM, "cuda: cannot allocate %zu bytes of "
+                              "descriptors", bytes);
+  void *after = (char *)host + desc_bytes;
+  if (tile != 0) {
+    status = ws_cuda_copy_tile_layout(regions, region_count, ops, count, host,
+                                      *pieces, pieces, after);
+    *warps = capacity; // (every warp the device holds takes tiles in turn)
+  } else {
+    status = ws_cuda_copy_layout(regions, region_count, ops, count, capacity,
+                                 host, *pieces, pieces, after, warps);
+  }
+  if (status != WS_OK) {
+    free(host);
+    return status;
+  }
+  *out = host;
+  *out_bytes = bytes;
+  return WS_OK;
+}
+
+static int create_copy_plan(int device, const ws_cuda_region *regions,
+                            size_t region_count, const ws_cuda_copy_op *ops,
+                            size_t count, uint64_t tile,
+                            ws_cuda_copy_plan **out) {
   ws_clear_error();
   uint64_t total = 0;
-  int status = check_copy_ops(regions, region_count, ops, count, &total);
+  int status = tile != 0 ? check_tile(tile) : WS_OK;
+  if (status == WS_OK)
+    status = check_copy_ops(regions, region_count, ops, count, &total);
   if (status != WS_OK)
     return status;
   int previous = 0;
@@ -539,29 +657,17 @@ int ws_cuda_copy_plan_create(int device, const ws_cuda_region *regions,
   status = ws_cuda_kernel_capacity(device, &capacity, &synth_capacity);
   if (status != WS_OK)
     goto done;
-  size_t pieces = 0;
+  size_t pieces = 0, bytes = 0;
   uint32_t warps = 0;
-  status = ws_cuda_copy_layout(regions, region_count, ops, count, capacity,
-                               NULL, 0, &pieces, NULL, &warps);
-  if (status != WS_OK)
-    goto done;
-  size_t desc_bytes = round_up(pieces * sizeof(ws_cuda_copy_desc), 16);
-  size_t bytes = desc_bytes + ((size_t)warps + 1) * sizeof(uint32_t);
-  host = malloc(bytes);
-  if (host == NULL) {
-    status = ws_fail(WS_ENOMEM, "cuda: cannot allocate %zu bytes of "
-                                "descriptors", bytes);
-    goto done;
-  }
-  uint32_t *warp_start = (uint32_t *)((char *)host + desc_bytes);
-  status = ws_cuda_copy_layout(regions, region_count, ops, count, capacity,
-                               host, pieces, &pieces, warp_start, &warps);
+  status = lay_out_copies(regions, region_count, ops, count, capacity, tile,
+                          &host, &bytes, &pieces, &warps);
   if (status == WS_OK)
     status = upload(host, bytes, &plan->memory, "copy plan descriptors");
   if (status != WS_OK)
     goto done;
   plan->device = device;
   plan->memory_bytes = bytes;
+  plan->tile = tile;
   plan->warps = warps;
   plan->pieces = pieces;
   plan->ops = count;
@@ -576,6 +682,24 @@ done:
   return status;
 }
 
+int ws_cuda_copy_plan_create(int device, const ws_cuda_region *regions,
+                             size_t region_count, const ws_cuda_copy_op *ops,
+                             size_t count, ws_cuda_copy_plan **out) {
+  return create_copy_plan(device, regions, region_count, ops, count, 0, out);
+}
+
+int ws_cuda_copy_plan_create_tiled(int device, const ws_cuda_region *regions,
+                                   size_t region_count,
+                                   const ws_cuda_copy_op *ops, size_t count,
+                                   uint64_t tile, ws_cuda_copy_plan **out) {
+  if (tile == 0) {
+    ws_clear_error();
+    return check_tile(tile);
+  }
+  return create_copy_plan(device, regions, region_count, ops, count, tile,
+                          out);
+}
+
 int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
   ws_clear_error();
   void *raw = NULL;
@@ -588,9 +712,12 @@ int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
     return status;
   size_t desc_bytes = round_up(plan->pieces * sizeof(ws_cuda_copy_desc), 16);
   const ws_cuda_copy_desc *descs = plan->memory;
-  const uint32_t *warp_start =
-      (const uint32_t *)((const char *)plan->memory + desc_bytes);
-  int error = ws_cuda_launch_copy(descs, warp_start, plan->warps, raw);
+  const void *after = (const char *)plan->memory + desc_bytes;
+  int error = plan->tile != 0
+                  ? ws_cuda_launch_copy_tiles(descs, after,
+                                              (uint32_t)plan->pieces,
+                                              plan->tile, plan->warps, raw)
+                  : ws_cuda_launch_copy(descs, after, plan->warps, raw);
   ws_cuda_leave(previous);
   if (error != cudaSuccess)
     return ws_cuda_failure(error, "cudaLaunchKernel",
@@ -822,6 +949,19 @@ int ws_cuda_copy_plan_create(int device, const ws_cuda_region *regions,
   (void)device, (void)out;
   uint64_t total = 0;
   int status = check_copy_ops(regions, region_count, ops, count, &total);
+  return status != WS_OK ? status : not_built();
+}
+
+int ws_cuda_copy_plan_create_tiled(int device, const ws_cuda_region *regions,
+                                   size_t region_count,
+                                   const ws_cuda_copy_op *ops, size_t count,
+                                   uint64_t tile, ws_cuda_copy_plan **out) {
+  ws_clear_error();
+  (void)device, (void)out;
+  uint64_t total = 0;
+  int status = check_tile(tile);
+  if (status == WS_OK)
+    status = check_copy_ops(regions, region_count, ops, count, &total);
   return status != WS_OK ? status : not_built();
 }
 

@@ -10,7 +10,10 @@
 // descriptors at a time and copies with 16-byte loads and stores when both
 // addresses, the width and the pitches allow (8, 4, 2 or 1 bytes otherwise;
 // a contiguous piece whose ends are misaligned alike copies its head and tail
-// bytewise and its body 16 bytes at a time).
+// bytewise and its body 16 bytes at a time). A tiled plan
+// (ws_cuda_copy_plan_create_tiled) keeps the ops whole in stream order
+// instead, and every warp takes fixed-size tiles of the stream in turn, so
+// that the warps work on neighbouring bytes (host/cuda_tiles.h).
 //
 // Synthetic plans write (or check) wsync's synthetic values (synth.h) on the
 // device: bitwise what ws_synth_fill writes, for bfloat16 and float32.
@@ -71,6 +74,7 @@ typedef struct ws_cuda_plan_info {
   uint64_t ops;
   uint64_t pieces;        // descriptors
   uint64_t warps;         // warps the launch spreads them over
+  uint64_t tile;          // bytes per tile of a tiled plan (0: per-warp ranges)
   uint64_t blocks;        // thread blocks of one launch
   uint64_t bytes;         // bytes one launch writes
   uint64_t device_bytes;  // device memory the plan holds (descriptors)
@@ -88,6 +92,8 @@ enum {
   WS_CUDA_PIECE_MAX = 1 << 30,   // bytes of one descriptor at most
   WS_CUDA_WARP_MIN_BYTES = 256,  // a warp gets at least this much to copy
   WS_CUDA_OPS_MAX = 1 << 24,     // ops of one plan at most
+  WS_CUDA_TILE_UNIT = 512,       // a tile is a multiple of this (32 lanes x 16 bytes)
+  WS_CUDA_TILE_MAX = 1 << 26,    // bytes of one tile at most
 };
 
 typedef struct ws_cuda_copy_plan ws_cuda_copy_plan;
@@ -106,12 +112,38 @@ int ws_cuda_copy_layout(const ws_cuda_region *regions, size_t region_count,
                         size_t capacity, size_t *desc_count,
                         uint32_t *warp_start, uint32_t *warps_used);
 
+/// The tiled layout of the same ops: descriptors in stream order (each op
+/// cut only where a descriptor's size limit ends it) and where each starts
+/// in the stream, `starts` (desc_count + 1 entries, the last the total), for
+/// a kernel whose warps take tiles of the stream in turn (host/cuda_tiles.h).
+/// With `descs` NULL it only counts. Checks the ops as ws_cuda_copy_layout.
+int ws_cuda_copy_tile_layout(const ws_cuda_region *regions,
+                             size_t region_count, const ws_cuda_copy_op *ops,
+                             size_t count, ws_cuda_copy_desc *descs,
+                             size_t capacity, size_t *desc_count,
+                             uint64_t *starts);
+
+/// Runs a tiled layout's copies on the host, walking the tiles as `warps`
+/// warps of the kernel do (each warp its tiles, in turn): for tests of the
+/// walk on host memory. `tile` as ws_cuda_copy_plan_create_tiled's.
+int ws_cuda_copy_tiles_on_host(const ws_cuda_copy_desc *descs,
+                               const uint64_t *starts, size_t count,
+                               uint64_t tile, uint32_t warps);
+
 /// Builds a copy plan on `device`: checks the ops (ws_cuda_copy_layout) and
 /// that every region is device memory of `device` lying inside one
 /// allocation, then uploads the descriptors once.
 int ws_cuda_copy_plan_create(int device, const ws_cuda_region *regions,
                              size_t region_count, const ws_cuda_copy_op *ops,
                              size_t count, ws_cuda_copy_plan **out);
+
+/// The same with the tiled layout (ws_cuda_copy_tile_layout): every warp the
+/// device holds at once takes tiles of `tile` bytes of the copy stream in
+/// turn (a multiple of WS_CUDA_TILE_UNIT, at most WS_CUDA_TILE_MAX).
+int ws_cuda_copy_plan_create_tiled(int device, const ws_cuda_region *regions,
+                                   size_t region_count,
+                                   const ws_cuda_copy_op *ops, size_t count,
+                                   uint64_t tile, ws_cuda_copy_plan **out);
 
 /// Queues the plan's one kernel launch on `stream` (NULL: legacy default
 /// stream). Completion: an event recorded after it, or the stream's sync.

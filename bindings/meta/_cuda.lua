@@ -50,6 +50,7 @@
 ---@field blocks number        thread blocks of one launch
 ---@field bytes number         bytes one launch moves
 ---@field device_bytes number  device memory the plan holds
+---@field tile number          bytes per tile of a tiled copy plan (0: per-warp ranges)
 
 ---@class wsync.cuda.Counters
 ---@field allocations number     cudaMalloc calls (buffers, plans)
@@ -96,8 +97,9 @@ function cuda.event(device, timing) end
 ---@param device integer
 ---@param regions wsync.cuda.RegionLike[]
 ---@param ops wsync.cuda.CopyOp[]|string  tables, or packed ws_cuda_copy_op records (regions from 0)
+---@param options {tile: integer?}?  tile: the tiled layout, the warps taking tiles of that many bytes in turn
 ---@return wsync.cuda.CopyPlan|nil plan, string? message, string? code
-function cuda.copy_plan(device, regions, ops) end
+function cuda.copy_plan(device, regions, ops, options) end
 
 ---@param device integer
 ---@param regions wsync.cuda.RegionLike[]

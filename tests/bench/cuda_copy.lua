@@ -2,7 +2,7 @@
 -- against flat device copies of the same bytes, measured in one run on one
 -- GPU.
 --
---   wsync tests/bench/cuda_copy.lua [SCALE] [REPEATS] [CHUNK_MIB] [DEVICE] [CONFIG_JSON]
+--   wsync tests/bench/cuda_copy.lua [SCALE] [REPEATS] [CHUNK_MIB] [DEVICE] [CONFIG_JSON] [TILES]
 --       SCALE        fraction of the model's bytes to move (default 1: the
 --                    full 61.06 GB, which needs two buffers of that size);
 --                    each tensor's bytes are scaled and rounded to whole
@@ -12,7 +12,11 @@
 --       DEVICE       CUDA device index (default 0)
 --       CONFIG_JSON  a Hugging Face config.json of another Qwen3-MoE (default
 --                    the qwen3-30b-a3b preset, the values of
---                    ../shared/reference/qwen3_moe/qwen3-30b-a3b.json)
+--                    ../shared/reference/qwen3_moe/qwen3-30b-a3b.json; "-"
+--                    for the default when TILES follows)
+--       TILES        tile sizes in bytes for the tiled layout's rows (warps
+--                    take tiles of the copy stream in turn; default
+--                    8192,65536; "none" for no tiled rows)
 --
 -- The ops: every canonical tensor of the model's export plan (18,867 for the
 -- 30B-A3B), one contiguous op each, from a source buffer laid out as the
@@ -23,6 +27,8 @@
 --   the kernel with every op in one launch (one plan);
 --   the kernel with one plan per CHUNK_MIB chunk, launched back to back
 --          (what a publication does: launches grow with chunks, not tensors);
+--   the same three (one contiguous op, one launch, chunk plans) with each
+--          tiled layout of TILES;
 --   the GPU synthetic fill of the same bytes (the synthetic trainer's values).
 -- Rates count bytes read plus written (2 x bytes / time), like DESIGN.md's
 -- 4.3 TB/s. "vs floor" is the faster floor's time over the row's time.
@@ -48,7 +54,13 @@ local scale = tonumber(arg and arg[1]) or 1
 local repeats = math.max(1, math.floor(tonumber(arg and arg[2]) or 10))
 local chunk_bytes = math.floor((tonumber(arg and arg[3]) or 1024) * 1024 * 1024)
 local index = math.floor(tonumber(arg and arg[4]) or 0)
-local config_path = arg and arg[5]
+local config_path = arg and arg[5] ~= "-" and arg[5] or nil
+local tiles = {}
+for value in ((arg and arg[6]) or "8192,65536"):gmatch("[^,]+") do
+  if value ~= "none" then
+    tiles[#tiles + 1] = tonumber(value) or error("cuda_copy: tile '" .. value .. "' is no number of bytes")
+  end
+end
 
 local function fail(message)
   io.stderr:write("cuda_copy: ", message, "\n")
@@ -148,18 +160,37 @@ local one_plan = check(cuda.copy_plan(index, regions, packed_ops(1, #sizes, offs
 local built_seconds = (uv.hrtime() - built_started) / 1e9
 local one_info = one_plan:info()
 
-local chunk_plans, chunk_started, first = {}, uv.hrtime(), 1
-while first <= #sizes do
-  local last, bytes = first, sizes[first]
-  while last < #sizes and bytes + sizes[last + 1] <= chunk_bytes do
-    last = last + 1
-    bytes = bytes + sizes[last]
+-- One plan per CHUNK_MIB chunk (`options`: copy_plan's).
+local function chunk_plans_of(options)
+  local plans, first = {}, 1
+  while first <= #sizes do
+    local last, bytes = first, sizes[first]
+    while last < #sizes and bytes + sizes[last + 1] <= chunk_bytes do
+      last = last + 1
+      bytes = bytes + sizes[last]
+    end
+    plans[#plans + 1] = check(cuda.copy_plan(index, regions, packed_ops(first, last, offsets), options))
+    first = last + 1
   end
-  chunk_plans[#chunk_plans + 1] = check(cuda.copy_plan(index, regions, packed_ops(first, last, offsets)))
-  first = last + 1
+  return plans
 end
+
+local chunk_started = uv.hrtime()
+local chunk_plans = chunk_plans_of(nil)
 local chunk_seconds = (uv.hrtime() - chunk_started) / 1e9
 local flat = check(cuda.copy_plan(index, regions, { { target = 1, source = 2, width = total } }))
+local all_plans = { one_plan, flat }
+for _, plan in ipairs(chunk_plans) do
+  all_plans[#all_plans + 1] = plan
+end
+
+local function launches(plans)
+  return function()
+    for _, plan in ipairs(plans) do
+      check(plan:launch(stream))
+    end
+  end
+end
 
 local rows = {
   { "cudaMemcpyAsync, one copy (floor)", function()
@@ -180,6 +211,21 @@ local rows = {
     check(generate:fill(1, stream))
   end, 1 },
 }
+for _, tile in ipairs(tiles) do
+  local options = { tile = tile }
+  local label = tile % 1024 == 0 and string.format("%d KiB", tile / 1024) or string.format("%d B", tile)
+  local tiled = {
+    flat = check(cuda.copy_plan(index, regions, { { target = 1, source = 2, width = total } }, options)),
+    one = check(cuda.copy_plan(index, regions, packed_ops(1, #sizes, offsets), options)),
+    chunks = chunk_plans_of(options),
+  }
+  for _, plan in ipairs({ tiled.flat, tiled.one, unpack(tiled.chunks) }) do
+    all_plans[#all_plans + 1] = plan
+  end
+  rows[#rows + 1] = { string.format("tiles of %s, one contiguous op", label), launches({ tiled.flat }) }
+  rows[#rows + 1] = { string.format("tiles of %s, %d ops in one launch", label, #sizes), launches({ tiled.one }) }
+  rows[#rows + 1] = { string.format("tiles of %s, %d chunk plans", label, #tiled.chunks), launches(tiled.chunks) }
+end
 
 check(generate:fill(1, stream))
 check(stream:synchronize())
@@ -213,9 +259,9 @@ print()
 print(string.format("ratio: %d ops in one launch take %.3fx the floor's time (best against best), %d chunk plans %.3fx",
   #sizes, results[3].best / floor, #chunk_plans, results[4].best / floor))
 
-for _, plan in ipairs(chunk_plans) do
+for _, plan in ipairs(all_plans) do
   check(plan:close())
 end
-for _, object in ipairs({ one_plan, flat, generate, start, stop, source, target, stream }) do
+for _, object in ipairs({ generate, start, stop, source, target, stream }) do
   check(object:close())
 end

@@ -11,7 +11,8 @@
 --                     trainer tensor, as a PyTorch trainer's (default
 --                     4,8,direct,direct-tensor); `serial:SIZE` moves SIZE's
 --                     chunks one side at a time (fill k, then load k), to
---                     time each copy alone
+--                     time each copy alone; `SIZE@TILE` makes its copy plans
+--                     tiled (TILE bytes: $WSYNC_CUDA_COPY_TILE)
 --       PUBLICATIONS  per size (default 5); the first of each (plans made,
 --                     buffers mapped, resident storage allocated) is left
 --                     out of the medians
@@ -32,13 +33,17 @@
 package.path = "./?.lua;" .. package.path
 local cuda = require("wsync._cuda")
 local loop = require("wsync.loop")
+local uv = require("luv")
 local recipe_module = require("wsync.recipe")
 local session = require("wsync.publish.session")
 
 local sizes, counts, serial = {}, {}, {} -- (counts: buffers per size, serial: one side at a time, by index)
-for token in (arg[1] or "4,8,direct,direct-tensor"):gmatch("[%w%.%-:]+") do
+local tiles = {} -- (by index: $WSYNC_CUDA_COPY_TILE for that size's processes)
+for token in (arg[1] or "4,8,direct,direct-tensor"):gmatch("[%w%.%-:@]+") do
   local value = token:match("^serial:(.+)$") or token
   serial[#sizes + 1] = value ~= token
+  local untiled, tile = value:match("^(.-)@(%d+)$")
+  value, tiles[#sizes + 1] = untiled or value, tile
   local count, gib = value:match("^(%d+)x([%d.]+)$")
   local size = (value == "direct" or value == "direct-tensor") and value or tonumber(gib or value)
   if not size then
@@ -111,7 +116,7 @@ loop.spawn(function()
     publications, bytes / 1e9, #plan.canonical))
   print(string.format("floors: one flat cudaMemcpyAsync %.2f ms (the direct path's); the packed path (pack + "
     .. "unpack) %.2f ms", flat, packed_floor))
-  print(string.format("| %-20s | %6s | %9s | %8s | %8s | %9s | %9s | %8s |", "buffers", "chunks", "total ms", "fill ms",
+  print(string.format("| %-30s | %6s | %9s | %8s | %8s | %9s | %9s | %8s |", "buffers", "chunks", "total ms", "fill ms",
     "load ms", "copies ms", "vs floor", "GB/s"))
   local best, fastest = nil, {}
   for index, gib in ipairs(sizes) do
@@ -125,11 +130,16 @@ loop.spawn(function()
     end
     recipe.trainer.steps = publications
     publication_module.serial = serial[index]
+    if tiles[index] then
+      uv.os_setenv("WSYNC_CUDA_COPY_TILE", tiles[index]) -- (the ranks and the runtime inherit it)
+    end
     local reports = session.run(recipe)
     publication_module.serial = false
+    uv.os_unsetenv("WSYNC_CUDA_COPY_TILE")
     local totals, fills, loads, copies = {}, {}, {}, {}
     local label = (serial[index] and "serial " or "")
       .. (direct and gib or string.format("%d x %.1f GiB", counts[index], gib))
+      .. (tiles[index] and string.format(", tiles %d KiB", tiles[index] / 1024) or "")
     for at = 2, #reports do
       local t = reports[at].timings
       totals[#totals + 1], fills[#fills + 1], loads[#loads + 1] = t.total, t.fill, t.load
@@ -140,7 +150,7 @@ loop.spawn(function()
     end
     local total = median(totals) * 1e3
     local floor = direct and flat or packed_floor
-    print(string.format("| %-20s | %6d | %9.1f | %8.1f | %8.1f | %9.1f | %9.2f | %8.0f |", label,
+    print(string.format("| %-30s | %6d | %9.1f | %8.1f | %8.1f | %9.1f | %9.2f | %8.0f |", label,
       reports[1].chunks, total, median(fills) * 1e3, median(loads) * 1e3,
       median(copies) * 1e3, total / floor, bytes / (total / 1e3) / 1e9))
     local key = direct and "direct" or "packed"

@@ -1,8 +1,9 @@
 -- The batched copy kernel on a GPU (host/cuda_plan.c, host/cuda_kernels.cu):
 -- random descriptor sets (aligned, unaligned, strided, many tiny ops, one
 -- huge op, several sources and targets in one launch) against a host
--- reference copy, one launch per plan, and the checks that make a bad region
--- an error rather than a fault. Without a usable device the whole file is
+-- reference copy, one launch per plan, in both layouts (per-warp ranges, and
+-- tiles the warps take in turn, of 512 B, 8 KiB and 64 KiB), and the checks
+-- that make a bad region an error rather than a fault. Without a usable device the whole file is
 -- reported as pending, with the reason the core gave.
 local ffi = require("ffi")
 local support = require("tests.gpu.support")
@@ -41,9 +42,9 @@ describe("cuda batched copies", function()
   end)
 
   -- Regions 1, 2: targets; 3, 4: sources. Fills the targets with 0xaa, runs
-  -- the ops as one plan (one launch, `launches` times), and compares both
-  -- targets with a host copy of the same ops.
-  local function check(ops, launches)
+  -- the ops as one plan (one launch, `launches` times; `options`:
+  -- copy_plan's), and compares both targets with a host copy of the same ops.
+  local function check(ops, launches, options)
     local want = {}
     for i = 1, 2 do
       assert(targets[i]:fill(0, TARGET_BYTES, 0xaa, stream))
@@ -56,9 +57,10 @@ describe("cuda batched copies", function()
           host_sources[op.source - 2] + op.source_offset + row * (op.source_pitch or op.width), op.width)
       end
     end
-    local plan = assert(cuda.copy_plan(0, { targets[1], targets[2], sources[1], sources[2] }, ops))
+    local plan = assert(cuda.copy_plan(0, { targets[1], targets[2], sources[1], sources[2] }, ops, options))
     local info = plan:info()
     assert.are.equal(#ops, info.ops)
+    assert.are.equal(options and options.tile or 0, info.tile)
     local before = cuda.counters().launches
     for _ = 1, launches or 1 do
       assert(plan:launch(stream))
@@ -99,64 +101,76 @@ describe("cuda batched copies", function()
     return ops
   end
 
-  it("copies aligned contiguous ops", function()
-    math.randomseed(1)
-    check(random_ops(300, function()
-      return { width = math.random(1, 4096) * 16, gap = math.random(0, 4) * 16, source_align = true }
-    end))
-  end)
+  for _, layout in ipairs({ { name = "per-warp ranges" }, { name = "tiles of 512 B", tile = 512 },
+    { name = "tiles of 8 KiB", tile = 8192 }, { name = "tiles of 64 KiB", tile = 65536 } }) do
+    local options = layout.tile and { tile = layout.tile } or nil
+    describe("in " .. layout.name, function()
+      it("copies aligned contiguous ops", function()
+        math.randomseed(1)
+        check(random_ops(300, function()
+          return { width = math.random(1, 4096) * 16, gap = math.random(0, 4) * 16, source_align = true }
+        end), 1, options)
+      end)
 
-  it("copies unaligned contiguous ops, alike and differently misaligned", function()
-    math.randomseed(2)
-    check(random_ops(500, function()
-      return { width = math.random(1, 100000), gap = math.random(0, 15) }
-    end))
-  end)
+      it("copies unaligned contiguous ops, alike and differently misaligned", function()
+        math.randomseed(2)
+        check(random_ops(500, function()
+          return { width = math.random(1, 100000), gap = math.random(0, 15) }
+        end), 1, options)
+      end)
 
-  it("copies strided ops: TP slices of rows and of columns", function()
-    math.randomseed(3)
-    check(random_ops(200, function(i)
-      local rows = math.random(2, 600)
-      if i % 2 == 0 then
-        -- a column slice: 16-byte aligned pitches and width
-        local width = math.random(1, 64) * 16
-        return { rows = rows, width = width, target_pitch = width, source_pitch = width * math.random(2, 4),
-          source_align = true }
-      end
-      local width = math.random(1, 3000)
-      return { rows = rows, width = width, target_pitch = width + math.random(0, 40),
-        source_pitch = width + math.random(0, 300) }
-    end))
-  end)
+      it("copies strided ops: TP slices of rows and of columns", function()
+        math.randomseed(3)
+        check(random_ops(200, function(i)
+          local rows = math.random(2, 600)
+          if i % 2 == 0 then
+            -- a column slice: 16-byte aligned pitches and width
+            local width = math.random(1, 64) * 16
+            return { rows = rows, width = width, target_pitch = width, source_pitch = width * math.random(2, 4),
+              source_align = true }
+          end
+          local width = math.random(1, 3000)
+          return { rows = rows, width = width, target_pitch = width + math.random(0, 40),
+            source_pitch = width + math.random(0, 300) }
+        end), 1, options)
+      end)
 
-  it("copies 10,000 tiny ops in one launch", function()
-    math.randomseed(4)
-    local info = check(random_ops(10000, function()
-      return { width = math.random(1, 64), gap = math.random(0, 3) }
-    end))
-    assert.is_true(info.warps > 1)
-  end)
+      it("copies 10,000 tiny ops in one launch", function()
+        math.randomseed(4)
+        local info = check(random_ops(10000, function()
+          return { width = math.random(1, 64), gap = math.random(0, 3) }
+        end), 1, options)
+        assert.is_true(info.warps > 1)
+      end)
 
-  it("copies one huge op spread over every warp", function()
-    local info = check({ { target = 1, source = 3, target_offset = 0, source_offset = 16, width = TARGET_BYTES - 16 } })
-    assert.is_true(info.pieces >= 100, "one huge op makes " .. info.pieces .. " pieces")
-  end)
+      it("copies one huge op spread over every warp", function()
+        local info = check({ { target = 1, source = 3, target_offset = 0, source_offset = 16,
+          width = TARGET_BYTES - 16 } }, 1, options)
+        if options then
+          assert.are.equal(1, info.pieces) -- (the warps take its tiles in turn)
+        else
+          assert.is_true(info.pieces >= 100, "one huge op makes " .. info.pieces .. " pieces")
+        end
+      end)
 
-  it("copies a mix of every kind from two sources into two targets, and the same again when launched twice", function()
-    math.randomseed(5)
-    local ops = random_ops(3000, function(i)
-      local kind = i % 4
-      if kind == 0 then
-        return { width = math.random(1, 200000) }
-      elseif kind == 1 then
-        return { width = math.random(1, 32) }
-      elseif kind == 2 then
-        return { rows = math.random(2, 100), width = math.random(1, 1000), source_pitch = 1024 }
-      end
-      return { width = math.random(1, 64) * 16, source_align = true }
+      it("copies a mix of every kind from two sources into two targets, and the same again when launched twice",
+        function()
+        math.randomseed(5)
+        local ops = random_ops(3000, function(i)
+          local kind = i % 4
+          if kind == 0 then
+            return { width = math.random(1, 200000) }
+          elseif kind == 1 then
+            return { width = math.random(1, 32) }
+          elseif kind == 2 then
+            return { rows = math.random(2, 100), width = math.random(1, 1000), source_pitch = 1024 }
+          end
+          return { width = math.random(1, 64) * 16, source_align = true }
+        end)
+        check(ops, 2, options)
+      end)
     end)
-    check(ops, 2)
-  end)
+  end
 
   it("skips a plan of empty ops without launching", function()
     check({ { target = 1, source = 3, target_offset = 0, source_offset = 0, rows = 5, width = 0 } })

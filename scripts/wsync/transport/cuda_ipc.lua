@@ -66,6 +66,24 @@ end
 --- Plans hold device addresses: made again when their memory moves.
 M.BINDS_MEMORY = true
 
+--- The copy plans' layout: each warp its own range of the chunk's bytes, or,
+--- with $WSYNC_CUDA_COPY_TILE (bytes, a multiple of 512 up to 64 MiB), tiles of the
+--- chunk that the warps take in turn (host/cuda_tiles.h). A tuning knob, read
+--- where each plan is made (tests/bench/cuda_publish.lua `SIZE@TILE`).
+--- Returns copy_plan's options, or nil, message, code.
+function M.copy_options()
+  local value = os.getenv("WSYNC_CUDA_COPY_TILE")
+  if value == nil or value == "" or value == "0" then
+    return {}
+  end
+  local tile = tonumber(value)
+  if not tile or tile % 512 ~= 0 or tile < 512 or tile > 64 * 1024 * 1024 then
+    return nil, string.format("WSYNC_CUDA_COPY_TILE=%s is not a number of bytes that is a multiple of 512 up to "
+      .. "64 MiB", value), "WS_EINVAL"
+  end
+  return { tile = tile }
+end
+
 --- How the ranks' shards come together: NCCL broadcasts, every root's rows
 --- into every rank's buffer (the host hands out every rank's rows).
 M.GATHER = "broadcast"
@@ -206,7 +224,12 @@ function M.plan_fill(targets, slot, sources, spans, context)
     ops[#ops + 1] = { target = 1, source = span.source + 1, target_offset = span.target_offset,
       source_offset = span.source_offset, width = span.bytes }
   end
-  local copy, message, code = cuda().copy_plan(targets.device, regions, ops)
+  local options, message, code = M.copy_options()
+  if not options then
+    return nil, message, code
+  end
+  local copy
+  copy, message, code = cuda().copy_plan(targets.device, regions, ops, options)
   if not copy then
     return nil, message, code
   end
@@ -364,7 +387,12 @@ function M.plan_load(resident, buffer, copies)
       target_pitch = c.target_pitch, source_pitch = c.source_pitch }
   end
   local device = device_of(targets[1])
-  local plan, message, code = cuda().copy_plan(device, regions, ops)
+  local options, message, code = M.copy_options()
+  if not options then
+    return nil, message, code
+  end
+  local plan
+  plan, message, code = cuda().copy_plan(device, regions, ops, options)
   if not plan then
     return nil, message, code
   end

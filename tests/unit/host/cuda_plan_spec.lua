@@ -5,7 +5,9 @@
 -- (each descriptor: `rows` rows of `width` bytes, pitches apart), so every
 -- layout is checked for writing exactly what a row-by-row reference copy
 -- writes, for spreading the bytes evenly over the warps, and for keeping
--- pieces aligned where the ops allow it.
+-- pieces aligned where the ops allow it. The tiled layout's walk
+-- (ws_cuda_copy_tiles_on_host: the kernel's tiles and parts, on the host) is
+-- checked the same way, at several tile sizes and warp counts.
 local ffi = require("ffi")
 local C = (function()
   local ok, module = pcall(require, "wsync.native.ffi")
@@ -271,6 +273,124 @@ describe("ws_cuda_copy_layout", function()
   end)
 end)
 
+-- The tiled layout of `ops`: its descriptors in stream order and their
+-- starts, or nil, status.
+local function tile_layout(regions, ops)
+  local region_list, op_list = region_array(regions), op_array(ops)
+  local count = ffi.new("size_t[1]")
+  local status = C.ws_cuda_copy_tile_layout(region_list, #regions, op_list, #ops, nil, 0, count, nil)
+  if status ~= 0 then
+    return nil, status
+  end
+  local n = tonumber(count[0])
+  local descs = ffi.new("ws_cuda_copy_desc[?]", math.max(n, 1))
+  local starts = ffi.new("uint64_t[?]", n + 1)
+  assert(C.ws_cuda_copy_tile_layout(region_list, #regions, op_list, #ops, descs, n, count, starts) == 0, detail())
+  return { descs = descs, starts = starts, count = n }
+end
+
+-- Lays the ops out in tiles, walks them on the host as `warps` warps of
+-- `tile` bytes would, and compares with the reference.
+local function check_tiles(regions_spec, ops, tile, warps)
+  local got, want = {}, {}
+  for i, spec in ipairs(regions_spec) do
+    got[i] = { data = spec.source and pattern(spec.size, i * 7) or bytes(spec.size, 0xaa), size = spec.size }
+    want[i] = { data = spec.source and got[i].data or bytes(spec.size, 0xaa), size = spec.size }
+  end
+  local result = assert(tile_layout(got, ops), detail())
+  assert.are.equal(0, tonumber(result.starts[0]))
+  assert.are.equal(total_bytes(ops), tonumber(result.starts[result.count]))
+  for i = 0, result.count - 1 do
+    local desc = result.descs[i]
+    assert.are.equal(tonumber(result.starts[i]) + tonumber(desc.rows) * tonumber(desc.width),
+      tonumber(result.starts[i + 1]))
+  end
+  assert.are.equal(0, C.ws_cuda_copy_tiles_on_host(result.descs, result.starts, result.count, tile, warps), detail())
+  reference(want, ops)
+  for i, spec in ipairs(regions_spec) do
+    if not spec.source then
+      assert.is_true(same(got[i].data, want[i].data, spec.size),
+        string.format("region %d differs from the reference (tiles of %d, %d warps)", i, tile, warps))
+    end
+  end
+  return result
+end
+
+-- Host regions of a `regions_spec` list (sources patterned).
+local function two_regions_of(regions_spec)
+  local list = {}
+  for i, spec in ipairs(regions_spec) do
+    list[i] = { data = spec.source and pattern(spec.size, i) or bytes(spec.size), size = spec.size }
+  end
+  return list
+end
+
+describe("ws_cuda_copy_tile_layout and its walk", function()
+  local two = { { size = 4 * MiB }, { size = 4 * MiB, source = true } }
+
+  it("keeps every op whole (below the piece limit), in stream order", function()
+    local ops = {
+      { target = 1, source = 2, to = 0, from = 0, width = MiB },
+      { target = 1, source = 2, to = 2 * MiB, from = 8, rows = 100, width = 384, target_pitch = 384,
+        source_pitch = 1536 },
+    }
+    local result = check_tiles(two, ops, 512, 3)
+    assert.are.equal(2, result.count)
+    assert.are.equal(MiB, tonumber(result.starts[1]))
+  end)
+
+  it("copies contiguous, misaligned and strided ops exactly at every tile size and warp count", function()
+    math.randomseed(20261201)
+    local regions = { { size = MiB }, { size = MiB, source = true }, { size = 2 * MiB }, { size = MiB, source = true } }
+    for round = 1, 8 do
+      local ops, cursor = {}, { [1] = 0, [3] = 0 }
+      for _ = 1, 150 do
+        local target = math.random() < 0.5 and 1 or 3
+        local source = math.random() < 0.5 and 2 or 4
+        local rows = math.random() < 0.4 and math.random(2, 60) or 1
+        local width = math.random() < 0.3 and math.random(1, 40) or math.random(1, 5000)
+        local target_pitch = width + (rows > 1 and math.random(0, 64) or 0)
+        local source_pitch = width + (rows > 1 and math.random(0, 300) or 0)
+        local span = (rows - 1) * target_pitch + width
+        if cursor[target] + span <= regions[target].size then
+          local from = math.random(0, MiB - ((rows - 1) * source_pitch + width))
+          ops[#ops + 1] = { target = target, source = source, to = cursor[target], from = from, rows = rows,
+            width = width, target_pitch = target_pitch, source_pitch = source_pitch }
+          cursor[target] = cursor[target] + span + math.random(0, 17)
+        end
+      end
+      local tile = ({ 512, 1024, 4096, 65536 })[round % 4 + 1]
+      check_tiles(regions, ops, tile, ({ 1, 7, 64, 1000 })[math.floor(round / 2) % 4 + 1])
+    end
+  end)
+
+  it("copies 10,000 tiny ops, many in one tile", function()
+    local ops, to = {}, 0
+    for i = 1, 10000 do
+      local width = (i * 37) % 61 + 1
+      ops[i] = { target = 1, source = 2, to = to, from = (i * 101) % 100000, width = width }
+      to = to + width + (i % 3)
+    end
+    check_tiles(two, ops, 4096, 33)
+  end)
+
+  it("copies rows wider than a tile, cut within rows", function()
+    local ops = { { target = 1, source = 2, to = 5, from = 3, rows = 3, width = 300000, target_pitch = 300016,
+      source_pitch = 400000 } }
+    check_tiles(two, ops, 8192, 5)
+  end)
+
+  it("refuses a tile that is no multiple of 512 bytes or too large, and a walk without warps", function()
+    local result = assert(tile_layout(two_regions_of(two), { { target = 1, source = 2, to = 0, from = 0,
+      width = 64 } }))
+    for _, tile in ipairs({ 0, 256, 1000, C.WS_CUDA_TILE_MAX + 512 }) do
+      assert.are.equal(C.WS_EINVAL, C.ws_cuda_copy_tiles_on_host(result.descs, result.starts, 1, tile, 4))
+      assert.matches("a tile of " .. tostring(tile) .. " bytes", detail(), 1, true)
+    end
+    assert.are.equal(C.WS_EINVAL, C.ws_cuda_copy_tiles_on_host(result.descs, result.starts, 1, 512, 0))
+  end)
+end)
+
 describe("ws_cuda_copy_layout refuses", function()
   local regions = { { data = bytes(4096), size = 4096 }, { data = bytes(1024), size = 1024 } }
 
@@ -339,6 +459,13 @@ describe("ws_cuda_copy_plan_create and ws_cuda_synth_plan_create", function()
     local out = ffi.new("ws_cuda_copy_plan *[1]")
     assert.are.equal(C.WS_EINVAL, C.ws_cuda_copy_plan_create(0, regions, 1, ops, 1, out))
     assert.matches("cuda copy op 0: target [4000, +1 rows x 100, pitch 100) exceeds region 0", detail(), 1, true)
+  end)
+
+  it("refuse a tiled plan's bad tile before they look for a device", function()
+    local ops = op_array({ { target = 1, source = 1, to = 0, from = 0, width = 100 } })
+    local out = ffi.new("ws_cuda_copy_plan *[1]")
+    assert.are.equal(C.WS_EINVAL, C.ws_cuda_copy_plan_create_tiled(0, regions, 1, ops, 1, 700, out))
+    assert.matches("a tile of 700 bytes (a multiple of 512", detail(), 1, true)
   end)
 
   it("refuse a synthetic op of a dtype the generator does not make", function()

@@ -21,6 +21,36 @@ describe("wsync.transport.cuda_ipc without a GPU", function()
     assert.matches("no transport for the tpu backend in this build (it has: cuda, host)", err.message, 1, true)
   end)
 
+  it("makes copy plans tiled with $WSYNC_CUDA_COPY_TILE, and refuses a tile that is no multiple of 512", function()
+    local uv = require("luv")
+    local cuda_ipc = require("wsync.transport.cuda_ipc")
+    local previous = os.getenv("WSYNC_CUDA_COPY_TILE")
+    local ok, err = pcall(function()
+      uv.os_unsetenv("WSYNC_CUDA_COPY_TILE")
+      assert.are.same({}, cuda_ipc.copy_options())
+      for _, value in ipairs({ "0", "" }) do
+        uv.os_setenv("WSYNC_CUDA_COPY_TILE", value)
+        assert.are.same({}, cuda_ipc.copy_options())
+      end
+      uv.os_setenv("WSYNC_CUDA_COPY_TILE", "65536")
+      assert.are.same({ tile = 65536 }, cuda_ipc.copy_options())
+      for _, value in ipairs({ "1000", "big", "256", tostring(128 * 1024 * 1024) }) do
+        uv.os_setenv("WSYNC_CUDA_COPY_TILE", value)
+        local options, message, code = cuda_ipc.copy_options()
+        assert.is_nil(options)
+        assert.are.equal("WS_EINVAL", code)
+        assert.matches("WSYNC_CUDA_COPY_TILE=" .. value .. " is not a number of bytes that is a multiple of 512",
+          message, 1, true)
+      end
+    end)
+    if previous then
+      uv.os_setenv("WSYNC_CUDA_COPY_TILE", previous)
+    else
+      uv.os_unsetenv("WSYNC_CUDA_COPY_TILE")
+    end
+    assert(ok, err)
+  end)
+
   it("refuses a descriptor that is no cuda_ipc descriptor before mapping anything", function()
     if not require("wsync").cuda_built then
       pending("this build has no cuda")
