@@ -408,6 +408,36 @@ static int stream_synchronize(lua_State *L) {
       L, ws_cuda_stream_synchronize(ws_lua_check_box(L, 1, stream_class)));
 }
 
+// A 32-bit word's value: a whole number in [0, 2^32).
+static uint32_t check_word(lua_State *L, int index) {
+  lua_Number value = luaL_checknumber(L, index);
+  if (value < 0 || value > 4294967295.0 || value != (lua_Number)(uint32_t)value)
+    luaL_argerror(L, index, "a 32-bit word's value is a whole number in [0, 2^32)");
+  return (uint32_t)value;
+}
+
+// stream:wait_value(region, offset, value) -> true | nil, message, CODE
+// (queued: the device waits until the word reaches `value`, cyclically)
+static int stream_wait_value(lua_State *L) {
+  ws_cuda_stream *stream = ws_lua_check_box(L, 1, stream_class);
+  ws_cuda_region region;
+  ws_lua_check_cuda_region(L, 2, &region);
+  uint64_t offset = ws_lua_check_count(L, 3);
+  return push_true_or_failure(
+      L, ws_cuda_stream_wait_value(stream, &region, offset, check_word(L, 4)));
+}
+
+// stream:write_value(region, offset, value) -> true | nil, message, CODE
+// (queued: written once the work before it finished)
+static int stream_write_value(lua_State *L) {
+  ws_cuda_stream *stream = ws_lua_check_box(L, 1, stream_class);
+  ws_cuda_region region;
+  ws_lua_check_cuda_region(L, 2, &region);
+  uint64_t offset = ws_lua_check_count(L, 3);
+  return push_true_or_failure(
+      L, ws_cuda_stream_write_value(stream, &region, offset, check_word(L, 4)));
+}
+
 // stream:device() -> index
 static int stream_device(lua_State *L) {
   lua_pushinteger(L,
@@ -810,6 +840,8 @@ int luaopen_wsync_cuda(lua_State *L) {
       {"__gc", mapping_gc}, {"__tostring", mapping_tostring}, {NULL, NULL}};
   static const luaL_Reg stream_methods[] = {
       {"synchronize", stream_synchronize},
+      {"wait_value", stream_wait_value},
+      {"write_value", stream_write_value},
       {"device", stream_device},
       {"close", stream_close},
       {NULL, NULL},

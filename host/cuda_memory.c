@@ -154,17 +154,34 @@ int ws_cuda_wait(void *raw_stream, void *raw_event, const char *what) {
 typedef int (*address_range_fn)(unsigned long long *base, size_t *size,
                                 unsigned long long pointer);
 
+// cuStreamWaitValue32 / cuStreamWriteValue32 (CUstream, CUdeviceptr,
+// cuuint32_t, flags 0: wait for a cyclic greater-or-equal; write after a
+// memory barrier) and cuGetErrorName, found the same way.
+typedef int (*stream_value_fn)(void *stream, unsigned long long address,
+                               unsigned int value, unsigned int flags);
+typedef int (*error_name_fn)(int result, const char **name);
+
 static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
 static address_range_fn address_range;
+static stream_value_fn wait_value, write_value;
+static error_name_fn error_name;
 
-static void find_driver_functions(void) {
+static void *driver_function(const char *symbol) {
   void *function = NULL;
   enum cudaDriverEntryPointQueryResult found;
-  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &function,
-                                       12000, cudaEnableDefault,
+  if (cudaGetDriverEntryPointByVersion(symbol, &function, 12000,
+                                       cudaEnableDefault,
                                        &found) == cudaSuccess &&
       found == cudaDriverEntryPointSuccess)
-    address_range = (address_range_fn)function;
+    return function;
+  return NULL;
+}
+
+static void find_driver_functions(void) {
+  address_range = (address_range_fn)driver_function("cuMemGetAddressRange");
+  wait_value = (stream_value_fn)driver_function("cuStreamWaitValue32");
+  write_value = (stream_value_fn)driver_function("cuStreamWriteValue32");
+  error_name = (error_name_fn)driver_function("cuGetErrorName");
 }
 
 // Stores the base and size of the allocation holding `pointer`; `*size` 0
@@ -609,6 +626,56 @@ int ws_cuda_stream_destroy(ws_cuda_stream *stream) {
   return status;
 }
 
+// Queues one stream memory operation on the word at `offset` of `region`.
+static int stream_value(ws_cuda_stream *stream, const ws_cuda_region *region,
+                        uint64_t offset, uint32_t value, int write) {
+  ws_clear_error();
+  const char *call = write ? "cuStreamWriteValue32" : "cuStreamWaitValue32";
+  if (region->device != stream->device)
+    return ws_fail(WS_EINVAL, "cuda: %s: a word on device %d and a stream of "
+                              "device %d", call, (int)region->device,
+                   stream->device);
+  if (offset % 4 != 0 || offset > region->size || region->size - offset < 4)
+    return ws_fail(WS_EINVAL, "cuda: %s: word at %llu of a region of %llu "
+                              "bytes (4-byte aligned, inside it)", call,
+                   (unsigned long long)offset,
+                   (unsigned long long)region->size);
+  pthread_once(&driver_once, find_driver_functions);
+  stream_value_fn function = write ? write_value : wait_value;
+  if (function == NULL)
+    return ws_fail(WS_ENODEV, "cuda: this driver has no %s (stream memory "
+                               "operations)", call);
+  int previous = 0;
+  int status = ws_cuda_enter(stream->device, &previous);
+  if (status != WS_OK)
+    return status;
+  int result =
+      function((void *)stream->stream, region->pointer + offset, value, 0);
+  ws_cuda_leave(previous);
+  if (result != 0) {
+    const char *name = NULL;
+    if (error_name == NULL || error_name(result, &name) != 0 || name == NULL)
+      name = "CUDA_ERROR_UNKNOWN";
+    return ws_fail(result == 801 ? WS_ENODEV : WS_ECUDA,
+                   "cuda: %s of %u at word %llu on device %d: %s (%d)", call,
+                   value, (unsigned long long)offset, stream->device, name,
+                   result);
+  }
+  return WS_OK;
+}
+
+int ws_cuda_stream_wait_value(ws_cuda_stream *stream,
+                              const ws_cuda_region *region, uint64_t offset,
+                              uint32_t value) {
+  return stream_value(stream, region, offset, value, 0);
+}
+
+int ws_cuda_stream_write_value(ws_cuda_stream *stream,
+                               const ws_cuda_region *region, uint64_t offset,
+                               uint32_t value) {
+  return stream_value(stream, region, offset, value, 1);
+}
+
 int ws_cuda_event_create(int device, int timing, ws_cuda_event **out) {
   ws_clear_error();
   ws_cuda_event *event = calloc(1, sizeof *event);
@@ -893,6 +960,22 @@ int ws_cuda_stream_synchronize(ws_cuda_stream *stream) {
 int ws_cuda_stream_destroy(ws_cuda_stream *stream) {
   ws_clear_error();
   return stream == NULL ? WS_OK : not_built();
+}
+
+int ws_cuda_stream_wait_value(ws_cuda_stream *stream,
+                              const ws_cuda_region *region, uint64_t offset,
+                              uint32_t value) {
+  ws_clear_error();
+  (void)stream, (void)region, (void)offset, (void)value;
+  return not_built();
+}
+
+int ws_cuda_stream_write_value(ws_cuda_stream *stream,
+                               const ws_cuda_region *region, uint64_t offset,
+                               uint32_t value) {
+  ws_clear_error();
+  (void)stream, (void)region, (void)offset, (void)value;
+  return not_built();
 }
 
 int ws_cuda_event_create(int device, int timing, ws_cuda_event **out) {

@@ -109,6 +109,23 @@ int ws_cuda_stream_synchronize(ws_cuda_stream *stream);
 /// Destroys the stream (queued work still runs to its end); NULL is accepted.
 int ws_cuda_stream_destroy(ws_cuda_stream *stream);
 
+/// Queues on `stream` a wait of the device (not the host) until the 32-bit
+/// word at `offset` of `region` holds `value` or later, compared cyclically
+/// ((int32_t)(word - value) >= 0): work queued after it starts only then. The
+/// word may lie in an IPC mapping of another process's buffer, so that one
+/// process's stream waits for another's (cuStreamWaitValue32). WS_ENODEV
+/// where the driver has no stream memory operations.
+int ws_cuda_stream_wait_value(ws_cuda_stream *stream,
+                              const ws_cuda_region *region, uint64_t offset,
+                              uint32_t value);
+
+/// Queues on `stream` a write of `value` to the 32-bit word at `offset` of
+/// `region`, once the work queued before it finished, its writes visible
+/// before the word (cuStreamWriteValue32).
+int ws_cuda_stream_write_value(ws_cuda_stream *stream,
+                               const ws_cuda_region *region, uint64_t offset,
+                               uint32_t value);
+
 /// Creates an event on `device` that waits without spinning; `timing` non-zero
 /// lets ws_cuda_event_elapsed measure between two of them.
 int ws_cuda_event_create(int device, int timing, ws_cuda_event **out);

@@ -210,6 +210,18 @@ local Stream = {}
 ---Waits for the queued work, blocked in the driver (no spinning).
 ---@return true|nil ok, string? message, string? code
 function Stream:synchronize() end
+---Queues a wait of the device until the 32-bit word at `offset` reaches `value` (cyclically).
+---@param region wsync.cuda.RegionLike
+---@param offset integer
+---@param value integer
+---@return true|nil ok, string? message, string? code
+function Stream:wait_value(region, offset, value) end
+---Queues a write of `value` to the 32-bit word at `offset`, after the work queued before it.
+---@param region wsync.cuda.RegionLike
+---@param offset integer
+---@param value integer
+---@return true|nil ok, string? message, string? code
+function Stream:write_value(region, offset, value) end
 ---@return integer
 function Stream:device() end
 ---@return true|nil ok, string? message, string? code

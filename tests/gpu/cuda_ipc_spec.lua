@@ -2,8 +2,9 @@
 -- exported here is imported by a child wsync, which copies out of it with the
 -- batched kernel, checks the values, and writes back into it; the steady
 -- state (many launches, a second import of the same handle) makes no
--- cudaIpcOpenMemHandle call; closing everything brings device free memory
--- back to its baseline. Without a usable device the file is pending.
+-- cudaIpcOpenMemHandle call; a child's stream waits on the device for a word
+-- this process writes (stream memory operations on an IPC mapping); closing
+-- everything brings device free memory back to its baseline. Without a usable device the file is pending.
 local ffi = require("ffi")
 local support = require("tests.gpu.support")
 local process = require("tests.helpers.process")
@@ -57,6 +58,32 @@ counters = cuda.counters()
 say("ipc_closes", counters.ipc_closes)
 say("live_mappings", counters.live_mappings)
 say("live_bytes", counters.live_bytes)
+]]
+
+-- The waiter: maps the gate (a small buffer whose first word the parent
+-- writes) and the data, queues on its stream a device wait for word 0 to
+-- reach 1, a copy of the data, and a write of 2 to word 1; says "queued",
+-- then waits for its stream and checks the copy.
+local WAITER = [[
+local cuda = require("wsync._cuda")
+local gate_hex, data_hex, bytes, name, version = ...
+bytes, version = tonumber(bytes), tonumber(version)
+local function unhex(text) return (text:gsub("%x%x", function(pair) return string.char(tonumber(pair, 16)) end)) end
+local gate = assert(cuda.import(0, unhex(gate_hex), 4096))
+local data = assert(cuda.import(0, unhex(data_hex), bytes))
+local stream = assert(cuda.stream(0))
+local copy = assert(cuda.buffer(0, bytes))
+local plan = assert(cuda.copy_plan(0, { copy, data }, { { target = 1, source = 2, width = bytes } }))
+assert(stream:wait_value(gate, 0, 1))
+assert(plan:launch(stream))
+assert(stream:write_value(gate, 4, 2))
+io.write("queued\n")
+io.stdout:flush()
+assert(stream:synchronize())
+local check = assert(cuda.synth_plan(0, { copy }, { { region = 1, name = name, elements = bytes / 2 } }))
+assert(check:check(version, stream))
+io.write("mismatches=", tostring(assert(check:result()).mismatches), "\n")
+for _, object in ipairs({ check, plan, copy, stream, data, gate }) do assert(object:close()) end
 ]]
 
 local function parse(stdout)
@@ -128,6 +155,46 @@ describe("cuda IPC between processes", function()
       2048, 5) == 0)
     support.assert_same(ffi.string(want, 4096), rest, "the bytes after the child's write")
     assert(buffer:close())
+  end)
+
+  it("lets a child's stream wait on the device for a word this process writes, and write one back", function()
+    local data = filled_buffer(3)
+    local gate = assert(cuda.buffer(0, 4096))
+    assert(gate:fill(0, 4096, 0, stream))
+    assert(stream:synchronize())
+    local child = process.start(process.wsync_binary(), { "-e", WAITER, support.hex(assert(gate:export())),
+      support.hex(assert(data:export())), tostring(BYTES), NAME, "3" })
+    local ok, err = pcall(function()
+      process.drive(function()
+        return child.stdout:find("queued\n", 1, true) ~= nil or child.done
+      end, 60000, "the waiter's queued work")
+      assert.is_nil(child.code, child.stderr)
+      -- (Its stream waits on the device: the copy and the write have not run.)
+      require("luv").sleep(200)
+      assert.are.equal(string.rep("\0", 8), assert(gate:read(0, 8)))
+      assert(stream:write_value(gate, 0, 1))
+      process.drive(function()
+        return child.done
+      end, 60000, "the waiter's end")
+      assert.are.equal(0, child.code, child.stderr .. child.stdout)
+      assert.matches("mismatches=0\n", child.stdout, 1, true)
+      assert.are.equal("\1\0\0\0\2\0\0\0", assert(gate:read(0, 8)))
+    end)
+    process.finish(child)
+    assert(gate:close())
+    assert(data:close())
+    assert(ok, err)
+  end)
+
+  it("refuses a word outside its region or unaligned, before queueing anything", function()
+    local gate = assert(cuda.buffer(0, 4096))
+    for _, offset in ipairs({ 4094, 4096, 2 }) do
+      local ok, message, code = stream:wait_value(gate, offset, 1)
+      assert.is_nil(ok)
+      assert.are.equal("EINVAL", code)
+      assert.matches("4-byte aligned, inside it", message, 1, true)
+    end
+    assert(gate:close())
   end)
 
   it("refuses an import that claims more bytes than the exporter allocated", function()
