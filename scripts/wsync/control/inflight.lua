@@ -44,6 +44,9 @@ function Inflight:send(cmd, payload, seconds, on_timeout)
   local pending = { id = id, cmd = cmd }
   self.pending = pending
   self.timer = self.timer or uv.new_timer() -- one timer, re-armed per request
+  -- (libuv times timers from the time cached at the loop's last tick, stale
+  -- after a long callback: the timeout counts from now.)
+  uv.update_time()
   self.timer:start(math.floor(seconds * 1000), 0, function()
     on_timeout(pending)
   end)
