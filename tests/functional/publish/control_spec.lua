@@ -1,48 +1,56 @@
--- The control messages of whole publications (the demo on the host backend,
--- run in this process against the reference runtime): each publication asks
--- the runtime start_update, a load_chunk per chunk and finish_update, and the
--- runtime's finish answer says it released, so no release request follows.
+-- The control messages of whole publications (the demo on the host backend
+-- against the reference runtime, in a child wsync that counts the requests
+-- its rollout sends): each publication asks the runtime start_update, a
+-- load_chunk per chunk and finish_update, and the runtime's finish answer
+-- says it released, so no release request follows.
 local process = require("tests.helpers.process")
-local recipe_module = require("wsync.recipe")
+
+-- Runs the demo, counting every request of the rollout the session spawns;
+-- prints "cmd=count" lines, "released=..." and "chunks=...".
+local COUNTING = [[
+package.path = "./?.lua;" .. package.path
+local loop = require("wsync.loop")
 local rollout_module = require("wsync.publish.rollout")
-local session = require("wsync.publish.session")
+local asked, released = {}, {}
+local spawn = rollout_module.spawn
+rollout_module.spawn = function(options)
+  local rollout = spawn(options)
+  local class = getmetatable(rollout).__index
+  local request = class.request
+  class.request = function(self, cmd, payload)
+    asked[cmd] = (asked[cmd] or 0) + 1
+    local answer = request(self, cmd, payload)
+    if cmd == "finish_update" then
+      released[#released + 1] = tostring(answer.released)
+    end
+    return answer
+  end
+  return rollout
+end
+loop.spawn(function()
+  local reports = require("wsync.publish.session").run(require("wsync.recipe").load("recipes/demo.lua"))
+  for cmd, count in pairs(asked) do
+    io.write(cmd, "=", count, "\n")
+  end
+  io.write("released=", table.concat(released, ","), "\n", "chunks=", reports[1].chunks, "\n")
+end)
+loop.run()
+]]
 
 describe("a publication's requests to the runtime", function()
-  local spawn = rollout_module.spawn
-  local class, request = nil, nil
-
-  after_each(function()
-    rollout_module.spawn = spawn
-    if class then
-      class.request = request
-    end
-  end)
-
   it("fold release into finish_update, whose answer says it released", function()
-    local asked, released = {}, {}
-    -- (Every request of the rollout the session spawns, counted.)
-    rollout_module.spawn = function(options)
-      local rollout = spawn(options)
-      class = getmetatable(rollout).__index
-      request = request or class.request
-      class.request = function(self, cmd, payload)
-        asked[cmd] = (asked[cmd] or 0) + 1
-        local answer = request(self, cmd, payload)
-        if cmd == "finish_update" then
-          released[#released + 1] = answer.released
-        end
-        return answer
-      end
-      return rollout
+    local result = process.wsync({ "-e", COUNTING }, nil, { timeout = 60000 })
+    assert.are.equal(0, result.code, result.stderr .. result.stdout)
+    local values = {}
+    for key, value in result.stdout:gmatch("\n?([%w_]+)=([^\n]*)\n") do
+      values[key] = value
     end
-    local reports = process.in_coroutine(function()
-      return session.run(recipe_module.load("recipes/demo.lua"))
-    end)
-    assert.are.equal(3, #reports)
-    assert.are.equal(3, asked.start_update)
-    assert.are.equal(3, asked.finish_update)
-    assert.are.equal(3 * reports[1].chunks, asked.load_chunk)
-    assert.is_nil(asked.release)
-    assert.are.same({ true, true, true }, released)
+    local chunks = tonumber(values.chunks)
+    assert.is_true(chunks ~= nil and chunks > 1, result.stdout)
+    assert.are.equal("3", values.start_update)
+    assert.are.equal("3", values.finish_update)
+    assert.are.equal(tostring(3 * chunks), values.load_chunk)
+    assert.is_nil(values.release, "a release request was sent")
+    assert.are.equal("true,true,true", values.released)
   end)
 end)
