@@ -11,8 +11,13 @@
 --                     trainer tensor, as a PyTorch trainer's (default
 --                     4,8,direct,direct-tensor); `serial:SIZE` moves SIZE's
 --                     chunks one side at a time (fill k, then load k), to
---                     time each copy alone; `SIZE@TILE` makes its copy plans
---                     tiled (TILE bytes: $WSYNC_CUDA_COPY_TILE)
+--                     time each copy alone; `device:SIZE` orders its chunks
+--                     on the device (buffers.order = "device": fills and loads
+--                     queued at once, each waiting on the device for the
+--                     other; the fill and load columns are then the time to
+--                     queue them, the last load's the wait for all);
+--                     `SIZE@TILE` makes its copy plans tiled (TILE bytes:
+--                     $WSYNC_CUDA_COPY_TILE)
 --       PUBLICATIONS  per size (default 5); the first of each (plans made,
 --                     buffers mapped, resident storage allocated) is left
 --                     out of the medians
@@ -38,10 +43,12 @@ local recipe_module = require("wsync.recipe")
 local session = require("wsync.publish.session")
 
 local sizes, counts, serial = {}, {}, {} -- (counts: buffers per size, serial: one side at a time, by index)
-local tiles = {} -- (by index: $WSYNC_CUDA_COPY_TILE for that size's processes)
+local tiles, ordered = {}, {} -- (by index: $WSYNC_CUDA_COPY_TILE for that size's processes; buffers.order)
 for token in (arg[1] or "4,8,direct,direct-tensor"):gmatch("[%w%.%-:@]+") do
   local value = token:match("^serial:(.+)$") or token
   serial[#sizes + 1] = value ~= token
+  local on_device = value:match("^device:(.+)$")
+  value, ordered[#sizes + 1] = on_device or value, on_device ~= nil
   local untiled, tile = value:match("^(.-)@(%d+)$")
   value, tiles[#sizes + 1] = untiled or value, tile
   local count, gib = value:match("^(%d+)x([%d.]+)$")
@@ -116,7 +123,7 @@ loop.spawn(function()
     publications, bytes / 1e9, #plan.canonical))
   print(string.format("floors: one flat cudaMemcpyAsync %.2f ms (the direct path's); the packed path (pack + "
     .. "unpack) %.2f ms", flat, packed_floor))
-  print(string.format("| %-30s | %6s | %9s | %8s | %8s | %9s | %9s | %8s |", "buffers", "chunks", "total ms", "fill ms",
+  print(string.format("| %-44s | %6s | %9s | %8s | %8s | %9s | %9s | %8s |", "buffers", "chunks", "total ms", "fill ms",
     "load ms", "copies ms", "vs floor", "GB/s"))
   local best, fastest = nil, {}
   for index, gib in ipairs(sizes) do
@@ -127,6 +134,7 @@ loop.spawn(function()
     if not direct then
       recipe.buffers.bytes = math.floor(gib * 1024 * 1024 * 1024)
       recipe.buffers.count = counts[index]
+      recipe.buffers.order = ordered[index] and "device" or "host"
     end
     recipe.trainer.steps = publications
     publication_module.serial = serial[index]
@@ -137,7 +145,7 @@ loop.spawn(function()
     publication_module.serial = false
     uv.os_unsetenv("WSYNC_CUDA_COPY_TILE")
     local totals, fills, loads, copies = {}, {}, {}, {}
-    local label = (serial[index] and "serial " or "")
+    local label = (serial[index] and "serial " or "") .. (ordered[index] and "device-ordered " or "")
       .. (direct and gib or string.format("%d x %.1f GiB", counts[index], gib))
       .. (tiles[index] and string.format(", tiles %d KiB", tiles[index] / 1024) or "")
     for at = 2, #reports do
@@ -150,7 +158,7 @@ loop.spawn(function()
     end
     local total = median(totals) * 1e3
     local floor = direct and flat or packed_floor
-    print(string.format("| %-30s | %6d | %9.1f | %8.1f | %8.1f | %9.1f | %9.2f | %8.0f |", label,
+    print(string.format("| %-44s | %6d | %9.1f | %8.1f | %8.1f | %9.1f | %9.2f | %8.0f |", label,
       reports[1].chunks, total, median(fills) * 1e3, median(loads) * 1e3,
       median(copies) * 1e3, total / floor, bytes / (total / 1e3) / 1e9))
     local key = direct and "direct" or "packed"

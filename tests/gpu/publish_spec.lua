@@ -1,7 +1,8 @@
 -- Publications on the cuda backend, on one GPU (trainer world 1, TP1): the
 -- demo (recipes/demo_cuda.lua), the full Qwen3-30B-A3B shape with every
--- resident slice checked on the device, a runtime killed mid-chunk and
--- mid-finish and a trainer killed mid-fill (each poisoning cleanly, device
+-- resident slice checked on the device, both also with their chunks ordered
+-- on the device, a runtime killed mid-chunk and mid-finish and a trainer
+-- killed mid-fill, host- and device-ordered (each poisoning cleanly, device
 -- memory back at its baseline), and 100 publications in a row with device
 -- memory and host memory flat. Pending without a usable device.
 local async = require("tests.helpers.async")
@@ -80,19 +81,37 @@ describe("publication on the cuda backend", function()
     end)
   end
 
-  for _, case in ipairs({
-    { env = "WSYNC_RUNTIME_FAULT=worker0:crash@load_chunk#2", says = "TP worker 0", phase = "chunks" },
-    { env = "WSYNC_RUNTIME_FAULT=worker0:crash@finish_update", says = "TP worker 0", phase = "finish" },
-    { env = "WSYNC_TRAINER_FAULT=rank0:die@fill#2", says = "trainer rank 0", phase = "chunks" },
-  }) do
-    it(case.env .. ": poisons cleanly, nothing committed, device memory back at its baseline", function()
-      local result = run("recipes/demo_cuda.lua", { case.env })
-      assert.are.equal(1, result.code, result.stdout .. result.stderr)
-      local failure = verdict(result.stdout):match("^FAILED: (.*)$")
-      assert.matches("^%[phase " .. case.phase, failure)
-      assert.matches(case.says, failure, 1, true)
-      assert.is_nil(result.stdout:find("\nwsync: published model version", 1, true))
-    end)
+  it("orders the demo's chunks on the device (buffers.order = \"device\"), every resident slice checked", function()
+    local result = run("tests/fixtures/recipes/cuda_ordered.lua")
+    assert.are.equal(0, result.code, result.stdout .. result.stderr)
+    assert.matches("^OK: 3 model versions published", verdict(result.stdout))
+  end)
+
+  it("orders the 30B-A3B shape's chunks on the device through one 4 GiB buffer, every slice checked", function()
+    local result = run("tests/fixtures/recipes/cuda_30b_ordered.lua", nil, 300000)
+    io.stderr:write("\n", result.stdout:match("(wsync: closing report.-)\nwsync: verdict") or result.stdout, "\n")
+    assert.are.equal(0, result.code, result.stdout .. result.stderr)
+    assert.matches("^OK: 3 model versions published", verdict(result.stdout))
+    local elements = tonumber(result.stdout:match("verified on the device %(%d+ slices, (%d+) elements"))
+    assert.are.equal(30532122624, elements)
+  end)
+
+  for _, recipe in ipairs({ "recipes/demo_cuda.lua", "tests/fixtures/recipes/cuda_ordered.lua" }) do
+    for _, case in ipairs({
+      { env = "WSYNC_RUNTIME_FAULT=worker0:crash@load_chunk#2", says = "TP worker 0", phase = "chunks" },
+      { env = "WSYNC_RUNTIME_FAULT=worker0:crash@finish_update", says = "TP worker 0", phase = "finish" },
+      { env = "WSYNC_TRAINER_FAULT=rank0:die@fill#2", says = "trainer rank 0", phase = "chunks" },
+    }) do
+      it(recipe .. ", " .. case.env .. ": poisons cleanly, nothing committed, device memory back at its baseline",
+        function()
+          local result = run(recipe, { case.env })
+          assert.are.equal(1, result.code, result.stdout .. result.stderr)
+          local failure = verdict(result.stdout):match("^FAILED: (.*)$")
+          assert.matches("^%[phase " .. case.phase, failure)
+          assert.matches(case.says, failure, 1, true)
+          assert.is_nil(result.stdout:find("\nwsync: published model version", 1, true))
+        end)
+    end
   end
 
   it("keeps device memory and the Lua heaps flat over 100 publications", function()

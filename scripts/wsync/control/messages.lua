@@ -73,6 +73,8 @@ M.from_agent = {
     -- `names` exports, by tensor name: {memory, offset})
     locations = schema.map({ item = record({ memory = schema.number({ integer = true, min = 1, required = true }),
       offset = schema.number({ integer = true, min = 0, required = true }) }) }),
+    -- (chunks ordered on the device: the rank's gate, as its buffers' names)
+    gate = name,
   }),
   attach = empty,
   begin = empty,
@@ -113,6 +115,7 @@ M.to_agent = {
     count = schema.number({ integer = true, min = 1, max = 8, required = true }),
     bytes = schema.number({ integer = true, min = 0, required = true }),
     direct = schema.boolean({}),
+    gate = schema.boolean({}),
   }),
   attach = record({
     buffers = schema.list({ item = schema.list({ item = name, min_length = 1 }), min_length = 1, required = true }),
@@ -128,6 +131,12 @@ M.to_agent = {
     chunk = schema.number({ integer = true, min = 1, required = true }),
     buffer = schema.number({ integer = true, min = 1, required = true }),
     slots = schema.any({}),
+    -- (chunks ordered on the device: wait for LOADED >= after, then FILLED =
+    -- seq; uint32)
+    gate = record({
+      after = schema.number({ integer = true, min = 0, max = 4294967295 }),
+      seq = schema.number({ integer = true, min = 0, max = 4294967295, required = true }),
+    }),
   }),
   verify = empty,
   memory = empty,

@@ -85,7 +85,7 @@ end
 --- piece does not fit a buffer. `direct` (one rank): one chunk of every tensor, read where the
 --- trainer holds it, and no packed buffers (`buffer_bytes` 0).
 ---@param model {family: string, config: table}
----@param buffers {bytes: integer, count: integer, direct: boolean?}
+---@param buffers {bytes: integer, count: integer, direct: boolean?, order: string?}
 ---@return wsync.Plan
 function M.build(model, buffers)
   if buffers.direct then
@@ -104,6 +104,7 @@ function M.build(model, buffers)
     chunks = {},
     buffer_bytes = buffers.bytes,
     buffer_count = buffers.count,
+    ordered = buffers.order == "device" or nil, -- (the device orders each chunk's fill and load)
     bytes = 0,
     largest = { name = nil, bytes = 0 },
   }

@@ -168,9 +168,9 @@ function Publication:_note(k, side, started, copy)
   end
 end
 
-function Publication:_fill(k)
+function Publication:_fill(k, gate)
   local started = now()
-  local reports = self.ranks:fill(self.plan, k, M.buffer_of(self.plan, k), self.timeouts.fill)
+  local reports = self.ranks:fill(self.plan, k, M.buffer_of(self.plan, k), self.timeouts.fill, gate)
   local copy = fill_copy_seconds(reports)
   self.timings.fill = (self.timings.fill or 0) + (now() - started)
   self.timings.fill_copy = self.timings.fill_copy + copy
@@ -179,10 +179,10 @@ function Publication:_fill(k)
   return reports
 end
 
-function Publication:_load(k)
+function Publication:_load(k, gate)
   local started = now()
   local tensors = self.plan.direct and self.ranks:direct_tensors(self.plan, k) or nil
-  local answer = self.rollout:load_chunk(self.plan, k, M.buffer_of(self.plan, k), tensors)
+  local answer = self.rollout:load_chunk(self.plan, k, M.buffer_of(self.plan, k), tensors, gate)
   self.timings.load = (self.timings.load or 0) + (now() - started)
   self.timings.load_copy = self.timings.load_copy + (tonumber(answer.copy_seconds) or 0)
   self:_note(k, "load", started, tonumber(answer.copy_seconds) or 0)
@@ -202,6 +202,9 @@ end
 --- wait for it; a failed fill still poisons.
 function Publication:_move_chunks(first, after_fills)
   local plan = self.plan
+  if plan.ordered and first == 1 and not M.serial then
+    return self:_move_chunks_ordered(after_fills)
+  end
   if M.serial then
     for k = first, #plan.chunks do
       self:_fill(k)
@@ -262,6 +265,69 @@ function Publication:_move_chunks(first, after_fills)
   end)
   if failure then
     error(failure, 0)
+  end
+end
+
+--- Chunks ordered on the device (buffers.order = "device";
+--- wsync.transport.cuda_ipc): the fills and loads are only queued, each
+--- behind a device wait: fill k for load k - 1, load k for fill k (the
+--- consensus gate, kept on the device: a load never reads a buffer before
+--- its rank's fill of that chunk finished). The device then runs fill 1,
+--- load 1, fill 2, ... back to back, with no host round trip between them
+--- and never two processes' copies at once. The host still asks the runtime
+--- to load chunk k only once every rank queued its fill, and the last load is
+--- answered once everything finished; `after_loads` (the verify) runs then.
+--- A failure poisons as ever: the destroyed runtime loads nothing more, and
+--- each rank releases the fills it queued (its gate lives in its memory).
+function Publication:_move_chunks_ordered(after_loads)
+  local count = #self.plan.chunks
+  local first = self.ranks:gate_numbers(count)
+  local function number(k)
+    return (first + k) % 2 ^ 32
+  end
+  local filled, failure = 0, nil
+  local changed = loop.condition()
+  local roles = {
+    function()
+      for k = 1, count do
+        if failure then
+          return
+        end
+        -- (Chunk 1 waits for nothing: the last publication's loads ended.)
+        self:_fill(k, { after = k > 1 and number(k - 1) or nil, seq = number(k) })
+        filled = k
+        changed:notify()
+      end
+    end,
+    function()
+      for k = 1, count do
+        changed:wait(function()
+          return failure ~= nil or filled >= k
+        end)
+        if failure then
+          return
+        end
+        self:_load(k, { seq = number(k), last = k == count })
+      end
+    end,
+  }
+  loop.all(#roles, function(i)
+    local ok, err = pcall(roles[i])
+    if not ok and failure == nil then
+      failure = err
+      if i == 1 then
+        -- (A load in flight may wait on the device for the fill that failed:
+        -- the runtime goes now, not at its timeout.)
+        self.rollout:destroy(err)
+      end
+    end
+    changed:notify()
+  end)
+  if failure then
+    error(failure, 0)
+  end
+  if after_loads then
+    after_loads()
   end
 end
 
@@ -347,10 +413,17 @@ function Publication:preflight()
 end
 
 --- Buffers created, exported and mapped (once per session and runtime).
+--- Chunks ordered on the device (plan.ordered) need a runtime whose workers
+--- wait on the ranks' gates; one that cannot is refused here, before
+--- anything moved.
 function Publication:init()
   self:_phase("init", function()
-    local descriptors = self.ranks:init_buffers(self.plan, self.timeouts.init)
-    self.rollout:init_weights(self.plan, self.topology.tp, self.transport, descriptors)
+    local descriptors, gates = self.ranks:init_buffers(self.plan, self.timeouts.init)
+    self.rollout:init_weights(self.plan, self.topology.tp, self.transport, descriptors, gates)
+    if self.plan.ordered and not self.rollout.ordered then
+      fail("PREFLIGHT", "buffers.order = \"device\" needs a runtime whose TP workers wait on the device for the "
+        .. "ranks' fills (the reference runtime on cuda); this one's do not: use buffers.order = \"host\"")
+    end
   end)
 end
 

@@ -143,10 +143,11 @@ end
 
 --- Creates and exports every rank's packed buffers and has every rank map
 --- every rank's, once per session (buffer policy "keep": they live until the
---- session closes). Returns the descriptors by rank.
+--- session closes). Returns the descriptors by rank, and with `plan.ordered`
+--- (chunks ordered on the device) every rank's gate.
 ---@param plan wsync.Plan
 ---@param timeout number
----@return string[][]
+---@return string[][], string[]?
 function Ranks:init_buffers(plan, timeout)
   if plan.direct and not self.descriptors then
     -- One rank, no packed buffers: its storage, exported, and where each
@@ -162,12 +163,23 @@ function Ranks:init_buffers(plan, timeout)
   end
   if not self.descriptors then
     local results = self:all("init_buffers", function()
-      return { count = plan.buffer_count, bytes = plan.buffer_bytes }
+      return { count = plan.buffer_count, bytes = plan.buffer_bytes, gate = plan.ordered or nil }
     end, timeout)
-    local descriptors = {}
+    local descriptors, gates = {}, plan.ordered and {} or nil
     for index, result in ipairs(results) do
       descriptors[index] = result.names
+      if gates then
+        if type(result.gate) ~= "string" then
+          errors.raise("AGENT_FAILED", string.format("trainer rank %d made no gate for chunks ordered on the device",
+            index - 1), { rank = index - 1, phase = "init_buffers" })
+        end
+        gates[index] = result.gate
+      end
     end
+    -- (Chunks ordered on the device: each rank's gate, which its TP worker
+    -- maps, and the numbers the fills and loads wait for, counted across
+    -- the session's publications.)
+    self.gates, self.gate_count = gates, 0
     -- Known before attach: when attach fails, the buffers exist all the same
     -- (and the cleanup removes them).
     self.descriptors = descriptors
@@ -185,7 +197,7 @@ function Ranks:init_buffers(plan, timeout)
     self.attached = true
     self.fills_planned = {} -- an attach drops the ranks' fill plans
   end
-  return self.descriptors
+  return self.descriptors, self.gates
 end
 
 -- What the agents get to plan a chunk's fill: its slots' names, offsets and
@@ -239,13 +251,14 @@ end
 --- Every rank fills chunk `k` of `plan` into buffer slot `buffer`; returns
 --- their reports once all succeeded (the consensus gate). The chunk's slots
 --- go with its first fill of the session: the ranks plan it then, and keep
---- the plan.
+--- the plan. `gate` ({after, seq}): chunks ordered on the device, the fill
+--- only queued (wsync.transport.cuda_ipc).
 ---@param plan wsync.Plan
 ---@param k integer
 ---@param buffer integer
 ---@param timeout number
-function Ranks:fill(plan, k, buffer, timeout)
-  local payload = { chunk = k, buffer = buffer }
+function Ranks:fill(plan, k, buffer, timeout, gate)
+  local payload = { chunk = k, buffer = buffer, gate = gate }
   if not self.fills_planned[k] then
     payload.slots = self:_fill_slots(plan.chunks[k])
   end
@@ -254,6 +267,17 @@ function Ranks:fill(plan, k, buffer, timeout)
   end, timeout)
   self.fills_planned[k] = true
   return reports
+end
+
+--- Chunks ordered on the device: the numbers of a publication of `count`
+--- chunks (uint32, cyclic): chunk k's fill writes and its load waits for
+--- first + k, and fill k waits for load k - 1's. Returns first.
+---@param count integer
+---@return integer
+function Ranks:gate_numbers(count)
+  local first = self.gate_count or 0
+  self.gate_count = (first + count) % 2 ^ 32
+  return first
 end
 
 return M

@@ -49,18 +49,22 @@ function Rollout:workers()
 end
 
 --- Initializes the workers' weights once per runtime: each worker maps its
---- rank's packed buffers (`descriptors[rank + 1]`, of `transport`) and sizes
---- its resident storage to its loader plan.
+--- rank's packed buffers (`descriptors[rank + 1]`, of `transport`), and its
+--- gate (`gates[rank + 1]`, chunks ordered on the device), and sizes its
+--- resident storage to its loader plan.
 ---@param plan wsync.Plan
 ---@param tp integer
 ---@param transport string
 ---@param descriptors string[][]
-function Rollout:init_weights(plan, tp, transport, descriptors)
+function Rollout:init_weights(plan, tp, transport, descriptors, gates)
   if self.initialized then
     return
   end
-  self:request("init_weights", { family = plan.family, config = plan.config, tp = tp, transport = transport,
-    buffers = descriptors })
+  local answer = self:request("init_weights", { family = plan.family, config = plan.config, tp = tp,
+    transport = transport, buffers = descriptors, gates = gates })
+  -- (Whether its workers wait on the device for the ranks' gates: chunks
+  -- ordered on the device.)
+  self.ordered = gates ~= nil and answer.ordered == true
   self.initialized = true
   self.chunks_sent = {}
 end
@@ -69,12 +73,14 @@ end
 --- metadata goes to a runtime once after its init_weights: its TP workers
 --- plan the chunk's loads then and keep the plan by chunk number, so later
 --- publications send no per-tensor JSON. A worker asked to load a chunk whose
---- metadata it never got fails the publication.
+--- metadata it never got fails the publication. `gate` ({seq, last}):
+--- chunks ordered on the device, the load queued (answered once it finished
+--- only when `last`).
 ---@param plan wsync.Plan
 ---@param k integer
 ---@param buffer integer
-function Rollout:load_chunk(plan, k, buffer, tensors)
-  local payload = { chunk = k, buffer = buffer }
+function Rollout:load_chunk(plan, k, buffer, tensors, gate)
+  local payload = { chunk = k, buffer = buffer, gate = gate }
   if not self.chunks_sent[k] then
     payload.tensors = tensors or plan.chunks[k].tensors
   end
@@ -413,21 +419,28 @@ function ReplicaSet:pause(payload)
 end
 
 --- Initializes every replica's weights with its ranks' buffers.
-function ReplicaSet:init_weights(plan, tp, transport, descriptors)
+function ReplicaSet:init_weights(plan, tp, transport, descriptors, gates)
   each(self, function(replica, index)
-    local own = {}
+    local own, own_gates = {}, gates and {} or nil
     for rank = 1, tp do
       own[rank] = descriptors[(index - 1) * tp + rank]
+      if gates then
+        own_gates[rank] = gates[(index - 1) * tp + rank]
+      end
     end
-    replica:init_weights(plan, tp, transport, own)
+    replica:init_weights(plan, tp, transport, own, own_gates)
   end)
+  self.ordered = gates ~= nil
+  for _, replica in ipairs(self.replicas) do
+    self.ordered = self.ordered and replica.ordered
+  end
   self.initialized = true
 end
 
 --- Every replica loads chunk `k`; the bytes of all, the slowest copy.
-function ReplicaSet:load_chunk(plan, k, buffer, tensors)
+function ReplicaSet:load_chunk(plan, k, buffer, tensors, gate)
   local answers = each(self, function(replica)
-    return replica:load_chunk(plan, k, buffer, tensors)
+    return replica:load_chunk(plan, k, buffer, tensors, gate)
   end)
   local bytes, copy_seconds = 0, 0
   for _, answer in ipairs(answers) do

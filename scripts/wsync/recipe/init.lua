@@ -133,6 +133,11 @@ M.schema = schema.record({
         -- One rank on the cuda backend: the TP worker copies straight from
         -- the trainer's own exported storage, no packed buffers.
         direct = schema.boolean({ default = false }),
+        -- Who orders each chunk's fill and load: the host (it asks for the
+        -- load once every rank's fill finished), or, on cuda, the device
+        -- (both queued at once, each waiting on the device for the other:
+        -- wsync.transport.cuda_ipc).
+        order = schema.enum({ "host", "device", default = "host" }),
       },
     }),
     memory = schema.record({
@@ -200,6 +205,10 @@ M.schema = schema.record({
       if recipe.buffers.direct and (ranks ~= 1 or recipe.backend ~= "cuda") then
         return false, string.format("the direct path needs one trainer rank on the cuda backend (here %d on %s): "
           .. "several ranks gather their shards into packed buffers", ranks, recipe.backend), "buffers.direct"
+      end
+      if recipe.buffers.order == "device" and (recipe.backend ~= "cuda" or recipe.buffers.direct) then
+        return false, string.format("chunks ordered on the device need the cuda backend's packed buffers (here %s%s)",
+          recipe.backend, recipe.buffers.direct and ", the direct path" or ""), "buffers.order"
       end
     end
     return true

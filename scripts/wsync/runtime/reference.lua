@@ -263,12 +263,19 @@ function Runtime:handlers()
         return {
           family = payload.family, config = payload.config, tp = payload.tp,
           transport = payload.transport, buffers = payload.buffers[rank],
+          gate = payload.gates and payload.gates[rank] or nil,
         }
       end)
       self.initialized, self.transport = true, payload.transport
       self.decoder.vocab = type(payload.config) == "table" and payload.config.vocab_size or self.decoder.vocab
       self.weights_digest = nil
-      return { workers = results }
+      -- (`ordered`: every worker mapped its rank's gate, so chunks may be
+      -- ordered on the device.)
+      local ordered = payload.gates ~= nil
+      for _, result in ipairs(results) do
+        ordered = ordered and result.ordered == true
+      end
+      return { workers = results, ordered = ordered }
     end,
     start_update = function(payload)
       self:check_header(payload.header)

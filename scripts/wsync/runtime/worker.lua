@@ -205,11 +205,23 @@ function Worker:init_weights(payload)
   local plan = family.loader_plan(config, self.world, self.rank)
   self.transport.close_imported(self.imported)
   self.imported = {}
+  self:_close_gate()
   local imported, message = self.transport.import(payload.buffers, self.context)
   if not imported then
     fatal("IMPORT_FAILED", string.format("TP worker %d cannot map its rank's packed buffers: %s", self.rank, message))
   end
   self.imported = imported
+  if payload.gate ~= nil then
+    -- (Chunks ordered on the device: the rank's gate, wsync.transport.cuda_ipc.)
+    if not self.transport.import_gate then
+      fatal("TRANSPORT", string.format("TP worker %d: the %s transport cannot order chunks on the device", self.rank,
+        self.transport.NAME))
+    end
+    self.gate, message = self.transport.import_gate(payload.gate, self.context)
+    if not self.gate then
+      fatal("IMPORT_FAILED", string.format("TP worker %d cannot map its rank's gate: %s", self.rank, message))
+    end
+  end
   self.plan = plan
   self:_forget_chunks()
   -- Resident tensors by index, for the receipts' count of those filled.
@@ -227,7 +239,20 @@ function Worker:init_weights(payload)
     self.host_copy = release(self.host_copy)
     self.weights_state = "discarded"
   end
-  return { resident_tensors = #plan.tensors, resident_bytes = plan.bytes, buffers = #payload.buffers }
+  return { resident_tensors = #plan.tensors, resident_bytes = plan.bytes, buffers = #payload.buffers,
+    ordered = self.gate ~= nil }
+end
+
+-- Unmaps the rank's gate, after waiting for the loads queued behind it.
+function Worker:_close_gate()
+  if self.gate then
+    if self.gate_pending then
+      self.transport.settle(self.context.device)
+      self.gate_pending = nil
+    end
+    self.gate:close()
+    self.gate = nil
+  end
 end
 
 --- start_update{header}: enters update mode; no generation until finish.
@@ -363,11 +388,22 @@ function Worker:load_chunk(payload)
     end
     chunk.plan, chunk.resident, chunk.buffer = plan, self.weights, buffer
   end
+  -- (payload.gate {seq, last}: chunks ordered on the device; the load is
+  -- queued behind the rank's fill, and waited for with the last chunk.)
+  local gate = nil
+  if payload.gate ~= nil then
+    if not self.gate then
+      fatal("NO_GATE", string.format("TP worker %d: load_chunk ordered on the device, and init_weights mapped no gate",
+        self.rank))
+    end
+    gate = { memory = self.gate, seq = payload.gate.seq, last = payload.gate.last == true }
+  end
   local bytes, seconds = self.transport.load(self.weights, buffer, chunk.plan,
-    string.format("TP worker %d, chunk %s", self.rank, tostring(k)))
+    string.format("TP worker %d, chunk %s", self.rank, tostring(k)), gate)
   if not bytes then
     fatal("LOAD_FAILED", seconds)
   end
+  self.gate_pending = gate ~= nil and not gate.last or nil
   update.loaded[#update.loaded + 1] = k
   -- Resident tensors filled in this update: each counted once.
   local filled, epoch, touched = self.filled, update.epoch, update.touched
@@ -398,6 +434,16 @@ function Worker:finish_update(payload)
       tostring(header.publication_id), tostring(header.model_version)))
   end
   self.update = nil
+  if self.gate_pending then
+    -- (Loads ordered on the device whose last was not asked for: a
+    -- publication cut short. Its receipt waits for what was queued.)
+    self.gate_pending = nil
+    local ok, reason = self.transport.settle(self.context.device)
+    if not ok then
+      fatal("LOAD_FAILED", string.format("TP worker %d: the loads queued on the device failed: %s", self.rank,
+        tostring(reason)))
+    end
+  end
   local manifest, message = self.digests:of(update.loaded, self.segments)
   if not manifest then
     fatal("MANIFEST", string.format("TP worker %d: %s", self.rank, tostring(message)))
@@ -543,6 +589,7 @@ end
 
 -- Unmaps and frees every buffer this worker holds.
 function Worker:release_all()
+  self:_close_gate()
   self.transport.close_imported(self.imported)
   self.imported = {}
   self:_forget_chunks()

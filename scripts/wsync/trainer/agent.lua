@@ -232,6 +232,12 @@ function Agent:publish(step)
   end
   local ok, result = pcall(self.peer.request, self.peer, "publish", { rank = self.rank, step = step },
     self.timeout)
+  if not ok then
+    -- (A failed publication destroyed its runtime: fills it left queued on
+    -- the device behind its loads run now, before the trainer goes on and
+    -- its next device-wide synchronization would wait for them.)
+    pcall(self._release_gate, self)
+  end
   if not ok and self.aborted then
     -- The host said why the session ended before it closed the connection.
     error(self.aborted, 0)
@@ -264,9 +270,27 @@ function Agent:_forget_fill_plans()
   self.digests:clear()
 end
 
+-- Chunks ordered on the device (wsync.transport.cuda_ipc): when fills were
+-- queued behind its TP worker's loads and the publication did not end (its
+-- verify settles them), the worker will not load again (it was destroyed
+-- with the publication): this rank writes the gate itself, so that its
+-- stream runs the queued fills, and waits for them.
+function Agent:_release_gate()
+  if not self.gate_waits then
+    return
+  end
+  local after = self.gate_waits
+  self.gate_waits = nil
+  local ok, message, code = self.transport.release_gate(self.targets, after)
+  if not ok then
+    refuse(self, "AGENT_DEVICE", "abort", "cannot release the fills queued on the device: " .. tostring(message), code)
+  end
+end
+
 -- Drops what the packed buffers of an earlier session left: mappings, the
 -- rank's own buffers, the chunks' fill plans.
 function Agent:_release_buffers()
+  self:_release_gate()
   self.transport.release(self.own, self.targets)
   self.own, self.targets, self.direct = nil, nil, nil
   self:_forget_fill_plans()
@@ -277,12 +301,17 @@ function Agent:_init_buffers(payload)
   if payload.direct then
     return self:_export_storage()
   end
-  local own, message, code = self.transport.create(payload.count, payload.bytes, { device = self.device_index })
+  if payload.gate and not self.transport.gate_descriptor then
+    refuse(self, "AGENT_STATE", "init", "the " .. self.transport.NAME .. " transport cannot order chunks on the device")
+  end
+  local own, message, code = self.transport.create(payload.count, payload.bytes,
+    { device = self.device_index, gate = payload.gate })
   if not own then
     refuse(self, "AGENT_MEMORY", "init", "cannot create its packed buffers: " .. message, code)
   end
   self.own = own
-  return { names = self.transport.descriptors(own), uuid = self.device.uuid }
+  return { names = self.transport.descriptors(own), uuid = self.device.uuid,
+    gate = payload.gate and self.transport.gate_descriptor(own) or nil }
 end
 
 -- The direct path (one rank): no packed buffers; the rank's own storage is
@@ -323,6 +352,7 @@ function Agent:_attach(payload)
 end
 
 function Agent:_begin(payload)
+  self:_release_gate() -- (fills queued by a publication that failed)
   local family = plan_module.family(payload.family)
   if self.family and self.family ~= family then
     self:_forget_fill_plans() -- another family's export makes other records
@@ -494,8 +524,14 @@ function Agent:_fill(payload)
     end
     fill.plan, fill.slot, fill.signature = plan, payload.buffer, self.signature
   end
+  -- (payload.gate: chunks ordered on the device; the fill is only queued,
+  -- and this rank's verify waits for it.)
+  local gate = payload.gate
   local bytes, seconds, code = self.transport.fill(self.targets, payload.buffer, self.sources, fill.plan,
-    string.format("filling buffer %d of every rank", payload.buffer))
+    string.format("filling buffer %d of every rank", payload.buffer), gate)
+  if gate and bytes then
+    self.gate_waits = gate.after or self.gate_waits or 0
+  end
   if not bytes then
     refuse(self, "FILL_FAILED", "fill", seconds, code)
   end
@@ -506,6 +542,15 @@ end
 function Agent:_verify()
   if not self.consumed then
     refuse(self, "AGENT_STATE", "verify", "verify before begin")
+  end
+  if self.gate_waits then
+    -- (The fills ordered on the device: the host asks only once the TP
+    -- worker's last load finished, so they have.)
+    self.gate_waits = nil
+    local ok, message, code = self.transport.settle(self.device_index)
+    if not ok then
+      refuse(self, "FILL_FAILED", "verify", "the fills queued on the device failed: " .. tostring(message), code)
+    end
   end
   local manifest, message = self.digests:of(self.consumed, self.fill_segments)
   self.consumed = nil
@@ -594,6 +639,7 @@ function Agent:_handlers()
       end
       fields.remote = true
       self.aborted = errors.new(payload.code, payload.message, fields)
+      self:_release_gate()
       return {}
     end,
     callback = function(payload)

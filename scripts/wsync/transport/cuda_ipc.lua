@@ -13,6 +13,18 @@
 --- The interface is wsync.transport.shm's; where it needs the device, the
 --- ranks' rows or NCCL, it takes a `context` ({device, world, rank,
 --- nccl_id}). Descriptors are strings "<bytes>:<handle hex>".
+---
+--- Chunks ordered on the device (buffers.order = "device"): each rank also
+--- holds a gate, a small buffer of two 32-bit words that its TP worker maps:
+--- FILLED, which the rank's stream writes after each fill, and LOADED, which
+--- the worker's stream writes after each load. A fill waits on the device
+--- for LOADED to reach the previous chunk's number and a load for FILLED to
+--- reach its own, so the device runs fill 1, load 1, fill 2, ... one after
+--- the other with no host round trip between them (the two processes'
+--- kernels are time-sliced, not run at once, when both are queued), and the
+--- requests only queue the work. The gate lives in the rank's memory: a
+--- rank whose worker died writes LOADED itself (M.release_gate) so that its
+--- own stream never waits for a dead process.
 local ffi = require("ffi")
 local uv = require("luv")
 local digest = require("wsync.native.digest")
@@ -52,6 +64,13 @@ end
 
 -- A stream per device, made once per process.
 local streams = {}
+
+--- Makes `stream` the one this process's fills and loads on `device` queue
+--- on (nil: a new one at the next use). For tests that play the device with
+--- an object recording what is queued.
+function M.set_stream(device, stream)
+  streams[device] = stream
+end
 local function stream_of(device)
   if not streams[device] then
     local stream, message, code = cuda().stream(device)
@@ -123,10 +142,16 @@ end
 
 ---@class wsync.CudaOwn
 ---@field buffers userdata[]  this rank's packed buffers, by slot
+---@field gate userdata?      the words chunks ordered on the device wait on
 ---@field device integer
 
+--- Where the gate's words lie: the rank's stream writes FILLED, the TP
+--- worker's LOADED (their own 128-byte lines).
+M.GATE = { FILLED = 0, LOADED = 128, BYTES = 4096 }
+
 --- Creates this rank's `count` packed buffers of `bytes` bytes on
---- `context.device`. Returns them, or nil, message, code.
+--- `context.device`, and with `context.gate` its gate (both words 0).
+--- Returns them, or nil, message, code.
 function M.create(count, bytes, context)
   local device = context and context.device or 0
   local own = { buffers = {}, device = device }
@@ -138,7 +163,22 @@ function M.create(count, bytes, context)
     end
     own.buffers[slot] = buffer
   end
+  if context and context.gate then
+    local gate, message, code = cuda().buffer(device, M.GATE.BYTES) -- (zero-filled)
+    if not gate then
+      M.release(own)
+      return nil, string.format("the gate of chunks ordered on the device, on GPU %d: %s", device, message), code
+    end
+    own.gate = gate
+  end
   return own
+end
+
+--- The gate's descriptor (as a buffer's), or nil without one.
+function M.gate_descriptor(own)
+  if own.gate then
+    return string.format("%d:%s", own.gate:size(), hex(assert(own.gate:export())))
+  end
 end
 
 --- What the TP worker on the same GPU needs to map `own`'s buffers (by
@@ -162,7 +202,7 @@ end
 --- (`context.nccl_id` from the host, `context.world`). Returns them, or nil,
 --- message, code.
 function M.attach(own, descriptors, rank, context)
-  local targets = { by_slot = own.buffers, device = own.device }
+  local targets = { by_slot = own.buffers, device = own.device, gate = own.gate }
   local world = context and context.world or #descriptors
   if world > 1 then
     local nccl = require("wsync._nccl")
@@ -247,20 +287,35 @@ end
 
 --- Runs a fill plan and waits until the device finished it. Returns the
 --- bytes written into this rank's buffer and the seconds it took, or nil,
---- message, code.
-function M.fill(targets, slot, sources, plan, what)
+--- message, code. With `gate` ({after?, seq}: chunks ordered on the device)
+--- it only queues the fill, behind a device wait for LOADED to reach
+--- `after` (when given), and FILLED = `seq` after it; it returns at once (0 seconds), and
+--- M.settle waits for it.
+function M.fill(targets, slot, sources, plan, what, gate)
   local stream, message, code = stream_of(targets.device)
   if not stream then
     return nil, message, code
   end
   local started = uv.hrtime()
-  local ok
-  if plan.broadcasts then
-    ok, message, code = targets.comm:fill(stream, targets.by_slot[slot], sources, plan.broadcasts)
-  else
-    ok, message, code = plan.copy:launch(stream)
+  local ok = true
+  if gate then
+    if not targets.gate then
+      return nil, string.format("%s: ordered on the device, and this rank has no gate", what or "fill"), "WS_ESTATE"
+    end
+    if gate.after ~= nil then -- (a publication's first fill waits for nothing)
+      ok, message, code = stream:wait_value(targets.gate, M.GATE.LOADED, gate.after)
+    end
   end
   if ok then
+    if plan.broadcasts then
+      ok, message, code = targets.comm:fill(stream, targets.by_slot[slot], sources, plan.broadcasts)
+    else
+      ok, message, code = plan.copy:launch(stream)
+    end
+  end
+  if ok and gate then
+    ok, message, code = stream:write_value(targets.gate, M.GATE.FILLED, gate.seq)
+  elseif ok then
     ok, message, code = stream:synchronize()
   end
   if not ok then
@@ -274,7 +329,33 @@ function M.fill(targets, slot, sources, plan, what)
       bytes = bytes + broadcast.bytes
     end
   end
-  return bytes, (uv.hrtime() - started) / 1e9
+  return bytes, gate and 0 or (uv.hrtime() - started) / 1e9
+end
+
+--- Waits until the work queued on `device`'s stream finished (chunks ordered
+--- on the device: every fill or load queued so far). Returns true, or nil,
+--- message, code (a fill or load that failed on the device says so here).
+function M.settle(device)
+  local stream, message, code = stream_of(device or 0)
+  if not stream then
+    return nil, message, code
+  end
+  return stream:synchronize()
+end
+
+--- A rank's release of its own gate when its TP worker will not load again
+--- (it died, or the publication failed): LOADED = `value`, written from the
+--- host, so that every fill queued behind a wait for it runs; then waits for
+--- the rank's stream. Returns true, or nil, message, code.
+function M.release_gate(targets, value)
+  if not (targets and targets.gate) then
+    return true
+  end
+  local ok, message, code = targets.gate:write(M.GATE.LOADED, ffi.string(ffi.new("uint32_t[1]", value), 4))
+  if not ok then
+    return nil, "releasing the gate: " .. tostring(message), code
+  end
+  return M.settle(targets.device)
 end
 
 --- The direct path: exports the rank's own storage for the TP worker on the
@@ -315,7 +396,8 @@ function M.export_memories(memories, device)
   return descriptors, offsets
 end
 
---- Frees an agent's buffers and its communicator. Either may be nil.
+--- Frees an agent's buffers, its gate and its communicator. Either may be
+--- nil.
 function M.release(own, targets)
   if targets and targets.comm then
     targets.comm:destroy()
@@ -326,6 +408,10 @@ function M.release(own, targets)
   end
   if own then
     own.buffers = {}
+    if own.gate then
+      own.gate:close()
+      own.gate = nil
+    end
   end
 end
 
@@ -348,6 +434,16 @@ function M.import(descriptors, context)
     imported[slot] = mapping
   end
   return imported
+end
+
+--- Maps a rank's gate (M.gate_descriptor) for its TP worker on
+--- `context.device`. Returns the mapping, or nil, message, code.
+function M.import_gate(descriptor, context)
+  local imported, message, code = M.import({ descriptor }, context)
+  if not imported then
+    return nil, "the gate: " .. tostring(message), code
+  end
+  return imported[1]
 end
 
 --- Unmaps imported buffers (the last mapping of one closes its IPC handle).
@@ -400,8 +496,12 @@ function M.plan_load(resident, buffer, copies)
 end
 
 --- Runs a load plan and waits until the device finished it. Returns the
---- bytes moved and the seconds it took, or nil, message, code.
-function M.load(resident, buffer, plan, what)
+--- bytes moved and the seconds it took, or nil, message, code. With `gate`
+--- ({memory = the rank's gate mapped, seq, last}: chunks ordered on the
+--- device) it queues the load behind a device wait for FILLED to reach `seq`,
+--- and LOADED = `seq` after it, and waits for the stream only when `last`
+--- (the seconds are then the wait's).
+function M.load(resident, buffer, plan, what, gate)
   if plan.resident ~= resident or plan.buffer ~= buffer then
     return nil, string.format("%s: the plan was made for other memory", what or "load"), "WS_ESTATE"
   end
@@ -410,9 +510,17 @@ function M.load(resident, buffer, plan, what)
     return nil, message, code
   end
   local started = uv.hrtime()
-  local ok
-  ok, message, code = plan.copy:launch(stream)
+  local ok = true
+  if gate then
+    ok, message, code = stream:wait_value(gate.memory, M.GATE.FILLED, gate.seq)
+  end
   if ok then
+    ok, message, code = plan.copy:launch(stream)
+  end
+  if ok and gate then
+    ok, message, code = stream:write_value(gate.memory, M.GATE.LOADED, gate.seq)
+  end
+  if ok and (not gate or gate.last) then
     ok, message, code = stream:synchronize()
   end
   if not ok then

@@ -29,7 +29,8 @@ end
 -- makes that call fail; `delay` (ms) makes fills and loads wait; `exported`
 -- is rank 1's manifest at verify; `keeps_release`: the runtime's finish
 -- answer does not say it released; `slow_start`: start_update and begin
--- wait `delay` too.
+-- wait `delay` too; `unordered_runtime`: a runtime whose workers cannot wait
+-- on the device. The fourth result holds the gates the fills and loads got.
 local function stand_ins(options)
   options = options or {}
   local log = {}
@@ -64,11 +65,13 @@ local function stand_ins(options)
   function ranks:check_registration()
     hit("check_registration")
   end
-  function ranks:init_buffers()
+  function ranks:init_buffers(plan)
     hit("init_buffers")
     self.descriptors = { { "a" }, { "b" } }
-    return self.descriptors
+    return self.descriptors, plan.ordered and { "gate a", "gate b" } or nil
   end
+  -- (The real numbering: wsync.publish.ranks.)
+  ranks.gate_numbers = getmetatable(require("wsync.publish.ranks").new({}, 0)).__index.gate_numbers
   function ranks:all(cmd)
     hit(cmd)
     if cmd == "begin" and options.slow_start then
@@ -79,9 +82,11 @@ local function stand_ins(options)
     end
     return { {}, {} }
   end
-  function ranks:fill(_, k, buffer)
+  local gates = { fills = {}, loads = {} }
+  function ranks:fill(_, k, buffer, _, gate)
     hit("fill")
     log[#log] = log[#log] .. string.format(" chunk %d buffer %d", k, buffer)
+    gates.fills[#gates.fills + 1] = gate or false
     wait("fill " .. k)
     return { { copy_seconds = 0.001 }, { copy_seconds = 0.002 } }
   end
@@ -90,12 +95,14 @@ local function stand_ins(options)
   function rollout:workers()
     return { { device = { uuid = "u0" } }, { device = { uuid = "u1" } } }
   end
-  function rollout:init_weights()
+  function rollout:init_weights(_, _, _, _, gate_names)
     hit("init_weights")
+    self.ordered = gate_names ~= nil and not options.unordered_runtime
   end
-  function rollout:load_chunk(_, k, buffer)
+  function rollout:load_chunk(_, k, buffer, _, gate)
     hit("load")
     log[#log] = log[#log] .. string.format(" chunk %d buffer %d", k, buffer)
+    gates.loads[#gates.loads + 1] = gate or false
     wait("load " .. k)
     return { chunk = k, copy_seconds = 0.003 }
   end
@@ -124,7 +131,7 @@ local function stand_ins(options)
     self.destroyed = cause
     log[#log + 1] = "destroy"
   end
-  return ranks, rollout, log
+  return ranks, rollout, log, gates
 end
 
 local function new(plan, ranks, rollout, versions)
@@ -260,6 +267,79 @@ describe("wsync.publish.publication", function()
         fill_end_at = line == "end fill 1" and index or fill_end_at
       end
       assert.is_true(load_at < fill_end_at, "the load waited for the fill")
+    end)
+  end)
+
+  describe("with chunks ordered on the device", function()
+    local function ordered_plan(chunks)
+      local plan = plan_of(chunks, 1) -- (one buffer: the device orders its reuse)
+      plan.ordered = true
+      return plan
+    end
+
+    it("queues each fill with the numbers it waits for and writes, each load once its fill is queued, and waits "
+      .. "only for the last", function()
+      async.run_async(function()
+        local ranks, rollout, log, gates = stand_ins({ delay = 5 })
+        local versions = versions_module.new()
+        local plan = ordered_plan(3)
+        new(plan, ranks, rollout, versions):run()
+        new(plan, ranks, rollout, versions):run()
+        assert.are.same({ { seq = 1 }, { after = 1, seq = 2 }, { after = 2, seq = 3 },
+          { seq = 4 }, { after = 4, seq = 5 }, { after = 5, seq = 6 } }, gates.fills)
+        assert.are.same({ { seq = 1, last = false }, { seq = 2, last = false }, { seq = 3, last = true },
+          { seq = 4, last = false }, { seq = 5, last = false }, { seq = 6, last = true } }, gates.loads)
+        for _, line in ipairs(log) do
+          assert.is_nil(line:match("buffer 2"), line)
+        end
+        local at = {}
+        for index, line in ipairs(log) do
+          at[line:match("^(%a+#%d+)") or line] = at[line:match("^(%a+#%d+)") or line] or index
+        end
+        for k = 1, 3 do
+          assert.is_true(at["load#" .. k] > at["end fill " .. k], "load " .. k .. " asked before its fill answered")
+        end
+        -- (The fills do not wait for the loads, one buffer as it is: the
+        -- device orders them.)
+        assert.is_true(at["fill#2"] < at["end load 1"], "fill 2 waited for load 1")
+        assert.is_true(at["verify#1"] > at["end load 3"], "verified before the last load ended")
+        assert.are.equal(2, versions.committed)
+      end)
+    end)
+
+    it("is refused at init, before anything moved, by a runtime whose workers cannot wait on the device", function()
+      async.run_async(function()
+        local ranks, rollout, log = stand_ins({ unordered_runtime = true })
+        local publication = new(ordered_plan(2), ranks, rollout)
+        local ok, err = pcall(publication.run, publication)
+        assert.is_false(ok)
+        assert.are.equal("PREFLIGHT", err.code)
+        assert.are.equal("init", err.phase)
+        assert.matches('buffers.order = "device" needs a runtime whose TP workers wait on the device', err.message,
+          1, true)
+        assert.is_nil(rollout.destroyed)
+        for _, line in ipairs(log) do
+          assert.is_nil(line:match("^fill") or line:match("^start_update"), line)
+        end
+      end)
+    end)
+
+    it("destroys the runtime at once when a fill fails, so that no load waits on the device for it", function()
+      async.run_async(function()
+        local ranks, rollout, log = stand_ins({ fail = "fill#2", delay = 5 })
+        local versions = versions_module.new()
+        local publication = new(ordered_plan(3), ranks, rollout, versions)
+        local ok, err = pcall(publication.run, publication)
+        assert.is_false(ok)
+        assert.are.equal("PUBLISH_FAILED", err.code)
+        assert.are.equal("chunks", err.phase)
+        assert.matches("injected fill#2", err.message, 1, true)
+        for _, line in ipairs(log) do
+          assert.is_nil(line:match("^load#2"), "chunk 2 was loaded after its fill failed")
+        end
+        assert.is_not_nil(rollout.destroyed)
+        assert.are.equal(0, versions.committed)
+      end)
     end)
   end)
 

@@ -405,6 +405,30 @@ describe("recipe schema numbers", function()
   end)
 end)
 
+describe("recipe buffers.order", function()
+  it("is host unless given, and device on the cuda backend's packed buffers", function()
+    assert.are.equal("host", assert(schema.check(recipe.schema, model_recipe())).buffers.order)
+    local checked = assert(schema.check(recipe.schema, model_recipe({ backend = "cuda",
+      buffers = { order = "device" } })))
+    assert.are.equal("device", checked.buffers.order)
+    assert.is_true(require("wsync.recipe.prepare").prepare(checked, { plan_only = true }).ordered)
+  end)
+
+  it("refuses device on the host backend, on the direct path, and another value", function()
+    local failure = refused({ buffers = { order = "device" } })
+    assert.are.equal("buffers.order", failure.path)
+    assert.are.equal("chunks ordered on the device need the cuda backend's packed buffers (here host)",
+      failure.message)
+    failure = refused({ backend = "cuda", trainer = { ranks = 1 }, runtime = { tp = 1 },
+      buffers = { order = "device", direct = true } })
+    assert.are.equal("buffers.order", failure.path)
+    assert.matches("(here cuda, the direct path)", failure.message, 1, true)
+    failure = refused({ buffers = { order = "gpu" } })
+    assert.are.equal("buffers.order", failure.path)
+    assert.matches("expected one of host, device", failure.message, 1, true)
+  end)
+end)
+
 describe("recipe verify", function()
   it("takes false, true, \"synthetic\" and \"values\" and says which check each makes", function()
     for value, mode in pairs({ [false] = false, [true] = "synthetic", synthetic = "synthetic", values = "values" }) do

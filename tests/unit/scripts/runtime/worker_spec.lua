@@ -42,4 +42,61 @@ describe("wsync.runtime.worker", function()
     assert.are.equal("COPY_FAILED", err.code)
     assert.is_true(err.fatal)
   end)
+
+  describe("with chunks ordered on the device", function()
+    -- A worker with chunk 1 planned and a transport that records the gate
+    -- each load gets (the cuda transport's, played here: no GPU).
+    local function worker_with(gate)
+      local loads, settled = {}, {}
+      local transport = setmetatable({
+        BINDS_MEMORY = false,
+        load = function(_, _, _, _, load_gate)
+          loads[#loads + 1] = load_gate or false
+          return 12, 0
+        end,
+        settle = function(device)
+          settled[#settled + 1] = device
+          return true
+        end,
+      }, { __index = require("wsync.transport.shm") })
+      local manifest = require("wsync.native.manifest")
+      local segment = assert(manifest.segment())
+      assert(segment:add("t", "bfloat16", { 2, 3 }))
+      local worker = setmetatable({ rank = 0, world = 1, device = { uuid = "u" }, context = { device = 0 },
+        transport = transport, imported = { "buffer" }, weights = "weights", gate = gate, filled = {},
+        chunks = { { copies = {}, residents = {}, tensors = 1, plan = "plan", resident = "weights",
+          buffer = "buffer", segment = segment } }, segments = { segment }, digests = manifest.digest_cache(),
+        update = { header = header, loaded = {}, tensors = 0, bytes = 0, touched = 0, epoch = 1 } }, Worker)
+      return worker, loads, settled
+    end
+
+    it("queues a load behind the rank's gate, and waits for the stream at finish when no last load came", function()
+      local worker, loads, settled = worker_with("gate mapping")
+      worker:load_chunk({ chunk = 1, buffer = 1, gate = { seq = 5, last = false } })
+      assert.are.same({ { memory = "gate mapping", seq = 5, last = false } }, loads)
+      assert.are.same({}, settled)
+      local receipt = worker:finish_update({ publication_id = header.publication_id, model_version = 3 })
+      assert.are.same({ 0 }, settled)
+      assert.are.equal(1, receipt.tensors)
+      worker.chunks[1].segment:close()
+    end)
+
+    it("waits for its stream with the last load and not at finish", function()
+      local worker, loads, settled = worker_with("gate mapping")
+      worker:load_chunk({ chunk = 1, buffer = 1, gate = { seq = 6, last = true } })
+      assert.are.same({ { memory = "gate mapping", seq = 6, last = true } }, loads)
+      worker:finish_update({ publication_id = header.publication_id, model_version = 3 })
+      assert.are.same({}, settled) -- (the transport's load waited: last)
+      worker.chunks[1].segment:close()
+    end)
+
+    it("refuses, fatally, a load ordered on the device when init_weights mapped no gate", function()
+      local worker = worker_with(nil)
+      local ok, err = pcall(worker.load_chunk, worker, { chunk = 1, buffer = 1, gate = { seq = 5, last = true } })
+      assert.is_false(ok)
+      assert.are.equal("NO_GATE", err.code)
+      assert.is_true(err.fatal)
+      assert.matches("init_weights mapped no gate", err.message, 1, true)
+    end)
+  end)
 end)

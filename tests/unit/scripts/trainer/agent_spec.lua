@@ -122,3 +122,69 @@ describe("wsync.trainer.agent move_tensor", function()
     end)
   end)
 end)
+
+describe("wsync.trainer.agent with chunks ordered on the device", function()
+  -- An agent whose transport records what it is asked to release and settle
+  -- (the cuda transport's gate, played here: no GPU).
+  local function run(fn)
+    async.run_async(function()
+      local endpoint = endpoint_module.listen({ handlers_for = function() return {} end })
+      local agent = agent_module.connect({ endpoint = endpoint.path, rank = 0, world = 1 })
+      local calls = {}
+      local shm_transport = agent.transport
+      agent.transport = setmetatable({
+        release_gate = function(_, value)
+          calls[#calls + 1] = "release " .. tostring(value)
+          return true
+        end,
+        settle = function()
+          calls[#calls + 1] = "settle"
+          return true
+        end,
+      }, { __index = shm_transport })
+      local ok, err = pcall(fn, agent, calls)
+      agent.transport = shm_transport
+      agent:close()
+      endpoint:close()
+      assert(ok, err)
+    end)
+  end
+
+  it("refuses a gate on a transport that cannot order chunks on the device", function()
+    run(function(agent)
+      local ok, err = pcall(agent._handlers(agent).init_buffers, { count = 1, bytes = 64, gate = true })
+      assert.is_false(ok)
+      assert.are.equal("AGENT_STATE", err.code)
+      assert.matches("the shm transport cannot order chunks on the device", err.message, 1, true)
+    end)
+  end)
+
+  it("releases fills queued behind its worker's loads at an abort, at the next begin, and at close; once", function()
+    run(function(agent, calls)
+      local handlers = agent:_handlers()
+      agent.gate_waits = 7
+      handlers.abort({ code = "PUBLISH_FAILED", message = "the runtime died" })
+      assert.are.same({ "release 7" }, calls)
+      assert.are.equal("PUBLISH_FAILED", agent.aborted.code)
+      handlers.abort({ code = "PUBLISH_FAILED", message = "again" })
+      assert.are.same({ "release 7" }, calls) -- (nothing left queued)
+      agent.gate_waits = 9
+      agent:_begin({ family = "qwen3_moe", publication_id = "p" })
+      assert.are.same({ "release 7", "release 9" }, calls)
+      agent.gate_waits = 11
+      agent:_release_buffers()
+      assert.are.same({ "release 7", "release 9", "release 11" }, calls)
+    end)
+  end)
+
+  it("waits for its queued fills at verify, and then has nothing to release", function()
+    run(function(agent, calls)
+      agent:_begin({ family = "qwen3_moe", publication_id = "p" })
+      agent.gate_waits = 3
+      agent._handlers(agent).verify({})
+      assert.are.same({ "settle" }, calls)
+      agent:_release_buffers()
+      assert.are.same({ "settle" }, calls)
+    end)
+  end)
+end)

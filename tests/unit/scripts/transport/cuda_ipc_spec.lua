@@ -72,3 +72,78 @@ describe("wsync.transport.cuda_ipc without a GPU", function()
     assert.are.equal("ENODEV", code)
   end)
 end)
+
+describe("wsync.transport.cuda_ipc with chunks ordered on the device", function()
+  -- A stream that records what is queued on it (no GPU), and a copy plan.
+  local cuda_ipc = require("wsync.transport.cuda_ipc")
+  local queued, stream, plan
+  before_each(function()
+    queued = {}
+    stream = {
+      wait_value = function(_, memory, offset, value)
+        queued[#queued + 1] = string.format("wait %s@%d >= %d", memory, offset, value)
+        return true
+      end,
+      write_value = function(_, memory, offset, value)
+        queued[#queued + 1] = string.format("write %s@%d = %d", memory, offset, value)
+        return true
+      end,
+      synchronize = function()
+        queued[#queued + 1] = "synchronize"
+        return true
+      end,
+    }
+    plan = { copy = { launch = function()
+      queued[#queued + 1] = "copy"
+      return true
+    end, info = function()
+      return { bytes = 64 }
+    end } }
+    cuda_ipc.set_stream(0, stream)
+  end)
+  after_each(function()
+    cuda_ipc.set_stream(0, nil)
+  end)
+
+  local GATE = cuda_ipc.GATE
+  local targets = { device = 0, gate = "gate", by_slot = {} }
+
+  it("queues a publication's first fill without a wait, a later one behind its worker's last load", function()
+    assert.are.same({ 64, 0 }, { cuda_ipc.fill(targets, 1, {}, plan, "fill", { seq = 5 }) })
+    assert.are.same({ 64, 0 }, { cuda_ipc.fill(targets, 1, {}, plan, "fill", { after = 5, seq = 6 }) })
+    assert.are.same({ "copy", "write gate@" .. GATE.FILLED .. " = 5", "wait gate@" .. GATE.LOADED .. " >= 5", "copy",
+      "write gate@" .. GATE.FILLED .. " = 6" }, queued)
+  end)
+
+  it("waits for the fill without a gate, as ever", function()
+    assert(cuda_ipc.fill(targets, 1, {}, plan, "fill"))
+    assert.are.same({ "copy", "synchronize" }, queued)
+  end)
+
+  it("refuses a fill ordered on the device on a rank without a gate", function()
+    local bytes, message, code = cuda_ipc.fill({ device = 0, by_slot = {} }, 1, {}, plan, "fill", { seq = 1 })
+    assert.is_nil(bytes)
+    assert.are.equal("WS_ESTATE", code)
+    assert.matches("ordered on the device, and this rank has no gate", message, 1, true)
+  end)
+
+  it("releases a rank's gate from the host, LOADED written, then waits for its stream", function()
+    local gate = { write = function(_, offset, bytes)
+      queued[#queued + 1] = string.format("host write @%d = %d", offset,
+        bytes:byte(1) + bytes:byte(2) * 256 + bytes:byte(3) * 65536 + bytes:byte(4) * 16777216)
+      return true
+    end }
+    assert(cuda_ipc.release_gate({ device = 0, gate = gate }, 70000))
+    assert.are.same({ "host write @" .. GATE.LOADED .. " = 70000", "synchronize" }, queued)
+    assert.is_true(cuda_ipc.release_gate({ device = 0 }, 1)) -- (no gate: nothing to release)
+  end)
+
+  it("queues loads behind their rank's fill, and waits for the stream with the last", function()
+    plan.resident, plan.buffer, plan.device = "weights", "buffer", 0
+    assert(cuda_ipc.load("weights", "buffer", plan, "load", { memory = "mapped", seq = 5, last = false }))
+    assert(cuda_ipc.load("weights", "buffer", plan, "load", { memory = "mapped", seq = 6, last = true }))
+    assert.are.same({ "wait mapped@" .. GATE.FILLED .. " >= 5", "copy", "write mapped@" .. GATE.LOADED .. " = 5",
+      "wait mapped@" .. GATE.FILLED .. " >= 6", "copy", "write mapped@" .. GATE.LOADED .. " = 6", "synchronize" },
+      queued)
+  end)
+end)
