@@ -35,7 +35,7 @@ status=0
 stage() { [[ "$stages" == *" $1 "* ]]; }
 if stage tier; then
   echo "== gpu tier" | tee "$out/summary.txt"
-  timeout 420 wsync test tests/gpu -o utfTerminal >"$out/gpu_tier.log" 2>&1 || status=1
+  timeout 540 wsync test tests/gpu -o utfTerminal >"$out/gpu_tier.log" 2>&1 || status=1
   tail -n 3 "$out/gpu_tier.log" | tee -a "$out/summary.txt"
   grep -E "^(Failure|Error) ->" -A6 "$out/gpu_tier.log" | head -60 | tee -a "$out/summary.txt"
 fi
