@@ -22,11 +22,13 @@ experts) as views of one allocation; the same tensors go four ways, in this orde
    (tests/fixtures/recipes/vllm_30b_bench_storage.lua; its first publication checked too);
 7. direct as 4., its weight commands over wsync's socket to the worker rather than vLLM's
    collective_rpc (tests/fixtures/recipes/vllm_30b_bench_socket.lua);
-8. direct as 6. over that socket (tests/fixtures/recipes/vllm_30b_bench_storage_socket.lua).
+8. direct as 6. over that socket (tests/fixtures/recipes/vllm_30b_bench_storage_socket.lua);
+9. direct through one 8 GiB buffer with the chunks ordered on the device (buffers.order =
+   "device": tests/fixtures/recipes/vllm_30b_bench_ordered.lua).
 
     python3 tests/bench/vllm_publish.py [REPEATS] [WAY,WAY,...]
-WAYS: of native, direct, "direct 2x4GiB", "direct storage", "direct socket", "direct storage socket" (default
-all); the floor and vLLM's own always run.
+WAYS: of native, direct, "direct 2x4GiB", "direct storage", "direct socket", "direct storage socket",
+"direct ordered" (default all); the floor and vLLM's own always run.
 
 A way that fails is reported and the others still run. With native among the ways, vLLM's own
 runs again after them (its time moves by a second from one engine to the next: 4.2-6.1 s on the
@@ -61,7 +63,8 @@ RECIPES = {"native": "tests/fixtures/recipes/vllm_30b_bench_native.lua",
            "direct 2x4GiB": "tests/fixtures/recipes/vllm_30b_bench_4g.lua",
            "direct storage": "tests/fixtures/recipes/vllm_30b_bench_storage.lua",
            "direct socket": "tests/fixtures/recipes/vllm_30b_bench_socket.lua",
-           "direct storage socket": "tests/fixtures/recipes/vllm_30b_bench_storage_socket.lua"}
+           "direct storage socket": "tests/fixtures/recipes/vllm_30b_bench_storage_socket.lua",
+           "direct ordered": "tests/fixtures/recipes/vllm_30b_bench_ordered.lua"}
 GiB = 1024 ** 3
 
 

@@ -86,7 +86,8 @@ class Recording(StandIn):
 
     def init_weights(self, payload):
         self.chunks, self.loaded = {}, []
-        return [{"rank": rank} for rank in range(self.tp)]
+        gates = payload.get("gates")
+        return [{"rank": rank, "ordered": gates is not None and self.fault != "no_gate"} for rank in range(self.tp)]
 
     def start_update(self, header):
         self.loaded = []
@@ -139,6 +140,17 @@ class TestRuntime:
         assert after["model_version"] == 1 and after["outputs"][0]["model_version"] == 1
         assert after["outputs"][0]["token_ids"] != before["outputs"][0]["token_ids"]
         assert runtime.info()["prefix_cache_resets"] == 1
+
+    def test_init_says_ordered_only_when_every_worker_mapped_its_gate(self, runtime):
+        payload = {"tp": 2, "transport": "shm", "buffers": [["a"], ["b"]]}
+        assert runtime.init_weights(payload)["ordered"] is False
+        assert runtime.init_weights(dict(payload, gates=["ga", "gb"]))["ordered"] is True
+        runtime.engine.fault = "no_gate"
+        assert runtime.init_weights(dict(payload, gates=["ga", "gb"]))["ordered"] is False
+        runtime.engine.fault = None
+        with pytest.raises(Failure) as refused:
+            runtime.init_weights(dict(payload, gates=["ga"]))
+        assert refused.value.code == "BAD_METADATA" and "the gate of each of the 2 TP ranks" in refused.value.message
 
     def test_finish_releases_in_its_answer_only_when_asked(self, runtime):
         assert "released" not in publish(runtime)

@@ -165,8 +165,12 @@ class DirectLoader:
         # (Each worker maps its own rank's buffers, as the reference runtime's do.)
         self.bound = None
         key = self.fingerprint() if self.fingerprint else None
-        result = self._call("init_weights", dict(payload, buffers=payload["buffers"][self.identity["rank"]],
-                                                 residents=self.residents()))
+        rank = self.identity["rank"]
+        own = dict(payload, buffers=payload["buffers"][rank], residents=self.residents())
+        own.pop("gates", None)
+        if payload.get("gates") is not None:
+            own["gate"] = payload["gates"][rank]  # (chunks ordered on the device: this rank's gate)
+        result = self._call("init_weights", own)
         self.bound = key
         return result
 

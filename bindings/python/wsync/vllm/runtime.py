@@ -274,9 +274,16 @@ class Runtime:
         if not isinstance(buffers, list) or len(buffers) != self.tp:
             raise Failure("BAD_METADATA", f"init_weights needs the packed buffers of each of the {self.tp} TP ranks",
                           fatal=True)
+        gates = payload.get("gates")
+        if gates is not None and (not isinstance(gates, list) or len(gates) != self.tp):
+            raise Failure("BAD_METADATA", f"init_weights needs the gate of each of the {self.tp} TP ranks",
+                          fatal=True)
         results = self._engine_call("init_weights", self.engine.init_weights, payload)
         self.initialized, self.transport = True, payload["transport"]
-        return {"workers": results}
+        # (``ordered``: every worker mapped its rank's gate, so chunks may be ordered on the
+        # device; the direct loader's workers do, vLLM's own receiver does not.)
+        ordered = gates is not None and all(result.get("ordered") is True for result in results)
+        return {"workers": results, "ordered": ordered}
 
     def check_header(self, header: Any) -> None:
         """A header must match this runtime: protocol, transport, a 128-bit id, a version
