@@ -422,7 +422,8 @@ function Publication:init()
     self.rollout:init_weights(self.plan, self.topology.tp, self.transport, descriptors, gates)
     if self.plan.ordered and not self.rollout.ordered then
       fail("PREFLIGHT", "buffers.order = \"device\" needs a runtime whose TP workers wait on the device for the "
-        .. "ranks' fills (on cuda: the reference runtime, the vllm runtime's direct loader); this one's do not: use buffers.order = \"host\"")
+        .. "ranks' fills (on cuda: the reference runtime, the vllm runtime's direct loader); this one's do not: "
+        .. "use buffers.order = \"host\"")
     end
   end)
 end
