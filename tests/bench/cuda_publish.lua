@@ -16,8 +16,9 @@
 --                     queued at once, each waiting on the device for the
 --                     other; the fill and load columns are then the time to
 --                     queue them, the last load's the wait for all);
---                     `SIZE@TILE` makes its copy plans tiled (TILE bytes:
---                     $WSYNC_CUDA_COPY_TILE)
+--                     `SIZE@TILE` gives its copy plans tiles of TILE bytes
+--                     ($WSYNC_CUDA_COPY_TILE; the default 64 KiB; 0: each warp
+--                     its own range)
 --       PUBLICATIONS  per size (default 5); the first of each (plans made,
 --                     buffers mapped, resident storage allocated) is left
 --                     out of the medians
@@ -147,7 +148,8 @@ loop.spawn(function()
     local totals, fills, loads, copies = {}, {}, {}, {}
     local label = (serial[index] and "serial " or "") .. (ordered[index] and "device-ordered " or "")
       .. (direct and gib or string.format("%d x %.1f GiB", counts[index], gib))
-      .. (tiles[index] and string.format(", tiles %d KiB", tiles[index] / 1024) or "")
+      .. (tiles[index] == "0" and ", per-warp ranges"
+        or tiles[index] and string.format(", tiles %d KiB", tiles[index] / 1024) or "")
     for at = 2, #reports do
       local t = reports[at].timings
       totals[#totals + 1], fills[#fills + 1], loads[#loads + 1] = t.total, t.fill, t.load

@@ -58,7 +58,7 @@ if stage shapes; then
 fi
 if stage publish; then
   echo "== cuda publish benchmark" | tee -a "$out/summary.txt"
-  timeout 300 wsync tests/bench/cuda_publish.lua 8,device:8,device:1x8,8@65536,device:8@65536,serial:8,3x4,direct-tensor,direct-tensor@65536 5 >"$out/cuda_publish.log" 2>&1 || status=1
+  timeout 300 wsync tests/bench/cuda_publish.lua 8@0,8,device:8@0,device:8,device:1x8,serial:8,direct-tensor@0,direct-tensor 5 >"$out/cuda_publish.log" 2>&1 || status=1
   grep -v "^trainer rank\|^wsync:\|^  chunk" "$out/cuda_publish.log" | tail -n 24 | tee -a "$out/summary.txt"
 fi
 if stage vllm || stage vllm-bench; then

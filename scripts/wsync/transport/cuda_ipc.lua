@@ -85,14 +85,19 @@ end
 --- Plans hold device addresses: made again when their memory moves.
 M.BINDS_MEMORY = true
 
---- The copy plans' layout: each warp its own range of the chunk's bytes, or,
---- with $WSYNC_CUDA_COPY_TILE (bytes, a multiple of 512 up to 64 MiB), tiles of the
---- chunk that the warps take in turn (host/cuda_tiles.h). A tuning knob, read
---- where each plan is made (tests/bench/cuda_publish.lua `SIZE@TILE`).
---- Returns copy_plan's options, or nil, message, code.
+--- The copy plans' tile: the warps take 64 KiB tiles of a chunk's bytes in
+--- turn (host/cuda_tiles.h), measured faster than each warp its own range
+--- (tests/bench/RESULTS.md). $WSYNC_CUDA_COPY_TILE (bytes, a multiple of 512
+--- up to 64 MiB; 0: the per-warp ranges) changes it where each plan is made
+--- (tests/bench/cuda_publish.lua `SIZE@TILE`).
+M.COPY_TILE = 64 * 1024
+
+--- copy_plan's options for this process's plans, or nil, message, code.
 function M.copy_options()
   local value = os.getenv("WSYNC_CUDA_COPY_TILE")
-  if value == nil or value == "" or value == "0" then
+  if value == nil or value == "" then
+    return { tile = M.COPY_TILE }
+  elseif value == "0" then
     return {}
   end
   local tile = tonumber(value)

@@ -21,17 +21,18 @@ describe("wsync.transport.cuda_ipc without a GPU", function()
     assert.matches("no transport for the tpu backend in this build (it has: cuda, host)", err.message, 1, true)
   end)
 
-  it("makes copy plans tiled with $WSYNC_CUDA_COPY_TILE, and refuses a tile that is no multiple of 512", function()
+  it("tiles copy plans by 64 KiB, or as $WSYNC_CUDA_COPY_TILE says (0: per-warp ranges), refusing a bad tile",
+    function()
     local uv = require("luv")
     local cuda_ipc = require("wsync.transport.cuda_ipc")
     local previous = os.getenv("WSYNC_CUDA_COPY_TILE")
     local ok, err = pcall(function()
       uv.os_unsetenv("WSYNC_CUDA_COPY_TILE")
-      assert.are.same({}, cuda_ipc.copy_options())
-      for _, value in ipairs({ "0", "" }) do
-        uv.os_setenv("WSYNC_CUDA_COPY_TILE", value)
-        assert.are.same({}, cuda_ipc.copy_options())
-      end
+      assert.are.same({ tile = 65536 }, cuda_ipc.copy_options())
+      uv.os_setenv("WSYNC_CUDA_COPY_TILE", "")
+      assert.are.same({ tile = 65536 }, cuda_ipc.copy_options())
+      uv.os_setenv("WSYNC_CUDA_COPY_TILE", "0")
+      assert.are.same({}, cuda_ipc.copy_options()) -- (the per-warp ranges)
       uv.os_setenv("WSYNC_CUDA_COPY_TILE", "65536")
       assert.are.same({ tile = 65536 }, cuda_ipc.copy_options())
       for _, value in ipairs({ "1000", "big", "256", tostring(128 * 1024 * 1024) }) do
