@@ -202,7 +202,7 @@ end
 --- wait for it; a failed fill still poisons.
 function Publication:_move_chunks(first, after_fills)
   local plan = self.plan
-  if plan.ordered and first == 1 and not M.serial then
+  if plan.gated and self.rollout.ordered and first == 1 and not M.serial then
     return self:_move_chunks_ordered(after_fills)
   end
   if M.serial then
@@ -217,7 +217,7 @@ function Publication:_move_chunks(first, after_fills)
   end
   local count, buffers = #plan.chunks, plan.buffer_count
   local filled, loaded = first - 1, first - 1
-  local gated = not plan.direct
+  local waits_for_fill = not plan.direct
   local failure = nil
   local changed = loop.condition()
 
@@ -249,7 +249,7 @@ function Publication:_move_chunks(first, after_fills)
   local loader = guarded(function()
     for k = first, count do
       changed:wait(function()
-        return failure ~= nil or filled >= k or not gated
+        return failure ~= nil or filled >= k or not waits_for_fill
       end)
       if failure then
         return
@@ -413,9 +413,10 @@ function Publication:preflight()
 end
 
 --- Buffers created, exported and mapped (once per session and runtime).
---- Chunks ordered on the device (plan.ordered) need a runtime whose workers
---- wait on the ranks' gates; one that cannot is refused here, before
---- anything moved.
+--- Chunks ordered on the device need a runtime whose workers wait on the
+--- ranks' gates (plan.gated): with buffers.order = "device" (plan.ordered)
+--- one that cannot is refused here, before anything moved; with "auto" the
+--- host orders them then.
 function Publication:init()
   self:_phase("init", function()
     local descriptors, gates = self.ranks:init_buffers(self.plan, self.timeouts.init)

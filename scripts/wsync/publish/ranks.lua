@@ -143,8 +143,8 @@ end
 
 --- Creates and exports every rank's packed buffers and has every rank map
 --- every rank's, once per session (buffer policy "keep": they live until the
---- session closes). Returns the descriptors by rank, and with `plan.ordered`
---- (chunks ordered on the device) every rank's gate.
+--- session closes). Returns the descriptors by rank, and with `plan.gated`
+--- (chunks that may be ordered on the device) every rank's gate.
 ---@param plan wsync.Plan
 ---@param timeout number
 ---@return string[][], string[]?
@@ -163,9 +163,9 @@ function Ranks:init_buffers(plan, timeout)
   end
   if not self.descriptors then
     local results = self:all("init_buffers", function()
-      return { count = plan.buffer_count, bytes = plan.buffer_bytes, gate = plan.ordered or nil }
+      return { count = plan.buffer_count, bytes = plan.buffer_bytes, gate = plan.gated or nil }
     end, timeout)
-    local descriptors, gates = {}, plan.ordered and {} or nil
+    local descriptors, gates = {}, plan.gated and {} or nil
     for index, result in ipairs(results) do
       descriptors[index] = result.names
       if gates then

@@ -136,8 +136,10 @@ M.schema = schema.record({
         -- Who orders each chunk's fill and load: the host (it asks for the
         -- load once every rank's fill finished), or, on cuda, the device
         -- (both queued at once, each waiting on the device for the other:
-        -- wsync.transport.cuda_ipc).
-        order = schema.enum({ "host", "device", default = "host" }),
+        -- wsync.transport.cuda_ipc); "auto": the device where the packed
+        -- buffers are cuda's and the runtime's workers can wait on it, the
+        -- host otherwise.
+        order = schema.enum({ "auto", "host", "device", default = "auto" }),
       },
     }),
     memory = schema.record({

@@ -52,6 +52,11 @@ function M.prepare(recipe, options)
   end
   local model = recipe.model
   local plan = plan_module.build({ family = model.family, config = model.preset or model.config }, recipe.buffers)
+  -- (`gated`: the ranks make gates, so that the chunks may be ordered on the
+  -- device: required with "device", taken with "auto" when the runtime's
+  -- workers can wait on them. Only cuda's packed buffers have gates.)
+  plan.gated = plan.ordered or (recipe.buffers.order == "auto" and recipe.backend == "cuda" and not plan.direct)
+    or nil
   local topology = { world = recipe.trainer.ranks, tp = recipe.runtime.tp, replicas = recipe.runtime.replicas or 1 }
   plan_module.family(plan.family).check_tp(plan.config, topology.tp)
   local memory_report, bootstrap, steps = M.check_schedule(recipe, plan, topology, M.known_callbacks(recipe))

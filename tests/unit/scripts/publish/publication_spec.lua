@@ -68,7 +68,7 @@ local function stand_ins(options)
   function ranks:init_buffers(plan)
     hit("init_buffers")
     self.descriptors = { { "a" }, { "b" } }
-    return self.descriptors, plan.ordered and { "gate a", "gate b" } or nil
+    return self.descriptors, plan.gated and { "gate a", "gate b" } or nil
   end
   -- (The real numbering: wsync.publish.ranks.)
   ranks.gate_numbers = getmetatable(require("wsync.publish.ranks").new({}, 0)).__index.gate_numbers
@@ -273,7 +273,7 @@ describe("wsync.publish.publication", function()
   describe("with chunks ordered on the device", function()
     local function ordered_plan(chunks)
       local plan = plan_of(chunks, 1) -- (one buffer: the device orders its reuse)
-      plan.ordered = true
+      plan.ordered, plan.gated = true, true
       return plan
     end
 
@@ -306,6 +306,18 @@ describe("wsync.publish.publication", function()
         assert.are.equal(2, versions.committed)
       end)
     end)
+
+    it("orders them on the host with buffers.order = \"auto\" when the runtime's workers cannot wait on the device",
+      function()
+        async.run_async(function()
+          local ranks, rollout, _, gates = stand_ins({ unordered_runtime = true })
+          local plan = ordered_plan(2)
+          plan.ordered = nil -- ("auto": gated, not required)
+          assert.are.equal(1, new(plan, ranks, rollout):run().model_version)
+          assert.are.same({ false, false }, gates.fills)
+          assert.are.same({ false, false }, gates.loads)
+        end)
+      end)
 
     it("is refused at init, before anything moved, by a runtime whose workers cannot wait on the device", function()
       async.run_async(function()

@@ -406,12 +406,25 @@ describe("recipe schema numbers", function()
 end)
 
 describe("recipe buffers.order", function()
-  it("is host unless given, and device on the cuda backend's packed buffers", function()
-    assert.are.equal("host", assert(schema.check(recipe.schema, model_recipe())).buffers.order)
-    local checked = assert(schema.check(recipe.schema, model_recipe({ backend = "cuda",
+  it("is auto unless given: gates on the cuda backend's packed buffers, required with device", function()
+    local prepare = require("wsync.recipe.prepare").prepare
+    local host = assert(schema.check(recipe.schema, model_recipe()))
+    assert.are.equal("auto", host.buffers.order)
+    assert.is_nil(prepare(host, { plan_only = true }).gated)
+    local auto = assert(schema.check(recipe.schema, model_recipe({ backend = "cuda" })))
+    local plan = prepare(auto, { plan_only = true })
+    assert.is_true(plan.gated)
+    assert.is_nil(plan.ordered)
+    local device = assert(schema.check(recipe.schema, model_recipe({ backend = "cuda",
       buffers = { order = "device" } })))
-    assert.are.equal("device", checked.buffers.order)
-    assert.is_true(require("wsync.recipe.prepare").prepare(checked, { plan_only = true }).ordered)
+    plan = prepare(device, { plan_only = true })
+    assert.is_true(plan.gated and plan.ordered)
+    local unordered = assert(schema.check(recipe.schema, model_recipe({ backend = "cuda",
+      buffers = { order = "host" } })))
+    assert.is_nil(prepare(unordered, { plan_only = true }).gated)
+    local direct = assert(schema.check(recipe.schema, model_recipe({ backend = "cuda", trainer = { ranks = 1 },
+      runtime = { tp = 1 }, buffers = { direct = true } })))
+    assert.is_nil(prepare(direct, { plan_only = true }).gated)
   end)
 
   it("refuses device on the host backend, on the direct path, and another value", function()
@@ -425,7 +438,7 @@ describe("recipe buffers.order", function()
     assert.matches("(here cuda, the direct path)", failure.message, 1, true)
     failure = refused({ buffers = { order = "gpu" } })
     assert.are.equal("buffers.order", failure.path)
-    assert.matches("expected one of host, device", failure.message, 1, true)
+    assert.matches("expected one of auto, host, device", failure.message, 1, true)
   end)
 end)
 
