@@ -152,23 +152,73 @@ local function same(a, b, size)
   return ffi.string(a, size) == ffi.string(b, size)
 end
 
--- Lays out, runs and compares with the reference.
-local function check_copies(regions_spec, ops, warps)
+-- Host memory for `regions_spec` ({size, source?} each): the regions a
+-- layout copies (`got`: sources patterned, targets 0xaa) and those the
+-- reference copies into (`want`: the same sources, fresh targets).
+local function host_regions(regions_spec)
   local got, want = {}, {}
   for i, spec in ipairs(regions_spec) do
-    local salt = i * 7
-    got[i] = { data = spec.source and pattern(spec.size, salt) or bytes(spec.size, 0xaa), size = spec.size }
+    got[i] = { data = spec.source and pattern(spec.size, i * 7) or bytes(spec.size, 0xaa), size = spec.size }
     want[i] = { data = spec.source and got[i].data or bytes(spec.size, 0xaa), size = spec.size }
   end
-  local result = assert(layout(got, ops, warps), detail())
-  check_shape(result, ops, warps)
-  run(result)
+  return got, want
+end
+
+-- Runs the reference copy of `ops` into `want` and asserts that every target
+-- of `got` holds the same (`what`: the layout, for the message).
+local function assert_like_reference(regions_spec, got, want, ops, what)
   reference(want, ops)
   for i, spec in ipairs(regions_spec) do
     if not spec.source then
-      assert.is_true(same(got[i].data, want[i].data, spec.size), "region " .. i .. " differs from the reference")
+      assert.is_true(same(got[i].data, want[i].data, spec.size),
+        string.format("region %d differs from the reference (%s)", i, what))
     end
   end
+end
+
+-- Random ops between the regions {1 target, 2 source, 3 target, 4 source}
+-- of `regions` (sizes; the targets' ops back to back, gaps of up to 17
+-- bytes): `count` tries, each with rows 1 or, at `strided` odds, rows in
+-- `rows`, a width from `width()`, and pitches up to `source_pad` / 64 bytes
+-- past it.
+local function random_ops(regions, count, strided, rows_range, width, source_pad)
+  local ops, cursor = {}, { [1] = 0, [3] = 0 }
+  for _ = 1, count do
+    local target = math.random() < 0.5 and 1 or 3
+    local source = math.random() < 0.5 and 2 or 4
+    local rows = math.random() < strided and math.random(rows_range[1], rows_range[2]) or 1
+    local op_width = width()
+    local target_pitch = op_width + (rows > 1 and math.random(0, 64) or 0)
+    local source_pitch = op_width + (rows > 1 and math.random(0, source_pad) or 0)
+    local span = (rows - 1) * target_pitch + op_width
+    if cursor[target] + span <= regions[target].size then
+      local from = math.random(0, regions[source].size - ((rows - 1) * source_pitch + op_width))
+      ops[#ops + 1] = { target = target, source = source, to = cursor[target], from = from, rows = rows,
+        width = op_width, target_pitch = target_pitch, source_pitch = source_pitch }
+      cursor[target] = cursor[target] + span + math.random(0, 17)
+    end
+  end
+  return ops
+end
+
+-- 10,000 tiny contiguous ops from region 2 into region 1.
+local function tiny_ops()
+  local ops, to = {}, 0
+  for i = 1, 10000 do
+    local width = (i * 37) % 61 + 1
+    ops[i] = { target = 1, source = 2, to = to, from = (i * 101) % 100000, width = width }
+    to = to + width + (i % 3)
+  end
+  return ops
+end
+
+-- Lays out, runs and compares with the reference.
+local function check_copies(regions_spec, ops, warps)
+  local got, want = host_regions(regions_spec)
+  local result = assert(layout(got, ops, warps), detail())
+  check_shape(result, ops, warps)
+  run(result)
+  assert_like_reference(regions_spec, got, want, ops, string.format("%d warps", warps))
   return result
 end
 
@@ -218,13 +268,7 @@ describe("ws_cuda_copy_layout", function()
   end)
 
   it("copies 10,000 tiny ops with every warp busy", function()
-    local ops, to = {}, 0
-    for i = 1, 10000 do
-      local width = (i * 37) % 61 + 1
-      ops[i] = { target = 1, source = 2, to = to, from = (i * 101) % 100000, width = width }
-      to = to + width + (i % 3)
-    end
-    local result = check_copies(two, ops, 512)
+    local result = check_copies(two, tiny_ops(), 512)
     assert.are.equal(512, result.warps)
   end)
 
@@ -232,22 +276,9 @@ describe("ws_cuda_copy_layout", function()
     math.randomseed(20240611)
     local regions = { { size = MiB }, { size = MiB, source = true }, { size = 2 * MiB }, { size = MiB, source = true } }
     for _ = 1, 6 do
-      local ops, cursor = {}, { [1] = 0, [3] = 0 }
-      for _ = 1, 200 do
-        local target = math.random() < 0.5 and 1 or 3
-        local source = math.random() < 0.5 and 2 or 4
-        local rows = math.random() < 0.3 and math.random(1, 40) or 1
-        local width = math.random(1, 2000)
-        local target_pitch = width + (rows > 1 and math.random(0, 64) or 0)
-        local source_pitch = width + (rows > 1 and math.random(0, 64) or 0)
-        local span = (rows - 1) * target_pitch + width
-        if cursor[target] + span <= regions[target].size then
-          local from = math.random(0, MiB - ((rows - 1) * source_pitch + width))
-          ops[#ops + 1] = { target = target, source = source, to = cursor[target], from = from, rows = rows,
-            width = width, target_pitch = target_pitch, source_pitch = source_pitch }
-          cursor[target] = cursor[target] + span + math.random(0, 17)
-        end
-      end
+      local ops = random_ops(regions, 200, 0.3, { 1, 40 }, function()
+        return math.random(1, 2000)
+      end, 64)
       check_copies(regions, ops, math.random(1, 300))
     end
   end)
@@ -292,11 +323,7 @@ end
 -- Lays the ops out in tiles, walks them on the host as `warps` warps of
 -- `tile` bytes would, and compares with the reference.
 local function check_tiles(regions_spec, ops, tile, warps)
-  local got, want = {}, {}
-  for i, spec in ipairs(regions_spec) do
-    got[i] = { data = spec.source and pattern(spec.size, i * 7) or bytes(spec.size, 0xaa), size = spec.size }
-    want[i] = { data = spec.source and got[i].data or bytes(spec.size, 0xaa), size = spec.size }
-  end
+  local got, want = host_regions(regions_spec)
   local result = assert(tile_layout(got, ops), detail())
   assert.are.equal(0, tonumber(result.starts[0]))
   assert.are.equal(total_bytes(ops), tonumber(result.starts[result.count]))
@@ -306,23 +333,8 @@ local function check_tiles(regions_spec, ops, tile, warps)
       tonumber(result.starts[i + 1]))
   end
   assert.are.equal(0, C.ws_cuda_copy_tiles_on_host(result.descs, result.starts, result.count, tile, warps), detail())
-  reference(want, ops)
-  for i, spec in ipairs(regions_spec) do
-    if not spec.source then
-      assert.is_true(same(got[i].data, want[i].data, spec.size),
-        string.format("region %d differs from the reference (tiles of %d, %d warps)", i, tile, warps))
-    end
-  end
+  assert_like_reference(regions_spec, got, want, ops, string.format("tiles of %d, %d warps", tile, warps))
   return result
-end
-
--- Host regions of a `regions_spec` list (sources patterned).
-local function two_regions_of(regions_spec)
-  local list = {}
-  for i, spec in ipairs(regions_spec) do
-    list[i] = { data = spec.source and pattern(spec.size, i) or bytes(spec.size), size = spec.size }
-  end
-  return list
 end
 
 describe("ws_cuda_copy_tile_layout and its walk", function()
@@ -343,35 +355,16 @@ describe("ws_cuda_copy_tile_layout and its walk", function()
     math.randomseed(20261201)
     local regions = { { size = MiB }, { size = MiB, source = true }, { size = 2 * MiB }, { size = MiB, source = true } }
     for round = 1, 8 do
-      local ops, cursor = {}, { [1] = 0, [3] = 0 }
-      for _ = 1, 150 do
-        local target = math.random() < 0.5 and 1 or 3
-        local source = math.random() < 0.5 and 2 or 4
-        local rows = math.random() < 0.4 and math.random(2, 60) or 1
-        local width = math.random() < 0.3 and math.random(1, 40) or math.random(1, 5000)
-        local target_pitch = width + (rows > 1 and math.random(0, 64) or 0)
-        local source_pitch = width + (rows > 1 and math.random(0, 300) or 0)
-        local span = (rows - 1) * target_pitch + width
-        if cursor[target] + span <= regions[target].size then
-          local from = math.random(0, MiB - ((rows - 1) * source_pitch + width))
-          ops[#ops + 1] = { target = target, source = source, to = cursor[target], from = from, rows = rows,
-            width = width, target_pitch = target_pitch, source_pitch = source_pitch }
-          cursor[target] = cursor[target] + span + math.random(0, 17)
-        end
-      end
+      local ops = random_ops(regions, 150, 0.4, { 2, 60 }, function()
+        return math.random() < 0.3 and math.random(1, 40) or math.random(1, 5000)
+      end, 300)
       local tile = ({ 512, 1024, 4096, 65536 })[round % 4 + 1]
       check_tiles(regions, ops, tile, ({ 1, 7, 64, 1000 })[math.floor(round / 2) % 4 + 1])
     end
   end)
 
   it("copies 10,000 tiny ops, many in one tile", function()
-    local ops, to = {}, 0
-    for i = 1, 10000 do
-      local width = (i * 37) % 61 + 1
-      ops[i] = { target = 1, source = 2, to = to, from = (i * 101) % 100000, width = width }
-      to = to + width + (i % 3)
-    end
-    check_tiles(two, ops, 4096, 33)
+    check_tiles(two, tiny_ops(), 4096, 33)
   end)
 
   it("copies rows wider than a tile, cut within rows", function()
@@ -381,7 +374,7 @@ describe("ws_cuda_copy_tile_layout and its walk", function()
   end)
 
   it("refuses a tile that is no multiple of 512 bytes or too large, and a walk without warps", function()
-    local result = assert(tile_layout(two_regions_of(two), { { target = 1, source = 2, to = 0, from = 0,
+    local result = assert(tile_layout((host_regions(two)), { { target = 1, source = 2, to = 0, from = 0,
       width = 64 } }))
     for _, tile in ipairs({ 0, 256, 1000, C.WS_CUDA_TILE_MAX + 512 }) do
       assert.are.equal(C.WS_EINVAL, C.ws_cuda_copy_tiles_on_host(result.descs, result.starts, 1, tile, 4))
