@@ -190,6 +190,27 @@ function Publication:_load(k, gate)
   return answer
 end
 
+-- Runs `filler(state)` and `loader(state)` at once. `state.failure` holds the
+-- first failure of either (after `on_fill_failure(err)` when the filler's)
+-- and `state.changed` wakes the other; raises that failure once both ended.
+local function fill_and_load(filler, loader, on_fill_failure)
+  local state = { failure = nil, changed = loop.condition() }
+  local roles = { filler, loader }
+  loop.all(#roles, function(i)
+    local ok, err = pcall(roles[i], state)
+    if not ok and state.failure == nil then
+      state.failure = err
+      if i == 1 and on_fill_failure then
+        on_fill_failure(err)
+      end
+    end
+    state.changed:notify()
+  end)
+  if state.failure then
+    error(state.failure, 0)
+  end
+end
+
 --- Moves chunks `first`..last: the ranks fill chunk k into buffer k mod B;
 --- when every rank reported success (the consensus gate) the runtime loads
 --- it; only after the load may that buffer be refilled. With two buffers,
@@ -218,54 +239,34 @@ function Publication:_move_chunks(first, after_fills)
   local count, buffers = #plan.chunks, plan.buffer_count
   local filled, loaded = first - 1, first - 1
   local waits_for_fill = not plan.direct
-  local failure = nil
-  local changed = loop.condition()
-
-  local function guarded(work)
-    return function()
-      local ok, err = pcall(work)
-      if not ok and failure == nil then
-        failure = err
-      end
-      changed:notify()
-    end
-  end
-  local filler = guarded(function()
+  fill_and_load(function(state)
     for k = first, count do
-      changed:wait(function()
-        return failure ~= nil or loaded >= k - buffers
+      state.changed:wait(function()
+        return state.failure ~= nil or loaded >= k - buffers
       end)
-      if failure then
+      if state.failure then
         return
       end
       self:_fill(k)
       filled = k -- every rank succeeded: chunk k may load
-      changed:notify()
+      state.changed:notify()
     end
-    if after_fills and failure == nil then
+    if after_fills and state.failure == nil then
       after_fills()
     end
-  end)
-  local loader = guarded(function()
+  end, function(state)
     for k = first, count do
-      changed:wait(function()
-        return failure ~= nil or filled >= k or not waits_for_fill
+      state.changed:wait(function()
+        return state.failure ~= nil or filled >= k or not waits_for_fill
       end)
-      if failure then
+      if state.failure then
         return
       end
       self:_load(k)
       loaded = k
-      changed:notify()
+      state.changed:notify()
     end
   end)
-  local roles = { filler, loader }
-  loop.all(#roles, function(i)
-    roles[i]()
-  end)
-  if failure then
-    error(failure, 0)
-  end
 end
 
 --- Chunks ordered on the device (buffers.order = "device";
@@ -285,47 +286,32 @@ function Publication:_move_chunks_ordered(after_loads)
   local function number(k)
     return (first + k) % 2 ^ 32
   end
-  local filled, failure = 0, nil
-  local changed = loop.condition()
-  local roles = {
-    function()
-      for k = 1, count do
-        if failure then
-          return
-        end
-        -- (Chunk 1 waits for nothing: the last publication's loads ended.)
-        self:_fill(k, { after = k > 1 and number(k - 1) or nil, seq = number(k) })
-        filled = k
-        changed:notify()
+  local filled = 0
+  fill_and_load(function(state)
+    for k = 1, count do
+      if state.failure then
+        return
       end
-    end,
-    function()
-      for k = 1, count do
-        changed:wait(function()
-          return failure ~= nil or filled >= k
-        end)
-        if failure then
-          return
-        end
-        self:_load(k, { seq = number(k), last = k == count })
-      end
-    end,
-  }
-  loop.all(#roles, function(i)
-    local ok, err = pcall(roles[i])
-    if not ok and failure == nil then
-      failure = err
-      if i == 1 then
-        -- (A load in flight may wait on the device for the fill that failed:
-        -- the runtime goes now, not at its timeout.)
-        self.rollout:destroy(err)
-      end
+      -- (Chunk 1 waits for nothing: the last publication's loads ended.)
+      self:_fill(k, { after = k > 1 and number(k - 1) or nil, seq = number(k) })
+      filled = k
+      state.changed:notify()
     end
-    changed:notify()
+  end, function(state)
+    for k = 1, count do
+      state.changed:wait(function()
+        return state.failure ~= nil or filled >= k
+      end)
+      if state.failure then
+        return
+      end
+      self:_load(k, { seq = number(k), last = k == count })
+    end
+  end, function(err)
+    -- (A load in flight may wait on the device for the fill that failed: the
+    -- runtime goes now, not at its timeout.)
+    self.rollout:destroy(err)
   end)
-  if failure then
-    error(failure, 0)
-  end
   if after_loads then
     after_loads()
   end
