@@ -4,6 +4,7 @@
 #include "process.h"
 
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int check_signal(lua_State *L, int index) {
@@ -69,6 +70,46 @@ static int process_count_group(lua_State *L) {
   return 1;
 }
 
+// _process.watch(pid) -> fd | nil, message, CODE
+static int process_watch(lua_State *L) {
+  lua_Integer pid = luaL_checkinteger(L, 1);
+  if (pid <= 0 || pid > INT32_MAX)
+    luaL_argerror(L, 1, "not a process id");
+  int fd = -1;
+  int status = ws_process_watch((int)pid, &fd);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushinteger(L, fd);
+  return 1;
+}
+
+// _process.find_marked("NAME=VALUE") -> {pid, ...} | nil, message, CODE
+static int process_find_marked(lua_State *L) {
+  const char *entry = luaL_checkstring(L, 1);
+  if (strchr(entry, '=') == NULL)
+    luaL_argerror(L, 1, "a mark is NAME=VALUE");
+  int capacity = 64, count = 0;
+  for (;;) {
+    int *pids = malloc(sizeof *pids * (size_t)capacity);
+    if (pids == NULL)
+      return luaL_error(L, "find_marked: out of memory");
+    int status = ws_process_find_marked(entry, pids, capacity, &count);
+    if (status == WS_OK && count <= capacity) {
+      lua_createtable(L, count, 0); // [pids]
+      for (int i = 0; i < count; i++) {
+        lua_pushinteger(L, pids[i]);
+        lua_rawseti(L, -2, i + 1);
+      }
+      free(pids);
+      return 1;
+    }
+    free(pids);
+    if (status != WS_OK)
+      return ws_lua_push_failure(L, status);
+    capacity = count + 64; // (more were found than fit: again, larger)
+  }
+}
+
 int luaopen_wsync_process(lua_State *L) {
   static const luaL_Reg functions[] = {
       {"become_subreaper", process_become_subreaper},
@@ -76,6 +117,8 @@ int luaopen_wsync_process(lua_State *L) {
       {"signal_group", process_signal_group},
       {"reap_group", process_reap_group},
       {"count_group", process_count_group},
+      {"watch", process_watch},
+      {"find_marked", process_find_marked},
       {NULL, NULL},
   };
   lua_newtable(L);

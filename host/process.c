@@ -5,10 +5,13 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -95,6 +98,87 @@ int ws_process_count_group(int group, int *count) {
     int member_group = 0;
     if (read_group(entry->d_name, &member_group) && member_group == group)
       (*count)++;
+  }
+  closedir(proc);
+  return WS_OK;
+}
+
+int ws_process_watch(int pid, int *fd) {
+  ws_clear_error();
+  *fd = -1;
+  if (pid <= 0)
+    return ws_fail(WS_EINVAL, "process: cannot watch pid %d", pid);
+#ifdef SYS_pidfd_open
+  long opened = syscall(SYS_pidfd_open, (pid_t)pid, 0);
+  if (opened < 0)
+    return ws_fail(errno == ESRCH ? WS_ENOTFOUND : WS_ESYS,
+                   "process: pidfd_open(%d): %s", pid, strerror(errno));
+  *fd = (int)opened;
+  return WS_OK;
+#else
+  return ws_fail(WS_ENODEV, "process: this system has no pidfd_open");
+#endif
+}
+
+// Whether the NUL-separated entries of `/proc/<pid>/environ` hold `entry`.
+// The file is read whole (a process's initial environment is at most a few
+// pages, and the kernel caps it with the argument limit).
+static int environ_holds(int pid, const char *entry, size_t length) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/environ", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return 0;
+  size_t capacity = 16384, used = 0;
+  char *text = malloc(capacity);
+  int found = 0;
+  while (text != NULL) {
+    if (used == capacity) {
+      char *grown = realloc(text, capacity * 2);
+      if (grown == NULL)
+        break;
+      text = grown;
+      capacity *= 2;
+    }
+    ssize_t got = read(fd, text + used, capacity - used);
+    if (got < 0 && errno == EINTR)
+      continue;
+    if (got <= 0)
+      break;
+    used += (size_t)got;
+  }
+  close(fd);
+  for (size_t at = 0; text != NULL && at < used && !found;) {
+    const char *end = memchr(text + at, '\0', used - at);
+    size_t size = end != NULL ? (size_t)(end - (text + at)) : used - at;
+    found = size == length && memcmp(text + at, entry, length) == 0;
+    at += size + 1;
+  }
+  free(text);
+  return found;
+}
+
+int ws_process_find_marked(const char *entry, int *pids, int capacity,
+                           int *count) {
+  ws_clear_error();
+  *count = 0;
+  if (entry == NULL || strchr(entry, '=') == NULL || capacity < 0)
+    return ws_fail(WS_EINVAL, "process: a mark is NAME=VALUE");
+  size_t length = strlen(entry);
+  DIR *proc = opendir("/proc");
+  if (proc == NULL)
+    return ws_fail(WS_ESYS, "process: opendir /proc: %s", strerror(errno));
+  pid_t own = getpid();
+  struct dirent *item;
+  while ((item = readdir(proc)) != NULL) {
+    if (!isdigit((unsigned char)item->d_name[0]))
+      continue;
+    int pid = atoi(item->d_name);
+    if (pid == own || !environ_holds(pid, entry, length))
+      continue;
+    if (*count < capacity)
+      pids[*count] = pid;
+    (*count)++;
   }
   closedir(proc);
   return WS_OK;

@@ -29,3 +29,17 @@ int ws_process_reap_group(int group, int *reaped);
 /// Counts the processes of group `group` that still exist (zombies included)
 /// by reading /proc, and stores the count in `*count`.
 int ws_process_count_group(int group, int *count);
+
+/// Opens a descriptor that becomes readable when process `pid` exits (a
+/// pidfd, close-on-exec): a watch on that one process that a reused pid
+/// cannot fool. Stores it in `*fd`; the caller closes it.
+int ws_process_watch(int pid, int *fd);
+
+/// Finds the processes other than this one whose environment, as it was when
+/// they started (/proc/PID/environ), holds the entry `entry` ("NAME=VALUE")
+/// exactly: how a process tree is found whatever process group or session
+/// its members moved to. Stores up to `capacity` pids in `pids` and how many
+/// were found in `*count` (which may exceed `capacity`). Processes whose
+/// environment cannot be read (another user's, zombies) are not found.
+int ws_process_find_marked(const char *entry, int *pids, int capacity,
+                           int *count);

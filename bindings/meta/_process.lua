@@ -34,4 +34,16 @@ function process.reap_group(group) end
 ---@return integer|nil count, string? message, string? code
 function process.count_group(group) end
 
+--- A descriptor (pidfd) that becomes readable when process `pid` exits;
+--- close it with uv.fs_close. Code "ENOTFOUND": no such process.
+---@param pid integer
+---@return integer|nil fd, string? message, string? code
+function process.watch(pid) end
+
+--- The pids of the processes other than this one whose initial environment
+--- holds `entry` ("NAME=VALUE") exactly.
+---@param entry string
+---@return integer[]|nil pids, string? message, string? code
+function process.find_marked(entry) end
+
 return process
