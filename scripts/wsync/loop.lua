@@ -13,6 +13,8 @@ local M = {}
 local pack = require("wsync.util").pack
 
 local first_failure = nil
+local kept = setmetatable({}, { __mode = "k" }) -- handles kept for the host's lifetime
+local close_hooks = {}                           -- run first by close_all
 
 local function default_report(err)
   if first_failure == nil then
@@ -346,12 +348,36 @@ end
 ---@param handle userdata
 ---@return boolean
 function M.owns(handle)
-  return handle == spin_handle
+  return handle == spin_handle or kept[handle] == true
+end
+
+--- Marks `handle` as one kept for the host's lifetime (the guard's process
+--- and pipe, wsync.control.guard): `owns` counts it, and it is closed by the
+--- hook that opened it (`at_close`) or by close_all.
+---@param handle userdata
+function M.keep(handle)
+  kept[handle] = true
+end
+
+--- Runs `fn()` once, first thing in close_all (before any handle closes), in
+--- the order registered: what must end in order while the loop still runs
+--- (the guard waits there for its process). `fn` must not raise.
+---@param fn fun()
+function M.at_close(fn)
+  close_hooks[#close_hooks + 1] = fn
 end
 
 --- Closes every open handle and runs the loop until the closes complete. The
 --- host calls this before it closes the Lua state.
 function M.close_all()
+  local hooks = close_hooks
+  close_hooks = {}
+  for _, fn in ipairs(hooks) do
+    local ok, err = pcall(fn)
+    if not ok then
+      io.stderr:write("wsync: closing: " .. tostring(err) .. "\n")
+    end
+  end
   uv.walk(function(handle)
     if not handle:is_closing() then
       handle:close()

@@ -80,6 +80,24 @@ function M.leftovers(parent, pattern)
   end
 end
 
+--- The environment for a child process, as uv.spawn takes it ("NAME=VALUE"
+--- strings): this process's, with `entries` ("NAME=VALUE") replacing
+--- variables of the same name.
+---@param entries string[]?
+---@return string[]
+function M.environment(entries)
+  local variables = uv.os_environ()
+  for _, entry in ipairs(entries or {}) do
+    local key, value = entry:match("^([^=]+)=(.*)$")
+    variables[key] = value
+  end
+  local env = {}
+  for key, value in pairs(variables) do
+    env[#env + 1] = key .. "=" .. value
+  end
+  return env
+end
+
 --- This process's memory after a full collection: the Lua heap and the
 --- resident set, in bytes (soak tests and `wsync repl` read them).
 ---@return {lua_heap_bytes: integer, rss_bytes: integer, pid: integer}
@@ -98,7 +116,7 @@ local function executable(path)
 end
 
 --- The wsync binary that this host starts its roles with (`wsync runtime`,
---- `wsync trainer`): the running executable when it is wsync; in an embedding
+--- `wsync trainer`, `wsync guard`): the running executable when it is wsync; in an embedding
 --- process (a trainer that loaded libwsync) $WSYNC_PROGRAM, else the `wsync`
 --- beside libwsync (a build tree or a bundle), else `wsync` on PATH. Raises
 --- PROGRAM_NOT_FOUND naming the places when none is there.
@@ -134,9 +152,9 @@ function M.program()
     end
   end
   tried[#tried + 1] = "wsync on PATH"
-  require("wsync.errors").raise("PROGRAM_NOT_FOUND", string.format("this process embeds libwsync (%s) and must "
-    .. "start the rollout runtime as `wsync runtime`, but no wsync binary was found (tried $WSYNC_PROGRAM, %s): "
-    .. "set WSYNC_PROGRAM to the wsync binary", image, table.concat(tried, ", ")))
+  require("wsync.errors").raise("PROGRAM_NOT_FOUND", string.format("this process embeds libwsync (%s) and starts "
+    .. "wsync's own processes (`wsync runtime`, `wsync trainer`, `wsync guard`) from the wsync binary, but none was "
+    .. "found (tried $WSYNC_PROGRAM, %s): set WSYNC_PROGRAM to the wsync binary", image, table.concat(tried, ", ")))
 end
 
 return M

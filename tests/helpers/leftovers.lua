@@ -140,14 +140,18 @@ end
 ---@field pid integer              the wsync process
 ---@field pids table<integer, boolean> every marked process seen during the run
 ---@field wall number              seconds
+---@field settled number?          seconds after its exit until its marked processes ended (options.settle_ms)
 ---@field leftovers {processes: integer[], zombies: integer[], segments: string[], files: string[]}
 
 --- Runs wsync with `args`; `options.env` ({"K=V"}) adds to its environment,
 --- `options.timeout` (ms, default 60000) ends it, `options.signal` sends the
 --- signal `name` ("sigint") once stdout shows the text `after`, `options.stdin`
---- is its input (none by default). Returns a MarkedResult.
+--- is its input (none by default), `options.settle_ms` waits up to that long
+--- after its exit for its marked processes to end (`settled`: the seconds
+--- that took) before what is left is collected. Returns a MarkedResult.
 ---@param args string[]
----@param options {env: string[]?, timeout: integer?, signal: {after: string, name: string}?, stdin: string?}?
+---@param options {env: string[]?, timeout: integer?, signal: {after: string, name: string}?, stdin: string?,
+---  settle_ms: integer?}?
 ---@return MarkedResult
 function M.run(args, options)
   options = options or {}
@@ -196,6 +200,17 @@ function M.run(args, options)
   end
   result.wall = (uv.hrtime() - started) / 1e9
   result.marker, result.pid, result.pids = marker, child, seen
+  if options.settle_ms then
+    -- (What outlives the process may take a moment to end: its guard's work.)
+    local deadline = uv.hrtime() + options.settle_ms * 1e6
+    while #M.marked(marker) > 0 and uv.hrtime() < deadline do
+      for _, pid in ipairs(M.marked(marker)) do
+        seen[pid] = true
+      end
+      uv.sleep(M.POLL_MS)
+    end
+    result.settled = (uv.hrtime() - started) / 1e9 - result.wall
+  end
 
   -- What is left, then cleaned up.
   local leftovers = { processes = M.marked(marker), zombies = M.zombie_children() }

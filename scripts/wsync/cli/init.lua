@@ -38,6 +38,11 @@ internal (started by wsync itself, not by hand):
                                        shards in one allocation or one per tensor;
                                        ENDPOINT is the socket path or the
                                        tcp://ADDR:PORT?token=HEX the host prints
+       wsync guard --host PID --mark NAME=VALUE [--grace-ms MS]
+                                       ends the processes whose environment holds
+                                       the mark once host PID exits or closes the
+                                       guard's stdin (SIGTERM, SIGKILL after the
+                                       grace period), then removes what they left
 
 Lua scripts come from the source tree when this binary runs from its build
 directory, from the bytecode embedded in the binary otherwise; set
@@ -378,6 +383,19 @@ function commands.trainer(args)
       storage = options.storage,
     })
   end)
+end
+
+function commands.guard(args)
+  local options = parse_options(args, { host = "number", mark = "string", ["grace-ms"] = "number" })
+  if not options.host or options.host < 2 or not options.mark or not options.mark:find("=", 1, true) then
+    usage_error("wsync guard needs --host PID and --mark NAME=VALUE")
+  end
+  local status = 0
+  serve_role(function()
+    status = require("wsync.control.guard").main({ host = options.host, mark = options.mark,
+      grace_ms = options["grace-ms"] })
+  end)
+  return status
 end
 
 function commands.help()

@@ -11,11 +11,13 @@
 local uv = require("luv")
 local channel_module = require("wsync.control.channel")
 local errors = require("wsync.errors")
+local guard = require("wsync.control.guard")
 local inflight_module = require("wsync.control.inflight")
 local loop = require("wsync.loop")
 local messages = require("wsync.control.messages")
 local process = require("wsync._process")
 local timeouts_module = require("wsync.control.timeouts")
+local util = require("wsync.util")
 
 local M = {}
 
@@ -112,20 +114,18 @@ function M.spawn(options)
     became_subreaper = true
   end
 
-  local control = uv.new_pipe(false)
   -- The child gets this process's environment with options.env's entries
   -- replacing variables of the same name, and WSYNC_PARENT_PID: the pid it
-  -- must find as its parent when it asks to die with it.
-  local variables = uv.os_environ()
-  for _, entry in ipairs(options.env or {}) do
-    local key, value = entry:match("^([^=]+)=(.*)$")
-    variables[key] = value
+  -- must find as its parent when it asks to die with it. A tree of its own
+  -- also gets the guard's mark (wsync.control.guard): should this host die,
+  -- the guard ends it, grandchildren included.
+  local entries = { unpack(options.env or {}) }
+  entries[#entries + 1] = "WSYNC_PARENT_PID=" .. tostring(uv.os_getpid())
+  if detached then
+    entries[#entries + 1] = guard.environment()
   end
-  variables.WSYNC_PARENT_PID = tostring(uv.os_getpid())
-  local env = {}
-  for key, value in pairs(variables) do
-    env[#env + 1] = key .. "=" .. value
-  end
+  local env = util.environment(entries)
+  local control = uv.new_pipe(false)
   local argv = options.argv
   local handle, pid_or_error = uv.spawn(argv[1], {
     args = { unpack(argv, 2) },

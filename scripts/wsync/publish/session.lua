@@ -245,6 +245,8 @@ local function spawn_trainers(session)
         "--storage", recipe.trainer.storage or "one",
       },
       stdio = { nil, 1, 2 },
+      -- (In the guard's care: should this host die, it ends them too.)
+      env = require("wsync.util").environment({ require("wsync.control.guard").environment() }),
     }, function(code, signal)
       session.trainers[rank] = { code = code, signal = signal }
       handle:close()
