@@ -94,6 +94,11 @@ function M.connect(options)
       tostring(message)), { rank = self.rank })
   end
   self.pipe = pipe
+  -- How errors name the host: its endpoint without the token, and its pid
+  -- when the endpoint is a host's own socket (wsync-<pid>-XXXXXX/).
+  local host_pid = options.endpoint:match("/wsync%-(%d+)%-%w+/[^/]*$")
+  self.host_name = string.format("the wsync host at %s%s", options.endpoint:gsub("%?token=%x+$", ""),
+    host_pid and (" (pid " .. host_pid .. ")") or "")
   self.peer = peer_module.new(pipe, {
     name = "host",
     handlers = self:_handlers(),
@@ -214,7 +219,7 @@ function Agent:ready()
     hostname = uv.os_gethostname(), pid = uv.os_getpid(), token = self.token,
   }, self.timeout)
   if not ok then
-    error(self.aborted or result, 0)
+    error(self.aborted or self:_host_lost(result, "register"), 0)
   end
   self.session = result
   return self.session
@@ -244,11 +249,27 @@ function Agent:publish(step)
   end
   if not ok then
     if errors.is(result) then
-      error(result, 0)
+      error(self:_host_lost(result, "publish"), 0)
     end
     errors.raise("PUBLISH_FAILED", tostring(result), { rank = self.rank })
   end
   return result
+end
+
+-- The error of a call whose connection to the host ended before its answer
+-- (PEER_LOST of this end: EOF, a broken connection, a timeout): HOST_LOST
+-- naming the host, what ended it and the call; any other error (the host's
+-- own, a lost peer of the host's included) as it is.
+function Agent:_host_lost(err, call)
+  if not errors.is(err) or err.code ~= "PEER_LOST" or err.remote then
+    return err
+  end
+  local cause = tostring(self.peer.cause or err.message)
+  local gone = cause == "host closed the connection" and "is gone (it closed the connection)"
+    or cause:match("^timeout") and ("did not answer in time (" .. cause .. ")")
+    or ("is gone (" .. cause:gsub("^host: ", "") .. ")")
+  return errors.new("HOST_LOST", string.format("rank %d: %s %s during %s; this rank's session has ended", self.rank,
+    self.host_name, gone, call), { rank = self.rank, phase = err.phase or call })
 end
 
 -- Host commands -------------------------------------------------------------
