@@ -16,7 +16,9 @@ its requests as vLLM's scheduler does in a keep-mode pause, and counts the held 
 whose KV cache a commit made it recompute. $WSYNC_STAND_IN_FAULT makes one command
 fail ("load_chunk:2" fails chunk 2's load; "finish:receipt" returns a receipt with a wrong
 manifest; "finish:corrupt" flips a bit of a parameter after its load; "start:crash" kills a
-worker process).
+worker process). With $WSYNC_STAND_IN_WORKERS=linger its close leaves the worker processes
+running, as vLLM's EngineCore outlives a runtime killed in its close: only the host (a group
+kill) or its guard then ends them.
 """
 from __future__ import annotations
 
@@ -210,6 +212,8 @@ class Engine:
         for host in self.hosts:
             host.close()
         self.loaders, self.hosts = [], []
+        if os.environ.get("WSYNC_STAND_IN_WORKERS") == "linger":
+            return  # (as vLLM's EngineCore outlives a runtime whose close was cut short)
         for worker in self.processes:
             if worker.poll() is None:
                 worker.kill()
