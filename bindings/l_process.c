@@ -83,17 +83,34 @@ static int process_watch(lua_State *L) {
   return 1;
 }
 
-// _process.find_marked("NAME=VALUE") -> {pid, ...} | nil, message, CODE
+// _process.find_marked("NAME=VALUE", {session, ...}?) -> {pid, ...} | nil,
+// message, CODE
 static int process_find_marked(lua_State *L) {
   const char *entry = luaL_checkstring(L, 1);
   if (strchr(entry, '=') == NULL)
     luaL_argerror(L, 1, "a mark is NAME=VALUE");
+  int sessions[64], session_count = 0;
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    session_count = (int)lua_objlen(L, 2);
+    if (session_count > 64)
+      luaL_argerror(L, 2, "at most 64 sessions");
+    for (int i = 0; i < session_count; i++) {
+      lua_rawgeti(L, 2, i + 1);
+      lua_Integer session = lua_tointeger(L, -1);
+      lua_pop(L, 1);
+      if (session <= 1 || session > INT32_MAX)
+        luaL_argerror(L, 2, "a session is a process id above 1");
+      sessions[i] = (int)session;
+    }
+  }
   int capacity = 64, count = 0;
   for (;;) {
     int *pids = malloc(sizeof *pids * (size_t)capacity);
     if (pids == NULL)
       return luaL_error(L, "find_marked: out of memory");
-    int status = ws_process_find_marked(entry, pids, capacity, &count);
+    int status = ws_process_find_marked(entry, sessions, session_count, pids,
+                                        capacity, &count);
     if (status == WS_OK && count <= capacity) {
       lua_createtable(L, count, 0); // [pids]
       for (int i = 0; i < count; i++) {

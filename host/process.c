@@ -65,9 +65,10 @@ int ws_process_reap_group(int group, int *reaped) {
   }
 }
 
-// Reads the process group from /proc/PID/stat: the fifth field, after the
-// command name in parentheses (which may itself hold spaces and parentheses).
-static int read_group(const char *pid, int *group) {
+// Reads the state, process group and session from /proc/PID/stat: the
+// third, fifth and sixth fields, after the command name in parentheses (which
+// may itself hold spaces and parentheses).
+static int read_stat(const char *pid, char *state, int *group, int *session) {
   char path[64], line[512];
   snprintf(path, sizeof path, "/proc/%s/stat", pid);
   FILE *file = fopen(path, "r");
@@ -80,9 +81,8 @@ static int read_group(const char *pid, int *group) {
   char *end = strrchr(line, ')');
   if (end == NULL)
     return 0;
-  char state = 0;
   int parent = 0;
-  return sscanf(end + 1, " %c %d %d", &state, &parent, group) == 3;
+  return sscanf(end + 1, " %c %d %d %d", state, &parent, group, session) == 4;
 }
 
 int ws_process_count_group(int group, int *count) {
@@ -95,8 +95,10 @@ int ws_process_count_group(int group, int *count) {
   while ((entry = readdir(proc)) != NULL) {
     if (!isdigit((unsigned char)entry->d_name[0]))
       continue;
-    int member_group = 0;
-    if (read_group(entry->d_name, &member_group) && member_group == group)
+    int member_group = 0, session = 0;
+    char state = 0;
+    if (read_stat(entry->d_name, &state, &member_group, &session) &&
+        member_group == group)
       (*count)++;
   }
   closedir(proc);
@@ -158,12 +160,16 @@ static int environ_holds(int pid, const char *entry, size_t length) {
   return found;
 }
 
-int ws_process_find_marked(const char *entry, int *pids, int capacity,
+int ws_process_find_marked(const char *entry, const int *sessions,
+                           int session_count, int *pids, int capacity,
                            int *count) {
   ws_clear_error();
   *count = 0;
-  if (entry == NULL || strchr(entry, '=') == NULL || capacity < 0)
+  if (entry == NULL || strchr(entry, '=') == NULL)
     return ws_fail(WS_EINVAL, "process: a mark is NAME=VALUE");
+  if (capacity < 0 || session_count < 0 ||
+      (session_count > 0 && sessions == NULL))
+    return ws_fail(WS_EINVAL, "process: find_marked: bad counts");
   size_t length = strlen(entry);
   DIR *proc = opendir("/proc");
   if (proc == NULL)
@@ -174,7 +180,16 @@ int ws_process_find_marked(const char *entry, int *pids, int capacity,
     if (!isdigit((unsigned char)item->d_name[0]))
       continue;
     int pid = atoi(item->d_name);
-    if (pid == own || !environ_holds(pid, entry, length))
+    if (pid == own)
+      continue;
+    int in_session = 0, group = 0, session = 0;
+    char state = 0;
+    if (!read_stat(item->d_name, &state, &group, &session) || state == 'Z' ||
+        state == 'X')
+      continue; // (gone, or a zombie: it holds nothing any more)
+    for (int i = 0; i < session_count && !in_session; i++)
+      in_session = sessions[i] > 1 && session == sessions[i];
+    if (!in_session && !environ_holds(pid, entry, length))
       continue;
     if (*count < capacity)
       pids[*count] = pid;

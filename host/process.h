@@ -37,9 +37,13 @@ int ws_process_watch(int pid, int *fd);
 
 /// Finds the processes other than this one whose environment, as it was when
 /// they started (/proc/PID/environ), holds the entry `entry` ("NAME=VALUE")
-/// exactly: how a process tree is found whatever process group or session
-/// its members moved to. Stores up to `capacity` pids in `pids` and how many
-/// were found in `*count` (which may exceed `capacity`). Processes whose
-/// environment cannot be read (another user's, zombies) are not found.
-int ws_process_find_marked(const char *entry, int *pids, int capacity,
+/// exactly, or that belong to one of the `session_count` sessions `sessions`:
+/// how a process tree is found whatever process group or session its members
+/// moved to (the mark), also when a member wrote over its environment's
+/// memory, as setproctitle does (the session). Stores up to `capacity` pids
+/// in `pids` and how many were found in `*count` (which may exceed
+/// `capacity`). Zombies and processes whose environment and stat cannot be
+/// read (another user's) are not found.
+int ws_process_find_marked(const char *entry, const int *sessions,
+                           int session_count, int *pids, int capacity,
                            int *count);

@@ -41,9 +41,11 @@ function process.count_group(group) end
 function process.watch(pid) end
 
 --- The pids of the processes other than this one whose initial environment
---- holds `entry` ("NAME=VALUE") exactly.
+--- holds `entry` ("NAME=VALUE") exactly, or that belong to one of `sessions`
+--- (at most 64 session ids).
 ---@param entry string
+---@param sessions integer[]?
 ---@return integer[]|nil pids, string? message, string? code
-function process.find_marked(entry) end
+function process.find_marked(entry, sessions) end
 
 return process

@@ -142,6 +142,9 @@ function M.spawn(options)
   end
   self.handle, self.pid = handle, pid_or_error
   self.group = detached and self.pid or nil
+  if detached then
+    guard.watch(self.pid) -- (its own session: the guard ends it whole)
+  end
   if options.name_pid then
     self.name = string.format("%s (pid %d)", self.name, self.pid)
   end
@@ -370,6 +373,9 @@ end
 
 function Client:_mark_dead()
   self.dead = true
+  if self.group then
+    guard.unwatch(self.group)
+  end
   loop.cancel(self.kill_timer)
   self.kill_timer = nil
   self.death:notify()

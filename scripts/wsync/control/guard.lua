@@ -44,6 +44,8 @@ M.STAND_DOWN = "stand down\n"
 
 -- This host's guard: {entry, handle, pid, stdin, started, stopping}.
 local guard = nil
+-- The sessions the guard ends too ({[sid] = true}): the runtimes' own.
+local watched = {}
 
 local function random_hex(bytes)
   local file = assert(io.open("/dev/urandom", "rb"))
@@ -111,7 +113,37 @@ function start(entry)
   loop.keep(handle)
   loop.keep(record.stdin)
   guard = record
+  for session in pairs(watched) do
+    record.stdin:try_write(string.format("watch %d\n", session))
+  end
   return record
+end
+
+-- Tells the guard a line, when it runs.
+local function tell(line)
+  if guard and not guard.stdin:is_closing() then
+    guard.stdin:try_write(line)
+  end
+end
+
+--- Puts session `session` in the guard's care too: a process tree that
+--- spawned detached (its first process leads the session) is then ended as a
+--- whole, also the members whose environment no longer shows the mark
+--- (vLLM's EngineCore writes its title over it: setproctitle). Call
+--- `unwatch` once the tree is gone, before its pid can be reused.
+---@param session integer
+function M.watch(session)
+  watched[session] = true
+  tell(string.format("watch %d\n", session))
+end
+
+--- Takes session `session` out of the guard's care (its tree ended).
+---@param session integer
+function M.unwatch(session)
+  if watched[session] then
+    watched[session] = nil
+    tell(string.format("unwatch %d\n", session))
+  end
 end
 
 --- The `NAME=VALUE` entry that puts a process in this host's guard's care,
@@ -166,22 +198,23 @@ function M.stop()
 end
 
 --- Ends every process other than this one that carries `entry` in its
---- environment: SIGTERM at once (and to each that appears later), SIGKILL
+--- environment or belongs to one of `options.sessions`: SIGTERM at once (and to each that appears later), SIGKILL
 --- after `grace_ms`, again at every look until none is left or `give_up_ms`
 --- passed. Must run in a coroutine. Returns what it did: `terminated` and
 --- `killed` (pids, sorted), `left` (those still there when it gave up).
 ---@param entry string
----@param options {grace_ms: integer?, give_up_ms: integer?}?
+---@param options {grace_ms: integer?, give_up_ms: integer?, sessions: integer[]?}?
 ---@return {terminated: integer[], killed: integer[], left: integer[]}
 function M.sweep(entry, options)
   options = options or {}
+  local sessions = options.sessions or {}
   local grace_ms = options.grace_ms or M.GRACE_MS
   local give_up_ms = options.give_up_ms or M.GIVE_UP_MS
   local started = uv.now()
   local terminated, killed, left = {}, {}, {}
   while true do
     uv.update_time()
-    local pids = assert(process.find_marked(entry))
+    local pids = assert(process.find_marked(entry, sessions))
     if #pids == 0 then
       break
     end
@@ -269,14 +302,27 @@ function M.main(options)
   if uv.os_getppid() ~= options.host then
     done("died")
   end
+  -- The host's lines: "watch SID", "unwatch SID", and "stand down" before
+  -- it closes the pipe in order.
+  local sessions, pending = {}, ""
   local stdin = uv.new_pipe(false)
   stdin:open(0)
   stdin:read_start(function(_, data)
-    if data and data:find(M.STAND_DOWN, 1, true) then
-      done("closed")
-    elseif not data then
-      done("died") -- (its end closed without a word: the host is exiting)
+    if not data then
+      return done("died") -- (its end closed without a word: the host is exiting)
     end
+    pending = pending .. data
+    for line in pending:gmatch("([^\n]*)\n") do
+      local verb, session = line:match("^(%a+) (%d+)$")
+      if verb == "watch" then
+        sessions[tonumber(session)] = true
+      elseif verb == "unwatch" then
+        sessions[tonumber(session)] = nil
+      elseif line .. "\n" == M.STAND_DOWN then
+        done("closed")
+      end
+    end
+    pending = pending:match("[^\n]*$")
   end)
   local ticker = nil
   if not fd then
@@ -299,7 +345,11 @@ function M.main(options)
   if fd then
     uv.fs_close(fd)
   end
-  local report = M.sweep(options.mark, { grace_ms = options.grace_ms })
+  local session_list = {}
+  for session in pairs(sessions) do
+    session_list[#session_list + 1] = session
+  end
+  local report = M.sweep(options.mark, { grace_ms = options.grace_ms, sessions = session_list })
   local pids = {}
   for _, pid in ipairs(report.terminated) do
     pids[pid] = true

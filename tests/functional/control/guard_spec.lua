@@ -1,7 +1,8 @@
 -- The guard (wsync.control.guard, `wsync guard`) with a real host process
 -- (tests/fixtures/control/guarded_host.lua): a host that dies by SIGKILL or
--- exits leaving its tree takes the whole tree with it, a grandchild in a
--- session of its own included, within 10 s, and what it left in /dev/shm and
+-- exits leaving its tree takes the whole tree with it, within 10 s, a
+-- grandchild in a session of its own (found by its mark) and one without the
+-- mark in the tree's session (found by its session) included, and what it left in /dev/shm and
 -- $TMPDIR goes too; a host that ends its tree itself hears nothing from its
 -- guard; a guard killed while its host runs is started again. Every process
 -- of a run is found by the mark in its environment (tests/helpers/leftovers).
@@ -24,7 +25,7 @@ describe("the guard", function()
     assert.is_truthy(host, describe_run(result))
     leftovers.assert_clean(result)
     assert.is_true(result.settled < 10, string.format("the tree ended %.2f s after the host", result.settled))
-    assert.matches("wsync guard: host pid " .. host .. " is gone; ended the 3 processes it had started", result.stderr)
+    assert.matches("wsync guard: host pid " .. host .. " is gone; ended the 4 processes it had started", result.stderr)
     assert.matches("wsync guard: removed what they left: /wsync%-" .. host .. "%-0123456789abcdef, [^\n]*/wsync%-"
       .. host .. "%-%w+\n", result.stderr)
     assert.is_true(result.pids[tonumber(guard_pid)], "the guard was not seen among the run's processes")
@@ -35,7 +36,7 @@ describe("the guard", function()
     assert.are.equal(0, result.code, describe_run(result))
     leftovers.assert_clean(result) -- (the host waited for its guard: no zombie either)
     local host = result.stdout:match("ready (%d+)")
-    assert.matches("wsync guard: host pid " .. host .. " closed without ending them; ended the 3 processes",
+    assert.matches("wsync guard: host pid " .. host .. " closed without ending them; ended the 4 processes",
       result.stderr)
     -- The host lives on while its guard works, and removes its own files.
     assert.is_nil(result.stderr:find("removed what they left", 1, true), result.stderr)
@@ -58,7 +59,7 @@ describe("the guard", function()
     assert.matches("wsync guard: the guard %(pid " .. first .. "%) of host pid %d+ exited %(signal 9%) while the "
       .. "host runs; starting another", result.stderr)
     leftovers.assert_clean(result) -- (the second guard ended the tree)
-    assert.matches("is gone; ended the 3 processes", result.stderr)
+    assert.matches("is gone; ended the 4 processes", result.stderr)
   end)
 
   it("refuses a command line without its host and mark", function()

@@ -71,6 +71,30 @@ describe("process.find_marked", function()
     uv.run("nowait")
   end)
 
+  it("finds the members of the given sessions too, without the mark, but no zombie", function()
+    local entry = random_mark()
+    local name = entry:match("^[^=]+")
+    local handle, pid = start_tree("env -u " .. name .. " sleep 30 & exec sleep 31", entry)
+    wait_for(function()
+      return #assert(process.find_marked(entry, { pid })) == 2
+    end, 5000, "the session's two processes")
+    assert.are.same({ pid }, process.find_marked(entry)) -- (the other has no mark)
+    local unmarked = nil
+    for _, member in ipairs(process.find_marked(entry, { pid })) do
+      unmarked = member ~= pid and member or unmarked
+    end
+    -- The session's leader killed and not reaped (the loop does not run): a
+    -- zombie, which holds nothing.
+    uv.kill(pid, "sigkill")
+    uv.sleep(200)
+    local zombie_found = process.find_marked(entry, { pid })
+    uv.kill(unmarked, "sigkill")
+    wait_for(function()
+      return handle:is_closing() and #process.find_marked(entry, { pid }) == 0
+    end, 5000, "the session's end")
+    assert.are.same({ unmarked }, zombie_found)
+  end)
+
   it("refuses what is not NAME=VALUE", function()
     assert.has_error(function()
       process.find_marked("NOEQUALS")
