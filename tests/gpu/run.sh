@@ -7,7 +7,7 @@
 # as build/bundle or build/bundle.tar.xz), writing every log under $OUT (default
 # ./gpu-out) and a summary.
 #
-#   [STAGES="tier fsdp2 copy shapes publish vllm vllm-bench"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
+#   [STAGES="tier fsdp2 copy shapes publish vllm vllm-faults vllm-bench"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
 #     STAGES: which to run (default all; one device call has 10 minutes)
 #     VLLM_WAYS: the benchmark's ways beside vLLM's own (tests/bench/vllm_publish.py;
 #       default "direct storage,direct 2x4GiB,native")
@@ -17,7 +17,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=${OUT:-./gpu-out}
 mkdir -p "$out"
 scale=${1:-1}
-stages=" ${STAGES:-tier fsdp2 copy shapes publish vllm vllm-bench} "
+stages=" ${STAGES:-tier fsdp2 copy shapes publish vllm vllm-faults vllm-bench} "
 # The bundle, or its archive (carried beside the vLLM bundle: both must fit in one
 # run's 64 MiB).
 if [ ! -f build/bundle/env.sh ] && [ -f build/bundle.tar.xz ]; then
@@ -61,7 +61,7 @@ if stage publish; then
   timeout 300 wsync tests/bench/cuda_publish.lua 8@0,8,device:8@0,device:8,device:1x8,serial:8,direct-tensor@0,direct-tensor 5 >"$out/cuda_publish.log" 2>&1 || status=1
   grep -v "^trainer rank\|^wsync:\|^  chunk" "$out/cuda_publish.log" | tail -n 24 | tee -a "$out/summary.txt"
 fi
-if stage vllm || stage vllm-bench; then
+if stage vllm || stage vllm-faults || stage vllm-bench; then
   if [ -f .vllm/activate.sh ]; then
     # (Only now: the tier above runs without vLLM, its vLLM spec pending.)
     # shellcheck source=/dev/null
@@ -69,9 +69,16 @@ if stage vllm || stage vllm-bench; then
     if stage vllm; then
       echo "== vLLM specs (tests/gpu/vllm_spec.lua: vllm_e2e.py direct and native, vllm_faults.py)" \
         | tee -a "$out/summary.txt"
-      timeout 540 wsync test tests/gpu/vllm_spec.lua -o utfTerminal >"$out/vllm_spec.log" 2>&1 || status=1
-      grep -E "^vllm_e2e|^vllm_faults|successes|^(Failure|Error) ->" "$out/vllm_spec.log" | tail -n 40 \
+      timeout 540 wsync test tests/gpu/vllm_spec.lua --exclude-tags=faults -o utfTerminal >"$out/vllm_spec.log" 2>&1 \
+        || status=1
+      grep -E "^vllm_e2e|^vllm_keep|successes|^(Failure|Error) ->" "$out/vllm_spec.log" | tail -n 40 \
         | tee -a "$out/summary.txt"
+    fi
+    if stage vllm-faults; then
+      echo "== vLLM faults (tests/gpu/vllm_faults.py: kills and stops of the trainer, the runtime, EngineCore)" \
+        | tee -a "$out/summary.txt"
+      timeout 580 python3 tests/gpu/vllm_faults.py >"$out/vllm_faults.log" 2>&1 || status=1
+      grep -E "^vllm_faults" "$out/vllm_faults.log" | tail -n 30 | tee -a "$out/summary.txt"
     fi
     if stage vllm-bench; then
       echo "== vLLM: wsync native and direct against vLLM's own weight sync (tests/bench/vllm_publish.py)" \
