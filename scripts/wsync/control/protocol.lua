@@ -173,15 +173,18 @@ end
 
 --- Builds the failed response to a message that check_request refused: it
 --- echoes the message's id (a numeric string as its number) when that is a
---- valid id, else 0, and its cmd as text, so that the answer can always be
---- encoded.
+--- valid id, else 0, and its cmd as text (a cmd that is neither a string nor
+--- a number as its type's name, not as an address in this process), so that
+--- the answer can always be encoded.
 ---@param message table
 ---@param code string
 ---@param reason string
 ---@param fields table?
 function M.refusal(message, code, reason, fields)
   local id = tonumber(message.id)
-  return M.failure({ id = is_id(id) and id or 0, cmd = tostring(message.cmd) }, code, reason, fields)
+  local cmd = message.cmd
+  cmd = (type(cmd) == "string" or type(cmd) == "number") and tostring(cmd) or type(cmd)
+  return M.failure({ id = is_id(id) and id or 0, cmd = cmd }, code, reason, fields)
 end
 
 -- The fields of a remote error that wsync.errors reads, and their types: a

@@ -187,6 +187,9 @@ describe("wsync.control.protocol.check_request", function()
     end
     assert.is_true(protocol.check_request(protocol.request(2 ^ 53, "info")))
     assert.are.equal(7, protocol.refusal({ id = 7, cmd = {} }, "BAD_REQUEST", "no").id)
+    -- (A cmd that is an object is named by its type, not by its address here.)
+    assert.are.equal("table", protocol.refusal({ id = 7, cmd = {} }, "BAD_REQUEST", "no").cmd)
+    assert.are.equal("5", protocol.refusal({ id = 7, cmd = 5 }, "BAD_REQUEST", "no").cmd)
   end)
 
   it("refuses a payload that is not an object", function()
