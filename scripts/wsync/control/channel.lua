@@ -3,7 +3,11 @@
 --- `channel.new(stream, {limit, on_message, on_close})` starts reading:
 --- every decoded message goes to `on_message(message)`; the first EOF, read
 --- error or bad frame goes to `on_close(reason)` once, after which the channel
---- is closed. `send(message)` encodes and writes one frame.
+--- is closed. `send(message)` encodes and writes one frame. A frame whose
+--- announced length is over `limit` (default wsync.control.protocol.MAX_FRAME)
+--- is refused at its 4-byte prefix, before any of its body is buffered;
+--- `set_limit` changes the limit (a TCP connection's grows once it has proved
+--- its token, wsync.control.endpoint).
 local protocol = require("wsync.control.protocol")
 
 local M = {}
@@ -82,6 +86,42 @@ function Channel:send(message)
   return self:send_raw(frame)
 end
 
+--- Sets the limit on the frames read and sent from now on, in bytes.
+---@param limit integer
+function Channel:set_limit(limit)
+  self.limit = limit
+  if self.decoder then
+    self.decoder.limit = limit
+  end
+end
+
+--- Sends `message` as the last one: stops reading now, writes it, and closes
+--- the stream once it is written (the other end reads it, then EOF). The
+--- channel counts as closed at once; `on_close` does not run.
+---@param message table
+function Channel:send_last(message)
+  if self.closed then
+    return
+  end
+  local ok, frame = pcall(protocol.encode, message, self.limit)
+  self.closed = true
+  self.decoder = nil
+  local stream = self.stream
+  if stream:is_closing() then
+    return
+  end
+  stream:read_stop()
+  if ok and stream:write(frame) then
+    stream:shutdown(function()
+      if not stream:is_closing() then
+        stream:close()
+      end
+    end)
+  else
+    stream:close()
+  end
+end
+
 --- Writes bytes as they are (tests use it to send malformed frames).
 ---@param bytes string
 function Channel:send_raw(bytes)
@@ -101,6 +141,9 @@ function Channel:close()
     return
   end
   self.closed = true
+  -- (What a partial frame left buffered goes with it, whoever still holds
+  -- the channel.)
+  self.decoder = nil
   if not self.stream:is_closing() then
     self.stream:read_stop()
     self.stream:close()
