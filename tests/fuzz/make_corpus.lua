@@ -16,6 +16,7 @@ local PUBLICATION = string.rep("0f", 16)
 -- A valid payload or result for every command of every schema table.
 local examples = {
   to_host = {
+    hello = { token = string.rep("0123456789abcdef", 2) },
     register = {
       rank = 0, world = 2, hostname = "node", pid = 4242,
       device = { backend = "host", index = 0, uuid = "host-0", free_bytes = 1048576 },
@@ -40,6 +41,7 @@ local examples = {
     abort = {},
   },
   from_host = {
+    hello = {},
     register = { plan = { chunks = 2, tensors = 3 }, model_version = 0 },
     state = {},
     publish = { model_version = 1, publication_id = PUBLICATION, receipts = 2, manifest = MANIFEST },

@@ -1,12 +1,28 @@
 --- The host's control endpoint for trainer agents: a unix socket inside a
 --- fresh directory that only this user can enter (mode 0700), accepting only
 --- peers of the same user id (SO_PEERCRED); and, when asked, a TCP socket for
---- trainer ranks in other network namespaces or hosts, whose connections must
---- prove a per-session token when they register (M.token_matches). Each
---- connection becomes a wsync.control.peer whose requests
---- `handlers_for(peer)` answers; `peer.via` is "unix" or "tcp".
+--- trainer ranks in other network namespaces or hosts. Each connection
+--- becomes a wsync.control.peer whose requests `handlers_for(peer)` answers;
+--- `peer.via` is "unix" or "tcp".
+---
+--- A TCP connection is unauthenticated until its first message, which must be
+--- `hello {token}` with the session's token (M.token_matches); it is answered
+--- `{}` and the connection is the unix socket's equal from then on. Until
+--- then its frames may be M.UNAUTHENTICATED_FRAME_LIMIT bytes (a longer one
+--- is refused at its length prefix, before its body is buffered), it has
+--- M.AUTHENTICATION_DEADLINE seconds, at most M.MAX_UNAUTHENTICATED such
+--- connections wait at once (more are closed as they are accepted), any
+--- other first message, a wrong token included, is answered with one
+--- UNAUTHENTICATED error carrying M.REFUSAL and nothing more (no traceback,
+--- nothing about the host) and the connection is closed, and bytes that are
+--- no frame within the limit close it unanswered. (An agent waits for the
+--- hello's answer before it sends more: a frame that follows the hello
+--- unanswered is read with the small limit.) Every refusal is a line for
+--- `on_refused`.
 local uv = require("luv")
+local loop = require("wsync.loop")
 local peer_module = require("wsync.control.peer")
+local protocol = require("wsync.control.protocol")
 local socket = require("wsync._socket")
 local errors = require("wsync.errors")
 local bit = require("bit")
@@ -16,14 +32,30 @@ local M = {}
 --- The longest unix socket path Linux takes (sun_path is 108 bytes with its NUL).
 M.MAX_SOCKET_PATH = 107
 
+--- The longest frame, in bytes, that a TCP connection may send before it has
+--- proved the token (a hello is about a hundred).
+M.UNAUTHENTICATED_FRAME_LIMIT = 4096
+
+--- Seconds a TCP connection has to prove the token before it is closed.
+M.AUTHENTICATION_DEADLINE = 10
+
+--- How many TCP connections may wait to prove the token at once.
+M.MAX_UNAUTHENTICATED = 16
+
+--- The one answer a TCP connection gets for anything but the session's token.
+M.REFUSAL = "refused: this session's endpoint takes connections over TCP with its token only"
+
 ---@class wsync.EndpointOptions
 ---@field handlers_for fun(peer: wsync.Peer): table
 ---@field schemas table?
 ---@field on_bad_request fun(peer: wsync.Peer, cmd: string, reason: string)?
 ---@field on_lost fun(peer: wsync.Peer, reason: string, violation: boolean)?
----@field on_refused fun(reason: string)?
+---@field on_refused fun(line: string)?
 ---@field parent string?  the directory the endpoint's own directory goes in ($TMPDIR, /tmp)
 ---@field tcp string?     also listen on TCP at "ADDRESS:PORT" (port 0: any free port)
+---@field authentication_deadline number?  seconds (M.AUTHENTICATION_DEADLINE)
+---@field unauthenticated_frame_limit integer?  bytes (M.UNAUTHENTICATED_FRAME_LIMIT)
+---@field max_unauthenticated integer?  (M.MAX_UNAUTHENTICATED)
 
 ---@class wsync.Endpoint
 ---@field path string     the socket's path, handed to agents
@@ -36,7 +68,10 @@ Endpoint.__index = Endpoint
 --- payloads and of the results the host waits for (wsync.control.peer);
 --- `on_bad_request(peer, cmd, reason)` hears of a malformed request (it was
 --- answered with BAD_MESSAGE); `on_lost(peer, reason, violation)` hears when a
---- connection ends; `on_refused(reason)` when one is refused.
+--- connection ends; `on_refused(line)` when one is refused (a unix peer of
+--- another user, a TCP connection that did not prove the token), and what
+--- leftovers of dead hosts it removed. The TCP limits before the token can be
+--- overridden (tests).
 ---@param options wsync.EndpointOptions
 ---@return wsync.Endpoint
 function M.listen(options)
@@ -57,7 +92,13 @@ function M.listen(options)
     errors.raise("ENDPOINT", "cannot create a private directory for the control socket: " .. tostring(message))
   end
   uv.fs_chmod(directory, tonumber("700", 8))
-  local self = setmetatable({ directory = directory, path = directory .. "/control.sock", peers = {} }, Endpoint)
+  local self = setmetatable({
+    directory = directory,
+    path = directory .. "/control.sock",
+    peers = {},
+    waiting = {},      -- TCP peers that have not proved the token: {timer, why}
+    waiting_count = 0,
+  }, Endpoint)
   self.server = uv.new_pipe(false)
   local ok, err = self.server:bind(self.path)
   if ok then
@@ -146,12 +187,25 @@ function Endpoint:_listen_tcp(options)
   self.tcp_endpoint = string.format("tcp://%s:%d?token=%s", host, bound.port, self.token)
 end
 
--- Makes an accepted connection a peer of this endpoint.
+-- Reports a refusal through options.on_refused.
+local function refused(options, line)
+  if options.on_refused then
+    options.on_refused(line)
+  end
+end
+
+-- Makes an accepted connection a peer of this endpoint: admitted at once
+-- (unix: its user id is checked), or gated until it proves the token (TCP).
 function Endpoint:_peer(client, options, name, via)
+  local gated = via == "tcp"
   local peer
   peer = peer_module.new(client, {
     name = name,
     schemas = options.schemas,
+    limit = gated and (options.unauthenticated_frame_limit or M.UNAUTHENTICATED_FRAME_LIMIT) or nil,
+    gate = gated and function(message)
+      self:_authenticate(peer, message, options)
+    end or nil,
     on_bad_request = function(cmd, reason)
       if options.on_bad_request then
         options.on_bad_request(peer, cmd, reason)
@@ -159,15 +213,76 @@ function Endpoint:_peer(client, options, name, via)
     end,
     on_close = function(reason, violation)
       self.peers[peer] = nil
-      if options.on_lost then
+      local waiting = self:_stop_waiting(peer)
+      if waiting then
+        if not self.closed then
+          refused(options, string.format("refused %s: %s", name, waiting.why or (violation
+            and reason .. " before proving the token" or "it closed the connection before proving the token")))
+        end
+      elseif options.on_lost then
         options.on_lost(peer, reason, violation)
       end
     end,
   })
   peer.via = via
-  peer.handlers = options.handlers_for(peer)
   self.peers[peer] = true
+  if not gated then
+    peer:admit(options.handlers_for(peer))
+    return peer
+  end
+  local deadline = options.authentication_deadline or M.AUTHENTICATION_DEADLINE
+  local waiting = {}
+  self.waiting[peer] = waiting
+  self.waiting_count = self.waiting_count + 1
+  waiting.timer = loop.after(deadline * 1000, function()
+    waiting.why = string.format("no token within %.3g s", deadline)
+    peer:close(waiting.why)
+  end)
   return peer
+end
+
+-- Forgets that `peer` waits to prove the token; returns what it waited
+-- with, or nil when it was not waiting.
+function Endpoint:_stop_waiting(peer)
+  local waiting = self.waiting[peer]
+  if waiting then
+    self.waiting[peer] = nil
+    self.waiting_count = self.waiting_count - 1
+    loop.cancel(waiting.timer)
+  end
+  return waiting
+end
+
+-- What a gated peer sent instead of the token, for the host's line (a
+-- command's name only when it looks like one: the bytes are anyone's).
+local function instead_of_token(message)
+  if message.ok ~= nil then
+    return "an answer before the token"
+  end
+  local cmd = message.cmd
+  if cmd == "hello" then
+    return type(message.payload) == "table" and message.payload.token ~= nil and "a wrong token" or "no token"
+  end
+  if type(cmd) == "string" and #cmd <= 32 and cmd:match("^[%w_]+$") then
+    return string.format("'%s' before the token", cmd)
+  end
+  return "a request before the token"
+end
+
+-- The gate of a TCP peer: a hello with the session's token lets it through
+-- (answered {}), anything else is refused and ends the connection.
+function Endpoint:_authenticate(peer, message, options)
+  local payload = message.payload
+  if message.ok == nil and message.cmd == "hello" and protocol.check_request(message) and type(payload) == "table"
+    and M.token_matches(self.token, payload.token) then
+    self:_stop_waiting(peer)
+    peer:admit(options.handlers_for(peer))
+    peer:answer(message, {})
+    return
+  end
+  local waiting = self.waiting[peer]
+  waiting.why = instead_of_token(message)
+  peer:refuse(message, "UNAUTHENTICATED", M.REFUSAL, waiting.why)
 end
 
 function Endpoint:_accept_tcp(options)
@@ -176,10 +291,17 @@ function Endpoint:_accept_tcp(options)
     client:close()
     return
   end
-  client:nodelay(true)
   local remote = client:getpeername() or {}
-  -- (No user id over TCP: the token, at registration, stands for it.)
-  self:_peer(client, options, string.format("agent at %s:%s", tostring(remote.ip), tostring(remote.port)), "tcp")
+  local name = string.format("agent at %s:%s", tostring(remote.ip), tostring(remote.port))
+  local most = options.max_unauthenticated or M.MAX_UNAUTHENTICATED
+  if self.waiting_count >= most then
+    client:close()
+    refused(options, string.format("refused %s: %d connections over TCP are waiting to prove the token already",
+      name, most))
+    return
+  end
+  client:nodelay(true)
+  self:_peer(client, options, name, "tcp")
 end
 
 --- Removes the control directories under `parent` that hosts of this user
@@ -217,10 +339,8 @@ function Endpoint:_accept(options)
   local uid, pid = socket.peer(client:fileno())
   if uid ~= socket.own_uid() then
     client:close()
-    if options.on_refused then
-      options.on_refused(string.format("refused a connection from uid %s (pid %s): not this user",
-        tostring(uid), tostring(pid)))
-    end
+    refused(options, string.format("refused a connection from uid %s (pid %s): not this user", tostring(uid),
+      tostring(pid)))
     return
   end
   local peer = self:_peer(client, options, "agent pid " .. tostring(pid), "unix")
@@ -231,6 +351,7 @@ end
 --- directory. Returns what could not be removed (M.remove_files).
 ---@return string[]
 function Endpoint:close()
+  self.closed = true
   for _, server in ipairs({ self.server, self.tcp_server }) do
     if not server:is_closing() then
       server:close()

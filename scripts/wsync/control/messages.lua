@@ -46,6 +46,9 @@ local device = record({
 
 --- Requests an agent sends to the host, by command.
 M.to_host = {
+  -- A TCP connection's first request: the session's token
+  -- (wsync.control.endpoint answers it before any handler).
+  hello = record({ token = schema.string({ pattern = "^%x+$", required = true }) }),
   register = record({
     rank = schema.number({ integer = true, min = 0, required = true }),
     world = schema.number({ integer = true, min = 1, required = true }),
@@ -54,8 +57,6 @@ M.to_host = {
     callbacks = schema.list({ item = name, default = {} }),
     hostname = schema.string({ required = true }),
     pid = schema.number({ integer = true, min = 1, required = true }),
-    -- (Over TCP: the session's token, wsync.control.endpoint.)
-    token = schema.string({ pattern = "^%x+$" }),
   }),
   state = empty,
   publish = record({
@@ -99,6 +100,7 @@ M.from_agent = {
 
 --- Results of the requests an agent sends to the host, by command.
 M.from_host = {
+  hello = empty,
   register = record({ plan = schema.map({ item = schema.any({}) }), model_version = index }),
   state = empty,
   publish = record({

@@ -8,6 +8,12 @@
 --- `on_close(reason, violation)` runs once (`violation`: the other end broke
 --- the protocol: a bad frame, a malformed message, a second request).
 ---
+--- A peer made with a `gate` is gated: every message the other end sends
+--- goes to `gate(message)` and nowhere else until the gate lets it through
+--- (`admit`: handlers and a frame limit from then on) or turns it away
+--- (`refuse`: one answer, then the connection ends). wsync.control.endpoint
+--- gates TCP connections until they prove the session's token.
+---
 --- `schemas` (wsync.control.messages) gives the shape of every request payload this
 --- end answers and of every result it waits for: a request whose payload does
 --- not fit is answered with a BAD_MESSAGE error naming the field (then
@@ -36,6 +42,7 @@ Peer.__index = Peer
 ---@field on_close fun(reason: string, violation: boolean)?
 ---@field schemas {requests: table, results: table}?
 ---@field on_bad_request fun(cmd: string, reason: string)?
+---@field gate fun(message: table)?  while set, receives every message instead of the handlers
 
 --- Wraps an open stream.
 ---@param stream userdata
@@ -48,6 +55,7 @@ function M.new(stream, options)
     handlers = options.handlers or {},
     on_close = options.on_close,
     on_bad_request = options.on_bad_request,
+    gate = options.gate,
     request_schemas = schemas.requests or {},
     result_schemas = schemas.results or {},
     closed = false,
@@ -90,6 +98,9 @@ function Peer:_end(reason, violation)
 end
 
 function Peer:_on_message(message)
+  if self.gate then
+    return self.gate(message)
+  end
   if message.ok ~= nil then
     local pending, reason = self.inflight:take(message)
     if not pending then
@@ -149,16 +160,41 @@ function Peer:_on_message(message)
     else
       self.channel:send(protocol.failure(message, "INTERNAL", tostring(value)))
     end
-    -- A handler that refused the peer for good (a wrong token) asked for
-    -- the connection to end once its answer is written.
-    local refused = self.close_after_answer
-    if refused then
-      self.close_after_answer = nil
-      self.channel.stream:shutdown(function()
-        self:close(refused)
-      end)
-    end
   end, payload, message)
+end
+
+--- Lets the peer's requests through to `handlers` from now on, with frames up
+--- to `limit` bytes (default wsync.control.protocol.MAX_FRAME); a gated peer's
+--- gate is gone then.
+---@param handlers table<string, fun(payload: table, request: table): table>
+---@param limit integer?
+function Peer:admit(handlers, limit)
+  self.gate = nil
+  self.handlers = handlers
+  self.channel:set_limit(limit or protocol.MAX_FRAME)
+end
+
+--- Answers `request` with `result` (for a gate, which answers by itself).
+---@param request table
+---@param result table?
+function Peer:answer(request, result)
+  self.channel:send(protocol.success(request, result))
+end
+
+--- Answers `message` (whatever it is) with the error `code`, `text` and
+--- nothing else, and ends the connection: nothing more is read, the stream
+--- closes once the answer is written, and on_close runs now with `reason`,
+--- as a violation.
+---@param message table
+---@param code string
+---@param text string
+---@param reason string
+function Peer:refuse(message, code, text, reason)
+  if self.closed then
+    return
+  end
+  self.channel:send_last(protocol.refusal(message, code, text))
+  self:_end(reason, true)
 end
 
 --- Sends a request and waits for its answer (inside a spawned coroutine).

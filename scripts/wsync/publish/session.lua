@@ -122,12 +122,6 @@ local function agent_handlers(session, peer)
   return {
     register = function(payload)
       local rank = payload.rank
-      -- Over TCP the session's token stands for the unix socket's user check.
-      if peer.via == "tcp" and not endpoint_module.token_matches(session.endpoint.token, payload.token) then
-        say("refused %s: %s", peer.name, payload.token and "a wrong token" or "no token")
-        peer.close_after_answer = "refused: the session's token was " .. (payload.token and "wrong" or "not given")
-        errors.raise("BAD_TOKEN", "refused: this session's endpoint takes connections over TCP with its token only")
-      end
       if rank >= session.topology.world then
         errors.raise("REGISTER", string.format("rank %d outside the recipe's %d trainer ranks", rank,
           session.topology.world))

@@ -157,7 +157,8 @@ M.schema = schema.record({
     }),
     -- The control endpoint: besides its unix socket, a TCP socket at
     -- "ADDRESS:PORT" (port 0: any) for trainer ranks in other network
-    -- namespaces, which register with the session's token.
+    -- namespaces, whose connections first prove the session's token
+    -- (wsync.control.endpoint).
     control = schema.record({
       fields = { tcp = schema.string({ pattern = "^%[?[%w%.:%-]+%]?:%d+$" }) },
     }),

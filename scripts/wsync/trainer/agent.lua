@@ -69,10 +69,9 @@ function M.connect(options)
   }, Agent)
   self.transport = transport_module.for_backend(self.backend)
   -- A unix socket path, or "tcp://ADDRESS:PORT?token=HEX" for a host in
-  -- another network namespace (the token goes with the registration).
+  -- another network namespace (the token is the connection's first request).
   local address, port, token = options.endpoint:match("^tcp://%[?([^%]/]-)%]?:(%d+)%?token=(%x+)$")
   local pipe = address and uv.new_tcp() or uv.new_pipe(false)
-  self.token = token
   if options.endpoint:match("^tcp://") and not address then
     pipe:close()
     errors.raise("AGENT_CONNECT", string.format("rank %d: %s is not tcp://ADDRESS:PORT?token=HEX (the host prints "
@@ -107,6 +106,17 @@ function M.connect(options)
       self.lost = reason
     end,
   })
+  if token then
+    -- (Until the host has its answer, it takes nothing else from this
+    -- connection, and only small frames.)
+    local ok, err = pcall(self.peer.request, self.peer, "hello", { token = token }, self.timeout)
+    if not ok then
+      self.peer:close("refused")
+      local host = address:find(":", 1, true) and ("[" .. address .. "]") or address
+      errors.raise("AGENT_CONNECT", string.format("rank %d: the host at tcp://%s:%s did not take this connection: %s",
+        self.rank, host, port, tostring(err)), { rank = self.rank })
+    end
+  end
   return self
 end
 
@@ -216,7 +226,7 @@ function Agent:ready()
   table.sort(callbacks)
   local ok, result = pcall(self.peer.request, self.peer, "register", {
     rank = self.rank, world = self.world, device = self.device, tensors = tensors, callbacks = callbacks,
-    hostname = uv.os_gethostname(), pid = uv.os_getpid(), token = self.token,
+    hostname = uv.os_gethostname(), pid = uv.os_getpid(),
   }, self.timeout)
   if not ok then
     error(self.aborted or self:_host_lost(result, "register"), 0)

@@ -40,7 +40,7 @@ describe("wsync.control.messages.check", function()
     { "with a table for a callback name", function(p) p.callbacks = { {} } end,
       "register: field 'callbacks[1]': expected a string, got a table" },
     { "with an unknown field", function(p) p.extra = true end,
-      "register: field 'extra': unknown field (known: callbacks, device, hostname, pid, rank, tensors, token, world)" },
+      "register: field 'extra': unknown field (known: callbacks, device, hostname, pid, rank, tensors, world)" },
   }
   for _, case in ipairs(bad) do
     it("refuses a register " .. case[1] .. ", naming the field", function()

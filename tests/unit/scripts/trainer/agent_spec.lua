@@ -41,6 +41,35 @@ describe("wsync.trainer.agent register_tensor", function()
   end)
 end)
 
+describe("wsync.trainer.agent over TCP", function()
+  it("proves the session's token first; with another token it raises AGENT_CONNECT with the host's refusal",
+    function()
+      async.run_async(function()
+        local refused = {}
+        local endpoint = endpoint_module.listen({ tcp = "127.0.0.1:0", handlers_for = function()
+          return { state = function() return { served = true } end }
+        end, on_refused = function(line)
+          refused[#refused + 1] = line
+        end })
+        local ok, err = pcall(function()
+          local agent = agent_module.connect({ endpoint = endpoint.tcp_endpoint, rank = 0, world = 1 })
+          assert.are.same({ served = true }, agent.peer:request("state", {}, 5))
+          agent:close()
+          local wrong = endpoint.tcp_endpoint:gsub("token=%x+", "token=" .. string.rep("0", 32))
+          local connected, failure = pcall(agent_module.connect, { endpoint = wrong, rank = 0, world = 1 })
+          assert.is_false(connected)
+          assert.are.equal("AGENT_CONNECT", failure.code)
+          assert.matches("^rank 0: the host at tcp://127%.0%.0%.1:%d+ did not take this connection: refused: this "
+            .. "session's endpoint takes connections over TCP with its token only$", failure.message)
+          assert.are.equal(1, #refused)
+          assert.matches(": a wrong token$", refused[1])
+        end)
+        endpoint:close()
+        assert(ok, err)
+      end)
+    end)
+end)
+
 describe("wsync.trainer.agent move_tensor", function()
   -- An agent with one {pointer, size} tensor of 4 rows of 8 bytes (two
   -- buffers to move between, kept alive here), on an endpoint that never
