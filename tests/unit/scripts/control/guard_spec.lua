@@ -46,7 +46,7 @@ describe("process.find_marked", function()
   it("finds every process carrying the entry exactly, whatever session it moved to", function()
     local entry = random_mark()
     local handle, pid = start_tree("sleep 30 & setsid sleep 31 & exec sleep 32", entry)
-    local _, other = start_tree("exec sleep 33", entry .. "0") -- a longer value: not the same entry
+    local other_handle, other = start_tree("exec sleep 33", entry .. "0") -- a longer value: not the same entry
     wait_for(function()
       return #assert(process.find_marked(entry)) == 3
     end, 5000, "three marked processes")
@@ -66,8 +66,8 @@ describe("process.find_marked", function()
       return #process.find_marked(entry) == 0 and #process.find_marked(entry .. "0") == 0
     end, 5000, "the marked processes to end")
     wait_for(function()
-      return handle:is_closing()
-    end, 5000, "the shell's exit")
+      return handle:is_closing() and other_handle:is_closing()
+    end, 5000, "the shells' exits")
     uv.run("nowait")
   end)
 
