@@ -5,6 +5,7 @@
 #include "wsync.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -25,6 +26,11 @@ static void reserve_standard_fds(void) {
 
 int main(int argc, char **argv) {
   reserve_standard_fds();
+  // This process is wsync's own: a write to a reader that left (a runtime
+  // that died, `wsync ... | head`) fails with EPIPE instead of killing it,
+  // in every thread. (libwsync itself leaves its embedder's dispositions
+  // alone and only blocks SIGPIPE while its code runs.)
+  signal(SIGPIPE, SIG_IGN);
   ws_host *host = NULL;
   int status = ws_host_open(&host);
   if (status != WS_OK) {

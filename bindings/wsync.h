@@ -21,8 +21,12 @@ typedef struct ws_host ws_host;
 
 /// Opens a host: a Lua state with the wsync modules and a libuv loop. Stores it
 /// in `*out` and returns 0, or stores NULL and returns a negative status;
-/// ws_last_error() then says why. Sets SIGPIPE to be ignored in the process,
-/// so that a write to a dead peer fails instead of killing the process.
+/// ws_last_error() then says why. The process's signal dispositions stay as
+/// they are: every ws_host_* and ws_agent_* call blocks SIGPIPE in its thread
+/// while wsync's code runs (a write to a dead peer then fails with EPIPE
+/// instead of killing the process), consumes the SIGPIPE those writes raised,
+/// and restores the thread's mask before it returns and around step
+/// callbacks. Threads that wsync's code starts inherit the blocked SIGPIPE.
 int ws_host_open(ws_host **out);
 
 /// Runs a Lua chunk, then the loop until no work is left. Returns 0, or a
@@ -97,7 +101,7 @@ void ws_host_close(ws_host *host);
 // WS_ELUA (a bug); the text is in ws_agent_error(), or, when ws_agent_open
 // fails, in ws_last_error() (and in ws_host_error() of a non-NULL host).
 // A host that died fails the next call (WS_EFAILED) instead of killing the
-// trainer: ws_host_open ignores SIGPIPE.
+// trainer, whatever its SIGPIPE disposition (see ws_host_open).
 
 typedef struct ws_agent ws_agent;
 

@@ -19,6 +19,7 @@
 #include "host_internal.h"
 #include "lua_util.h"
 #include "manifest.h"
+#include "sigpipe.h"
 #include "status.h"
 
 #include <lauxlib.h>
@@ -51,7 +52,7 @@ static int status_from_name(const char *name) {
 }
 
 // Calls the function below the `nargs` arguments on top of the stack under
-// the message handler. On success returns WS_OK with the results from index
+// the message handler, with SIGPIPE blocked. On success returns WS_OK with the results from index
 // `*first` to the top; the caller then resets the stack to `*first - 2`. On
 // failure (a raised error, or agent_api's `nil, message, STATUS`) writes the
 // text into `error`, removes the function and its arguments and returns a
@@ -61,7 +62,11 @@ static int protected_call(lua_State *L, int nargs, int *first, char *error,
   int handler = lua_gettop(L) - nargs; // [function, args]
   lua_pushcfunction(L, ws_lua_message_handler);
   lua_insert(L, handler); // [handler, function, args]
-  if (lua_pcall(L, nargs, LUA_MULTRET, handler) != 0) {
+  ws_sigpipe_guard guard;
+  ws_sigpipe_enter(&guard);
+  int failed = lua_pcall(L, nargs, LUA_MULTRET, handler) != 0;
+  ws_sigpipe_leave(&guard);
+  if (failed) {
     ws_lua_error_text(L, -1, error, size);
     lua_settop(L, handler - 1);
     return WS_ELUA;
@@ -275,7 +280,9 @@ static int callback_trampoline(lua_State *L) {
   void *user_data = lua_touserdata(L, lua_upvalueindex(2));
   ws_host *host = ws_host_from_state(L);
   ws_host_enter_callback(host);
+  ws_sigpipe_suspend(); // the trainer's own signal mask while it runs
   int status = (*callback)(user_data);
+  ws_sigpipe_resume();
   ws_host_leave_callback(host);
   lua_pushinteger(L, status);
   return 1;

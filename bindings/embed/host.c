@@ -4,8 +4,9 @@
 // This file is the only place that owns a lua_State. It preloads the native
 // modules (luv wired to the host's loop, cjson, the wsync bindings), installs
 // the loader of wsync's Lua scripts (script_loader.c), routes every libuv
-// callback through one protected-call helper, and tears everything down in
-// order on close. It knows nothing of agents: they hold the host's link, which
+// callback through one protected-call helper, blocks SIGPIPE while its entry
+// points run Lua or the loop (sigpipe.h), and tears everything down in order
+// on close. It knows nothing of agents: they hold the host's link, which
 // close clears.
 #include <stdint.h>
 
@@ -16,6 +17,7 @@
 #include "lua_util.h"
 #include "modules.h"
 #include "script_loader.h"
+#include "sigpipe.h"
 #include "status.h"
 
 #include <lauxlib.h>
@@ -26,7 +28,6 @@
 #include <uv.h>
 
 #include <limits.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,9 +189,6 @@ int ws_host_open(ws_host **out) {
   if (out == NULL)
     return open_failed(ws_fail(WS_EINVAL, "ws_host_open: out is NULL"));
   *out = NULL;
-  // A write to a pipe whose reader died must fail (EPIPE, then the runtime or
-  // agent connection breaks with its cause), not kill the whole process.
-  signal(SIGPIPE, SIG_IGN);
   ws_host *host = calloc(1, sizeof *host);
   if (host == NULL)
     return open_failed(ws_fail(WS_ENOMEM, "ws_host_open: cannot allocate"));
@@ -218,7 +216,11 @@ int ws_host_open(ws_host **out) {
   }
   lua_pushcfunction(host->L, open_state);
   lua_pushlightuserdata(host->L, host);
-  if (lua_pcall(host->L, 1, 0, 0) != 0) {
+  ws_sigpipe_guard guard;
+  ws_sigpipe_enter(&guard);
+  int failed = lua_pcall(host->L, 1, 0, 0) != 0;
+  ws_sigpipe_leave(&guard);
+  if (failed) {
     const char *why = lua_tostring(host->L, -1);
     int status =
         open_failed(ws_fail(WS_ELUA, "ws_host_open: cannot set up Lua: %s",
@@ -231,22 +233,15 @@ int ws_host_open(ws_host **out) {
   return WS_OK;
 }
 
-// Calls require(module)[function](args...) under the message handler with the
-// strings in argv as a table argument. Returns 0 with the results left on the
-// stack, or WS_ELUA with the error recorded (exit sentinels set *exit_code).
-static int call_script_text(ws_host *host, const char *module,
-                            const char *function, int string_count,
-                            const char *const *strings, int argc,
-                            const char *const *argv, int *exit_code,
-                            char *text, size_t text_size) {
+// Calls require(module)[function](strings..., argv) under the message
+// handler, argv as a table. Returns 0 with the result copied into `text` (when
+// given) and the stack emptied, or a negative status with the error recorded
+// (exit sentinels set *exit_code).
+static int run_script(ws_host *host, const char *module, const char *function,
+                      int string_count, const char *const *strings, int argc,
+                      const char *const *argv, int *exit_code, char *text,
+                      size_t text_size) {
   lua_State *L = host->L;
-  if (ws_host_in_callback(host)) {
-    snprintf(host->error, sizeof host->error,
-             "wsync.cli.%s: called from inside a step callback (wsync's loop "
-             "is not reentrant)",
-             function);
-    return WS_ESTATE;
-  }
   host->error[0] = '\0';
   lua_settop(L, 0);
   lua_pushcfunction(L, ws_lua_message_handler);
@@ -300,6 +295,27 @@ static int call_script_text(ws_host *host, const char *module,
   }
   lua_settop(L, 0);
   return WS_OK;
+}
+
+// run_script, refused from inside a step callback, with SIGPIPE blocked.
+static int call_script_text(ws_host *host, const char *module,
+                            const char *function, int string_count,
+                            const char *const *strings, int argc,
+                            const char *const *argv, int *exit_code,
+                            char *text, size_t text_size) {
+  if (ws_host_in_callback(host)) {
+    snprintf(host->error, sizeof host->error,
+             "wsync.cli.%s: called from inside a step callback (wsync's loop "
+             "is not reentrant)",
+             function);
+    return WS_ESTATE;
+  }
+  ws_sigpipe_guard guard;
+  ws_sigpipe_enter(&guard);
+  int status = run_script(host, module, function, string_count, strings, argc,
+                          argv, exit_code, text, text_size);
+  ws_sigpipe_leave(&guard);
+  return status;
 }
 
 static int call_script(ws_host *host, const char *module, const char *function,
@@ -454,6 +470,8 @@ void ws_host_close(ws_host *host) {
   ws_host_link_clear(host->link);
   ws_host_link_release(host->link);
   host->link = NULL;
+  ws_sigpipe_guard guard;
+  ws_sigpipe_enter(&guard);
   if (host->L != NULL) {
     ws_interrupt_disarm(host);
     if (host->loop_open && host->lua_ready)
@@ -468,5 +486,6 @@ void ws_host_close(ws_host *host) {
     uv_loop_close(&host->loop);
     host->loop_open = 0;
   }
+  ws_sigpipe_leave(&guard);
   free(host);
 }

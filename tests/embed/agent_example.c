@@ -13,7 +13,10 @@
 // STEP_MS is how long each training step takes before its publication (0 by
 // default). FAILING names a callback that returns non-zero (a failure) when
 // the host calls it, for the fault tests. Prints one line per publication;
-// exits 0 when every publication succeeded.
+// exits 0 when every publication succeeded. SIGPIPE is at SIG_DFL, as in a C
+// program, and after every wsync call the example checks that wsync left its
+// signals as they were: SIGPIPE's disposition, the thread's mask, no SIGPIPE
+// pending (a write to a host that died must fail the call, not kill it).
 //
 // --self-check runs what needs no wsync host (the embed tier): open failures
 // and ws_last_error, registration against an endpoint that accepts and never
@@ -29,6 +32,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +144,39 @@ static int fill_version(const layout *shards, unsigned char *memory,
   return 0;
 }
 
+// The signal state a C trainer owns, which wsync must not change: SIGPIPE's
+// disposition and the thread's signal mask.
+typedef struct signal_state {
+  struct sigaction sigpipe;
+  sigset_t mask;
+} signal_state;
+
+static void read_signal_state(signal_state *out) {
+  sigaction(SIGPIPE, NULL, &out->sigpipe);
+  pthread_sigmask(SIG_SETMASK, NULL, &out->mask);
+}
+
+// Returns 0 when the signal state is still `before` and no SIGPIPE is
+// pending; otherwise says what changed after `call` and returns -1.
+static int check_signals(const signal_state *before, const char *call) {
+  signal_state now;
+  read_signal_state(&now);
+  sigset_t pending;
+  sigpending(&pending);
+  const char *changed = NULL;
+  if (now.sigpipe.sa_handler != before->sigpipe.sa_handler)
+    changed = "SIGPIPE's disposition changed";
+  else if (sigismember(&pending, SIGPIPE))
+    changed = "a SIGPIPE is pending";
+  for (int number = 1; changed == NULL && number < NSIG; number++)
+    if (sigismember(&now.mask, number) != sigismember(&before->mask, number))
+      changed = "the thread's signal mask changed";
+  if (changed == NULL)
+    return 0;
+  fprintf(stderr, "agent_example: after %s: %s\n", call, changed);
+  return -1;
+}
+
 // Memory callbacks: each moves one part between resident and offloaded and
 // refuses a transition that makes no sense.
 enum { RESIDENT, OFFLOADED };
@@ -227,8 +264,13 @@ static int self_check(void) {
   SELF_CHECK(ws_host_open(NULL) != 0 &&
                  strstr(ws_last_error(), "ws_host_open") != NULL,
              "ws_host_open(NULL): ws_last_error() = \"%s\"", ws_last_error());
+  signal_state signals;
+  signal(SIGPIPE, SIG_DFL);
+  read_signal_state(&signals);
   SELF_CHECK(ws_host_open(&host) == 0 && ws_last_error()[0] == '\0',
              "ws_host_open: ws_last_error() = \"%s\"", ws_last_error());
+  SELF_CHECK(check_signals(&signals, "ws_host_open") == 0,
+             "the host took over the process's signals");
   SELF_CHECK(ws_agent_open(host, "/nonexistent/control.sock", 0, 1, "host", 0,
                            &agent) == WS_EFAILED &&
                  agent == NULL &&
@@ -303,6 +345,8 @@ static int self_check(void) {
   // only frees it.
   ws_host_close(host);
   host = NULL;
+  SELF_CHECK(check_signals(&signals, "ws_host_close") == 0,
+             "the host left the process's signals changed");
   SELF_CHECK(ws_agent_ready(agent) == WS_ESTATE &&
                  strstr(ws_agent_error(agent), "ws_agent_ready: the agent's "
                                                "host was closed") != NULL,
@@ -357,11 +401,16 @@ int main(int argc, char **argv) {
   ws_host *host = NULL;
   ws_agent *agent = NULL;
   int failed = 1;
+  signal_state signals;
+  signal(SIGPIPE, SIG_DFL);
+  read_signal_state(&signals);
   if (memory == NULL || ws_host_open(&host) != 0) {
     fprintf(stderr, "agent_example rank %d: cannot start: %s\n", rank,
             ws_last_error());
     goto done;
   }
+  if (check_signals(&signals, "ws_host_open") != 0)
+    goto done;
   if (ws_agent_open(host, endpoint, rank, world, "host", rank, &agent) != 0) {
     fprintf(stderr, "agent_example rank %d: open: %s\n", rank, ws_last_error());
     goto done;
@@ -392,6 +441,8 @@ int main(int argc, char **argv) {
             ws_agent_error(agent));
     goto done;
   }
+  if (check_signals(&signals, "ws_agent_ready") != 0)
+    goto done;
   // The host stays usable between agent calls: the connection does not keep
   // its loop running.
   if (ws_host_run_string(host, "assert(require('wsync').version)",
@@ -413,6 +464,8 @@ int main(int argc, char **argv) {
     }
     ws_publish_result result;
     int status = ws_agent_publish(agent, version, &result);
+    if (check_signals(&signals, "ws_agent_publish") != 0)
+      goto done;
     if (status != 0) {
       printf("agent_example rank %d: publish %d failed (status %d): %s\n", rank,
              version, status, ws_agent_error(agent));

@@ -5,15 +5,18 @@ version. Prints one line per publication and exits 0 when every one succeeded; a
 publication prints the WsyncError's fields and exits 1.
 
     python rank.py ENDPOINT RANK WORLD VERSIONS [--fail-callback NAME] [--wrong-shape NAME]
-                   [--skip NAME] [--move] [--random]
+                   [--skip NAME] [--move] [--random] [--step-ms MS] [--sigpipe-default]
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import time
 
 import numpy as np
 
+import signals
 import synthetic
 import wsync
 
@@ -31,7 +34,21 @@ def main() -> int:
                         help="random values at each version instead of wsync's synthetic ones")
     parser.add_argument("--move", action="store_true",
                         help="offload_actor frees the shards, onload_actor makes new ones (new pointers)")
+    parser.add_argument("--step-ms", type=int, default=0,
+                        help="each training step's time before its publication (wsync's loop does not run)")
+    parser.add_argument("--sigpipe-default", action="store_true",
+                        help="SIGPIPE at SIG_DFL, as in a C trainer (Python ignores it); after every wsync "
+                        "call, check that wsync left it so (exit 3 otherwise)")
     args = parser.parse_args()
+    if args.sigpipe_default:
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sigpipe_before = signals.sigpipe()
+
+    def check_signals(call: str) -> None:
+        if args.sigpipe_default and signals.sigpipe() != sigpipe_before:
+            print(f"rank {args.rank}: after {call}, SIGPIPE is {signals.sigpipe()}, was {sigpipe_before}",
+                  file=sys.stderr, flush=True)
+            sys.exit(3)
     shards: dict[str, np.ndarray] = {}
     placement: dict[str, tuple[tuple[int, ...], int]] = {}
     for name, shape in synthetic.layout():
@@ -67,6 +84,7 @@ def main() -> int:
         return run
 
     with wsync.Agent(args.endpoint, args.rank, args.world) as agent:
+        check_signals("Agent()")
         for name, shard in shards.items():
             if name == args.skip:
                 continue
@@ -80,8 +98,12 @@ def main() -> int:
         agent.register_callback("offload_actor", transition("actor", "offloaded", "offload_actor"))
         agent.register_callback("onload_actor", transition("actor", "resident", "onload_actor"))
         try:
-            agent.ready()
+            try:
+                agent.ready()
+            finally:
+                check_signals("ready")
             for version in range(1, args.versions + 1):
+                time.sleep(args.step_ms / 1000)
                 generator = np.random.default_rng(1000 * version + args.rank)
                 for name, shard in shards.items():
                     shape, first = placement[name]
@@ -89,7 +111,10 @@ def main() -> int:
                         shard[...] = generator.integers(0, 1 << 16, size=shard.shape, dtype=np.uint16)
                     else:
                         synthetic.fill(shard, name, shape, first, version)
-                publication = agent.publish(version)
+                try:
+                    publication = agent.publish(version)
+                finally:
+                    check_signals("publish")
                 print(f"rank {args.rank}: published version {version}: model version {publication.model_version}, "
                       f"manifest {publication.manifest}, receipts {publication.receipts}", flush=True)
                 if state != {"actor": "resident", "optimizer": "resident"}:

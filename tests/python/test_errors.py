@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from conftest import run_session
 
 RECIPE = "tests/fixtures/recipes/external_tiny.lua"
@@ -56,10 +58,17 @@ def test_a_callback_that_raises_fails_the_step_on_every_rank(marked):
     assert "published model version" not in host.out
 
 
-def test_a_dead_host_fails_publish_instead_of_hanging(marked):
-    # The host is killed once the first publication committed: the ranks' next publish
-    # raises (the connection is gone) and they exit; the runtime dies with its host.
-    host, ranks = run_session(marked, RECIPE, world=2, versions=3,
+@pytest.mark.parametrize("sigpipe", ["ignored", "default"])
+def test_a_dead_host_fails_publish_instead_of_hanging(marked, sigpipe):
+    # The host is killed once the first publication committed, while the ranks train for
+    # the next (300 ms): their next publish writes to the dead host, raises (the
+    # connection is gone) and they exit; the runtime dies with its host. Python ignores
+    # SIGPIPE; with SIGPIPE at SIG_DFL, as in a C trainer, that write must still fail the
+    # call instead of killing the rank (-13), and wsync must leave SIGPIPE as it found it
+    # (rank.py exits 3 otherwise).
+    extra = ["--sigpipe-default"] if sigpipe == "default" else []
+    rank_args = {rank: ["--step-ms", "300", *extra] for rank in (0, 1)}
+    host, ranks = run_session(marked, RECIPE, world=2, versions=3, rank_args=rank_args,
                               kill_host_when=lambda host, ranks: all("published version 1" in r.out for r in ranks))
     assert host.popen.returncode == -9
     for rank in ranks:

@@ -92,3 +92,40 @@ def test_closing_the_host_early_stops_the_session_and_leaves_nothing(tmp_path, w
     assert "children left: []" in result.stdout, output
     assert "host closed: stopping now" in result.stdout, output
     assert list(tmp_path.iterdir()) == [], "the session left files in TMPDIR"
+
+
+def test_the_host_leaves_the_trainers_sigpipe_as_it_found_it(tmp_path):
+    # libwsync blocks SIGPIPE only while its code runs: SIG_DFL, as a C trainer has it,
+    # stays SIG_DFL, unblocked and not pending, after Host(recipe), a publication and close.
+    code = textwrap.dedent("""
+        import signal
+        import numpy as np
+        import signals
+        import synthetic
+        import wsync
+
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        before = signals.sigpipe()
+        shards = {name: np.zeros(shape, dtype=np.uint16) for name, shape in synthetic.layout()}
+        host = wsync.Host(RECIPE)
+        print("after Host(recipe):", signals.sigpipe() == before, flush=True)
+        agent = host.agent(rank=0, world=1)
+        for name, shard in shards.items():
+            agent.register_tensor(name, shard, dtype="bfloat16")
+        for step in ("offload_optimizer", "onload_optimizer", "offload_actor", "onload_actor"):
+            agent.register_callback(step, lambda: print("in a callback:", signals.sigpipe() == before, flush=True))
+        agent.ready()
+        for name, shard in shards.items():
+            synthetic.fill(shard, name, shard.shape, 0, 1)
+        agent.publish(1)
+        print("after a publication:", signals.sigpipe() == before, flush=True)
+        host.close()
+        print("after close:", signals.sigpipe() == before, before, flush=True)
+    """)
+    result = run_trainer(code, RECIPE, tmp_path)
+    output = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, output
+    lines = [line for line in result.stdout.splitlines() if ":" in line and not line.startswith("wsync:")]
+    assert lines == ["after Host(recipe): True", *["in a callback: True"] * 4, "after a publication: True",
+                     "after close: True {'ignored': False, 'blocked': False, 'pending': False}"], output
+    assert list(tmp_path.iterdir()) == [], "the session left files in TMPDIR"

@@ -9,7 +9,8 @@ pcall(ffi.cdef, "int ferror(void *stream);")
 pcall(ffi.cdef, "extern void *stdout;")
 
 --- Whether a write to standard output has failed since the process started
---- (SIGPIPE is ignored: a reader that left shows as EPIPE). It asks the
+--- (the wsync binary ignores SIGPIPE, libwsync blocks it while its code runs in
+--- a trainer: a reader that left shows as EPIPE). It asks the
 --- stream's sticky error flag, not io.stdout:flush(), whose result cannot be
 --- trusted: LuaJIT compiles flush() into fflush() plus a guard, a failed
 --- guard leaves the trace before the call, and the interpreter then flushes
