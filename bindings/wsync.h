@@ -145,6 +145,19 @@ int ws_agent_register_callback(ws_agent *agent, const char *name,
                                int (*callback)(void *user_data),
                                void *user_data);
 
+/// Registers a step callback, as ws_agent_register_callback, that confirms it
+/// ran to its end: before each call the agent sets `*done` to 0, and the step
+/// succeeds only when the callback returned 0 and set `*done` to 1. One that
+/// leaves `*done` at 0 fails its step as interrupted before it completed,
+/// whatever it returned (for callbacks that can be unwound before they run:
+/// a Python callback that a signal interrupts at its entry returns an
+/// undefined value); one that set it and returned non-zero fails its step as
+/// a failed callback.
+int ws_agent_register_confirmed_callback(ws_agent *agent, const char *name,
+                                         int (*callback)(void *user_data,
+                                                         int *done),
+                                         void *user_data);
+
 /// Sends the registration; returns when every rank registered and the host
 /// is ready.
 int ws_agent_ready(ws_agent *agent);

@@ -5,7 +5,9 @@
 // the result. Policy (states, waiting on the loop, error texts) is in Lua.
 //
 // Step callbacks are C function pointers that Lua calls through a trampoline
-// closure holding the pointer and its user data as upvalues. A callback runs
+// closure holding the pointer and its user data as upvalues; the trampoline
+// returns the callback's status and whether it ran to its end (a confirmed
+// callback reports that through `*done`). A callback runs
 // inside the loop that a ws_agent_* call drives, so no wsync call may nest in
 // it: the loop is not reentrant. The trampoline marks the callback on the
 // host (ws_host_enter_callback), and the host refuses what would nest.
@@ -35,7 +37,12 @@ struct ws_agent {
   char error[8192]; // last error text
 };
 
-typedef int (*agent_callback)(void *user_data);
+// A step callback of either kind: `confirmed` when it reports through
+// `*done` that it ran to its end, `plain` otherwise.
+typedef struct agent_callback {
+  int (*plain)(void *user_data);
+  int (*confirmed)(void *user_data, int *done);
+} agent_callback;
 
 // Lua numbers hold integers exactly up to 2^53.
 static const int64_t largest_exact_integer = (int64_t)1 << 53;
@@ -273,43 +280,78 @@ int ws_agent_set_tensor_data(ws_agent *agent, const char *name, void *data,
   return status;
 }
 
-// The trainer's callback, called from Lua: [function pointer box, user data]
-// as upvalues; returns the callback's status. Never raises.
+// The trainer's callback, called from Lua: [agent_callback box, user data]
+// as upvalues; returns the callback's status and whether it ran to its end (a
+// plain callback always did). Never raises.
 static int callback_trampoline(lua_State *L) {
   const agent_callback *callback = lua_touserdata(L, lua_upvalueindex(1));
   void *user_data = lua_touserdata(L, lua_upvalueindex(2));
   ws_host *host = ws_host_from_state(L);
+  int done = 0;
+  int status;
   ws_host_enter_callback(host);
   ws_sigpipe_suspend(); // the trainer's own signal mask while it runs
-  int status = (*callback)(user_data);
+  if (callback->confirmed != NULL) {
+    status = callback->confirmed(user_data, &done);
+  } else {
+    status = callback->plain(user_data);
+    done = 1;
+  }
   ws_sigpipe_resume();
   ws_host_leave_callback(host);
   lua_pushinteger(L, status);
-  return 1;
+  lua_pushboolean(L, done == 1);
+  return 2;
+}
+
+// Pushes the trampoline closure of `callback` and `user_data`.
+static void push_trampoline(lua_State *L, agent_callback callback,
+                            void *user_data) {
+  agent_callback *box = lua_newuserdata(L, sizeof *box);
+  *box = callback;
+  lua_pushlightuserdata(L, user_data);
+  lua_pushcclosure(L, callback_trampoline, 2);
+}
+
+// Registers either kind of step callback for `call`.
+static int register_callback(ws_agent *agent, const char *call,
+                             const char *name, agent_callback callback,
+                             void *user_data) {
+  lua_State *L = NULL;
+  int status = check_agent(agent, call, &L);
+  if (status != WS_OK)
+    return status;
+  if (name == NULL || (callback.plain == NULL && callback.confirmed == NULL)) {
+    snprintf(agent->error, sizeof agent->error,
+             "%s %s: needs a name and a function", call,
+             name ? name : "(NULL)");
+    return WS_EINVAL;
+  }
+  int top = lua_gettop(L);
+  push_method(L, agent, "register_callback");
+  lua_pushstring(L, name);
+  push_trampoline(L, callback, user_data); // [method, handle, name, call]
+  int first = 0;
+  status = call_method(L, agent, 2, &first);
+  lua_settop(L, top);
+  return status;
 }
 
 int ws_agent_register_callback(ws_agent *agent, const char *name,
                                int (*callback)(void *user_data),
                                void *user_data) {
-  lua_State *L = NULL;
-  int status = check_agent(agent, "ws_agent_register_callback", &L);
-  if (status != WS_OK)
-    return status;
-  if (name == NULL || callback == NULL)
-    return invalid(agent,
-                   "ws_agent_register_callback %s: needs a name and a function",
-                   name);
-  int top = lua_gettop(L);
-  push_method(L, agent, "register_callback");
-  lua_pushstring(L, name);
-  agent_callback *box = lua_newuserdata(L, sizeof *box);
-  *box = callback;
-  lua_pushlightuserdata(L, user_data);
-  lua_pushcclosure(L, callback_trampoline, 2); // [method, handle, name, call]
-  int first = 0;
-  status = call_method(L, agent, 2, &first);
-  lua_settop(L, top);
-  return status;
+  agent_callback box = {.plain = callback};
+  return register_callback(agent, "ws_agent_register_callback", name, box,
+                           user_data);
+}
+
+int ws_agent_register_confirmed_callback(ws_agent *agent, const char *name,
+                                         int (*callback)(void *user_data,
+                                                         int *done),
+                                         void *user_data) {
+  agent_callback box = {.confirmed = callback};
+  return register_callback(agent, "ws_agent_register_confirmed_callback", name,
+                           box, user_data);
 }
 
 int ws_agent_ready(ws_agent *agent) {

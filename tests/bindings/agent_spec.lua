@@ -93,7 +93,11 @@ describe("the agent API through the FFI", function()
     local status, agent = open()
     assert.are.equal(0, status, host_error())
     assert.are.equal(C.WS_EINVAL, C.ws_agent_register_callback(agent, "offload_actor", nil, nil))
-    assert.matches("needs a name and a function", ffi.string(C.ws_agent_error(agent)), 1, true)
+    assert.matches("ws_agent_register_callback offload_actor: needs a name and a function",
+      ffi.string(C.ws_agent_error(agent)), 1, true)
+    assert.are.equal(C.WS_EINVAL, C.ws_agent_register_confirmed_callback(agent, nil, nil, nil))
+    assert.matches("ws_agent_register_confirmed_callback (NULL): needs a name and a function",
+      ffi.string(C.ws_agent_error(agent)), 1, true)
     local result = ffi.new("ws_publish_result")
     result.receipts = 7
     assert.are.equal(C.WS_ESTATE, C.ws_agent_publish(agent, 1, result))

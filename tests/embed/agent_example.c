@@ -7,12 +7,15 @@
 // of version v (host/synth.h), so that the host can verify the rollout's
 // resident weights.
 //
-// usage: agent_example ENDPOINT RANK WORLD VERSIONS [STEP_MS [FAILING]]
+// usage: agent_example ENDPOINT RANK WORLD VERSIONS [STEP_MS [FAILING [HOW]]]
 //        agent_example --self-check
 //
 // STEP_MS is how long each training step takes before its publication (0 by
-// default). FAILING names a callback that returns non-zero (a failure) when
-// the host calls it, for the fault tests. Prints one line per publication;
+// default). FAILING names a callback that fails when the host calls it, for
+// the fault tests: it returns non-zero, or with HOW "unfinished" (the actor's
+// callbacks only, which confirm their end through
+// ws_agent_register_confirmed_callback; the optimizer's are plain) it
+// returns 0 without confirming, as a callback unwound before it ran. Prints one line per publication;
 // exits 0 when every publication succeeded. SIGPIPE is at SIG_DFL, as in a C
 // program, and after every wsync call the example checks that wsync left its
 // signals as they were: SIGPIPE's disposition, the thread's mask, no SIGPIPE
@@ -185,6 +188,7 @@ typedef struct trainer {
   int rank;
   int actor, optimizer;
   const char *failing; // the callback that fails on purpose, or NULL
+  int unfinished;      // it fails by not confirming its end
   ws_host *host;
   ws_agent *agent;
 } trainer;
@@ -199,7 +203,8 @@ typedef struct transition {
 static int run_transition(void *user_data) {
   transition *step = user_data;
   trainer *owner = step->owner;
-  if (owner->failing != NULL && strcmp(owner->failing, step->name) == 0) {
+  if (owner->failing != NULL && strcmp(owner->failing, step->name) == 0 &&
+      !owner->unfinished) {
     fprintf(stderr, "agent_example rank %d: %s fails on purpose\n", owner->rank,
             step->name);
     return 1;
@@ -222,6 +227,22 @@ static int run_transition(void *user_data) {
   }
   *step->part = step->to;
   return 0;
+}
+
+// run_transition as a confirmed callback: `*done` is set once it ran to its
+// end, which the unfinished failing callback never does.
+static int run_confirmed_transition(void *user_data, int *done) {
+  transition *step = user_data;
+  trainer *owner = step->owner;
+  if (owner->failing != NULL && strcmp(owner->failing, step->name) == 0 &&
+      owner->unfinished) {
+    fprintf(stderr, "agent_example rank %d: %s does not finish on purpose\n",
+            owner->rank, step->name);
+    return 0;
+  }
+  int status = run_transition(user_data);
+  *done = 1;
+  return status;
 }
 
 // A thread's failed open: its own ws_last_error, not the caller's.
@@ -377,17 +398,23 @@ done:
 int main(int argc, char **argv) {
   if (argc == 2 && strcmp(argv[1], "--self-check") == 0)
     return self_check();
-  if (argc < 5 || argc > 7) {
+  if (argc < 5 || argc > 8 ||
+      (argc == 8 && strcmp(argv[7], "unfinished") != 0)) {
     fprintf(stderr, "usage: agent_example ENDPOINT RANK WORLD VERSIONS "
-                    "[STEP_MS [FAILING]]\n"
+                    "[STEP_MS [FAILING [unfinished]]]\n"
                     "       agent_example --self-check\n");
     return 2;
   }
   const char *endpoint = argv[1];
   int rank = atoi(argv[2]), world = atoi(argv[3]), versions = atoi(argv[4]);
   long step_ms = argc >= 6 ? atol(argv[5]) : 0;
-  trainer state = {rank, RESIDENT, RESIDENT, argc == 7 ? argv[6] : NULL,
-                   NULL, NULL};
+  trainer state = {rank,
+                   RESIDENT,
+                   RESIDENT,
+                   argc >= 7 ? argv[6] : NULL,
+                   argc == 8,
+                   NULL,
+                   NULL};
   transition steps[] = {
       {"offload_optimizer", &state, &state.optimizer, RESIDENT, OFFLOADED},
       {"onload_optimizer", &state, &state.optimizer, OFFLOADED, RESIDENT},
@@ -428,9 +455,15 @@ int main(int argc, char **argv) {
       goto done;
     }
   }
+  // The optimizer's callbacks are plain, the actor's confirm their end.
   for (size_t i = 0; i < sizeof steps / sizeof steps[0]; i++) {
-    if (ws_agent_register_callback(agent, steps[i].name, run_transition,
-                                   &steps[i]) != 0) {
+    int status =
+        steps[i].part == &state.actor
+            ? ws_agent_register_confirmed_callback(
+                  agent, steps[i].name, run_confirmed_transition, &steps[i])
+            : ws_agent_register_callback(agent, steps[i].name, run_transition,
+                                         &steps[i]);
+    if (status != 0) {
       fprintf(stderr, "agent_example rank %d: %s\n", rank,
               ws_agent_error(agent));
       goto done;

@@ -173,10 +173,11 @@ function Handle:move_tensor(name, pointer, bytes)
 end
 
 --- Registers step callback `name`. `call()` runs the trainer's callback and
---- returns its status: non-zero fails the host's schedule step with an error
---- naming the callback and this rank.
+--- returns its status and whether it ran to its end: a callback that did not
+--- (it was interrupted before it completed), or returned non-zero, fails the
+--- host's schedule step with an error naming the callback and this rank.
 ---@param name string
----@param call fun(): integer
+---@param call fun(): integer, boolean
 ---@return true|nil, string?, string?
 function Handle:register_callback(name, call)
   local usable, message, status = self:_usable("register_callback")
@@ -189,9 +190,12 @@ function Handle:register_callback(name, call)
   end
   local rank = self.rank
   self.agent:register_callback(name, function()
-    local result = call()
-    if result ~= 0 then
-      -- The host prefixes "trainer rank R: ".
+    local result, done = call()
+    -- The host prefixes "trainer rank R: ".
+    if not done then
+      errors.raise("CALLBACK_FAILED", string.format("callback '%s' was interrupted before it completed (it did not "
+        .. "report done)", name), { rank = rank, phase = "schedule" })
+    elseif result ~= 0 then
       errors.raise("CALLBACK_FAILED", string.format("callback '%s' failed (it returned %d)", name, result),
         { rank = rank, phase = "schedule" })
     end

@@ -40,8 +40,8 @@ local function describe_proc(proc)
 end
 
 -- One session: the host on the fixture recipe, then WORLD agent_example ranks
--- on the endpoint it printed. Options: `failing = {rank, callback}` makes that
--- rank's callback fail; `step_ms` is each training step's time;
+-- on the endpoint it printed. Options: `failing = {rank, callback, how?}` makes
+-- that rank's callback fail (`how`: agent_example's HOW); `step_ms` is each training step's time;
 -- `kill_host_when(host, agents)` kills the host with SIGKILL once it holds.
 -- Waits until every process ended and checks that nothing is left: no
 -- process that carried the session's mark, no segment in /dev/shm of any of
@@ -70,6 +70,7 @@ local function run_session(options)
     local args = { endpoint, tostring(rank), tostring(WORLD), tostring(VERSIONS), tostring(options.step_ms or 0) }
     if failing and failing.rank == rank then
       args[#args + 1] = failing.callback
+      args[#args + 1] = failing.how
     end
     agents[rank + 1] = start(example, args, { mark })
   end
@@ -174,12 +175,15 @@ describe("the agent API (libwsync, trainer ranks in C)", function()
     assert.matches("last receipt %(TP rank 0%): publication " .. first[VERSIONS].publication_id, host.stdout)
   end)
 
-  it("fails every rank's publish with the same error when one rank's callback fails", function()
-    local host, agents = run_session({ failing = { rank = 1, callback = "offload_actor" } })
+  -- Runs a session whose rank 1 fails `callback` (agent_example's HOW `how`);
+  -- checks that every rank's publish 1 failed with the host's error, the same
+  -- on each, and returns that text.
+  local function failed_callback(callback, how)
+    local host, agents = run_session({ failing = { rank = 1, callback = callback, how = how } })
     assert.are_not.equal(0, host.code, describe_proc(host))
     local verdict = host.stdout:match("verdict: FAILED: ([^\n]+)")
     assert.is_string(verdict, describe_proc(host))
-    assert.matches("callback 'offload_actor'", verdict, 1, true)
+    assert.matches("callback '" .. callback .. "'", verdict, 1, true)
     local texts = {}
     for rank, agent in ipairs(agents) do
       assert.are.equal(1, agent.code, describe_proc(agent))
@@ -192,8 +196,27 @@ describe("the agent API (libwsync, trainer ranks in C)", function()
     assert.are.equal(texts[1], texts[2], "the ranks read different errors")
     -- The host's error (phase, rank, cause) with its code.
     assert.are.equal(verdict .. " (CALLBACK_FAILED)", texts[1])
-    assert.matches("^%[phase callback, rank 1%] trainer rank 1: callback 'offload_actor' failed", texts[1])
-    assert.matches("agent_example rank 1: offload_actor fails on purpose", agents[2].stderr, 1, true)
+    return texts[1], agents
+  end
+
+  -- (agent_example registers the optimizer's callbacks with
+  -- ws_agent_register_callback, the actor's with
+  -- ws_agent_register_confirmed_callback.)
+  for _, callback in ipairs({ "offload_optimizer", "offload_actor" }) do
+    it("fails every rank's publish with the same error when one rank's callback fails (" .. callback .. ")",
+      function()
+        local text, agents = failed_callback(callback)
+        assert.matches("^%[phase callback, rank 1%] trainer rank 1: callback '" .. callback .. "' failed %(it "
+          .. "returned 1%)", text)
+        assert.matches("agent_example rank 1: " .. callback .. " fails on purpose", agents[2].stderr, 1, true)
+      end)
+  end
+
+  it("fails the step of a confirmed callback that returned without confirming its end", function()
+    local text, agents = failed_callback("offload_actor", "unfinished")
+    assert.are.equal("[phase callback, rank 1] trainer rank 1: callback 'offload_actor' was interrupted before it "
+      .. "completed (it did not report done) (CALLBACK_FAILED)", text)
+    assert.matches("agent_example rank 1: offload_actor does not finish on purpose", agents[2].stderr, 1, true)
   end)
 
   it("fails the next publish, without SIGPIPE, when the host dies between publications", function()

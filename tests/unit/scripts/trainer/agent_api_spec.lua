@@ -57,7 +57,7 @@ describe("wsync.trainer.agent_api", function()
     local calls = 0
     assert.is_true(handle:register_callback("offload_actor", function()
       calls = calls + 1
-      return 0
+      return 0, true
     end))
     assert.is_true(handle:ready())
     assert.are.same({ "offload_actor" }, registered.callbacks)
@@ -91,7 +91,7 @@ describe("wsync.trainer.agent_api", function()
   it("fails publish with the host's error when a callback returns non-zero", function()
     local handle = open()
     handle:register_callback("offload_actor", function()
-      return 3
+      return 3, true
     end)
     assert.is_true(handle:ready())
     callback_first = "offload_actor"
@@ -100,6 +100,21 @@ describe("wsync.trainer.agent_api", function()
     assert.are.equal("EFAILED", status)
     assert.are.equal("[phase callback, rank 0] trainer rank 0: callback 'offload_actor' failed (it returned 3) "
       .. "(CALLBACK_FAILED)", message)
+    handle:close()
+  end)
+
+  it("fails the step of a callback that did not run to its end, whatever it returned", function()
+    local handle = open()
+    handle:register_callback("offload_actor", function()
+      return 0, false -- (what a confirmed callback unwound before it ran reports)
+    end)
+    assert.is_true(handle:ready())
+    callback_first = "offload_actor"
+    local result, message, status = handle:publish(1)
+    assert.is_nil(result)
+    assert.are.equal("EFAILED", status)
+    assert.are.equal("[phase callback, rank 0] trainer rank 0: callback 'offload_actor' was interrupted before it "
+      .. "completed (it did not report done) (CALLBACK_FAILED)", message)
     handle:close()
   end)
 
