@@ -42,6 +42,8 @@ class PublishResult(ctypes.Structure):
 
 
 CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+# A callback that confirms it ran to its end through *done (ws_agent_register_confirmed_callback).
+CONFIRMED_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
 
 
 def _source_build_dir() -> Optional[Path]:
@@ -112,6 +114,7 @@ def _declare(lib: ctypes.CDLL) -> None:
                                              c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_int64]),
         "ws_agent_set_tensor_data": (c_int, [c_void_p, c_char_p, c_void_p, ctypes.c_uint64]),
         "ws_agent_register_callback": (c_int, [c_void_p, c_char_p, CALLBACK, c_void_p]),
+        "ws_agent_register_confirmed_callback": (c_int, [c_void_p, c_char_p, CONFIRMED_CALLBACK, c_void_p]),
         "ws_agent_ready": (c_int, [c_void_p]),
         "ws_agent_publish": (c_int, [c_void_p, ctypes.c_int64, pointer(PublishResult)]),
         "ws_agent_error": (c_char_p, [c_void_p]),

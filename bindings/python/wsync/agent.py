@@ -1,11 +1,13 @@
 """wsync.Agent: one trainer rank's part of wsync (ws_agent_* of bindings/wsync.h)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from types import CodeType, TracebackType
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 from . import _native
 from .errors import InvalidArgument, StateError, WsyncError, from_status
@@ -13,6 +15,26 @@ from .host import Host
 from .tensors import Entry, Memory, describe
 
 Export = Union[None, Mapping[str, Optional[str]], Callable[[str], Optional[str]]]
+
+# What a trainer's signal handlers raise to stop it: raised from the agent call they
+# interrupted, ahead of any other exception a callback raised.
+_INTERRUPTS = (KeyboardInterrupt, SystemExit)
+
+# The code of the functions that libwsync calls (the agents' trampolines). An exception
+# raised at such a function's first instruction, before its ``try`` (CPython runs a
+# pending signal's handler there), escapes it: ctypes reports it to sys.unraisablehook
+# and returns an undefined value to C, which the confirmed callback's *done makes a
+# failure. The hook of Agent._unraisable_kept recognises it by these frames.
+_TRAMPOLINES: set[CodeType] = set()
+
+
+def _raised_in_trampoline(traceback: Optional[TracebackType]) -> bool:
+    """Whether a traceback passes through one of the agents' trampolines."""
+    while traceback is not None:
+        if traceback.tb_frame.f_code in _TRAMPOLINES:
+            return True
+        traceback = traceback.tb_next
+    return False
 
 
 @dataclass(frozen=True)
@@ -72,14 +94,53 @@ class Agent:
         return self._handle
 
     def _call(self, status: int, call: str) -> None:
-        if status != 0:
-            error = from_status(status, _native.text(self._lib.ws_agent_error(self._handle)), call)
-            caught, self._callback_error = self._callback_error, None
-            if isinstance(caught, (KeyboardInterrupt, SystemExit)):
-                raise caught from error
-            if caught is not None:
-                raise error from caught
-            raise error
+        caught, self._callback_error = self._callback_error, None
+        if status == 0:
+            if isinstance(caught, _INTERRUPTS):
+                raise caught
+            return
+        error = from_status(status, _native.text(self._lib.ws_agent_error(self._handle)), call)
+        if isinstance(caught, _INTERRUPTS):
+            raise caught from error
+        if caught is not None:
+            raise error from caught
+        raise error
+
+    def _keep(self, err: BaseException) -> None:
+        """Keeps what a step callback raised, for the agent call in progress to raise: the
+        first, unless a later one is an interrupt (KeyboardInterrupt, SystemExit)."""
+        kept = self._callback_error
+        if kept is None or (isinstance(err, _INTERRUPTS) and not isinstance(kept, _INTERRUPTS)):
+            self._callback_error = err
+
+    @contextlib.contextmanager
+    def _unraisable_kept(self) -> Iterator[None]:
+        """While an agent call may run step callbacks: an exception that escaped one of the
+        agent's trampolines (see _TRAMPOLINES) is kept for the call to raise instead of
+        printed as ignored; every other unraisable exception goes to the previous hook."""
+        previous = sys.unraisablehook
+
+        def hook(unraisable: Any) -> None:
+            if _raised_in_trampoline(unraisable.exc_traceback):
+                self._keep(unraisable.exc_value if unraisable.exc_value is not None else unraisable.exc_type())
+            else:
+                previous(unraisable)
+
+        sys.unraisablehook = hook
+        try:
+            yield
+        finally:
+            if sys.unraisablehook is hook:
+                sys.unraisablehook = previous
+
+    def _run(self, call: str, function: Callable[..., int], *args: Any) -> None:
+        """Runs the agent call `function(*args)`, which serves the host's commands (step
+        callbacks included), and raises its failure: a KeyboardInterrupt or SystemExit that
+        a callback raised, from the WsyncError; the WsyncError, from another exception."""
+        self._callback_error = None
+        with self._unraisable_kept():
+            status = function(*args)
+        self._call(status, call)
 
     def register_tensor(self, name: str, tensor: Any, *, shape: Optional[tuple[int, ...]] = None,
                         first_row: Optional[int] = None, dtype: Optional[str] = None) -> None:
@@ -141,31 +202,38 @@ class Agent:
     def register_callback(self, name: str, fn: Callable[[], Any]) -> None:
         """Registers step callback `name` (``"offload_optimizer"``, ``"onload_actor"``, ...)
         that the host's memory schedule calls. An exception in `fn` fails that schedule step
-        on every rank; this rank's ``publish`` raises it as the cause of the WsyncError. `fn`
-        must not call wsync. Storage that `fn` moved is looked up when it returns."""
+        on every rank; this rank's ``publish`` raises it as the cause of the WsyncError, or,
+        a KeyboardInterrupt or SystemExit (Ctrl-C, a SIGTERM handler), raises it itself,
+        also when the signal came as the callback was entered. `fn` must not call wsync.
+        Storage that `fn` moved is looked up when it returns."""
         handle = self._checked("register_callback")
         if not callable(fn):
             raise InvalidArgument(f"register_callback {name}: {fn!r} is not callable", "EINVAL",
                                   "register_callback")
 
-        def trampoline(_user_data: Any) -> int:
+        def trampoline(_user_data: Any, done: Any) -> int:
+            # (An exception raised before this try is kept by _unraisable_kept; *done
+            # stays 0 and the step fails as interrupted.)
             try:
                 fn()
                 self._synchronize()
                 self._refresh(strict=False)
-                return 0
+                status = 0
             except BaseException as err:  # noqa: BLE001 (reported through publish)
-                self._callback_error = err
-                return 1
+                self._keep(err)
+                status = 1
+            done[0] = 1
+            return status
 
-        callback = _native.CALLBACK(trampoline)
+        _TRAMPOLINES.add(trampoline.__code__)
+        callback = _native.CONFIRMED_CALLBACK(trampoline)
         self._callbacks.append(callback)
-        self._call(self._lib.ws_agent_register_callback(handle, name.encode(), callback, None),
+        self._call(self._lib.ws_agent_register_confirmed_callback(handle, name.encode(), callback, None),
                    "register_callback")
 
     def ready(self) -> None:
         """Sends the registration; returns when every rank registered and the host is ready."""
-        self._call(self._lib.ws_agent_ready(self._checked("ready")), "ready")
+        self._run("ready", self._lib.ws_agent_ready, self._checked("ready"))
 
     # -- publication -------------------------------------------------------------------------
 
@@ -203,8 +271,8 @@ class Agent:
         self._synchronize()
         self._refresh()
         result = _native.PublishResult()
-        status = self._lib.ws_agent_publish(handle, -1 if step is None else int(step), ctypes.byref(result))
-        self._call(status, "publish")
+        self._run("publish", self._lib.ws_agent_publish, handle, -1 if step is None else int(step),
+                  ctypes.byref(result))
         return Publication(int(result.model_version), result.publication_id.decode(), result.manifest.decode(),
                            int(result.receipts))
 
