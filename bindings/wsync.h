@@ -158,6 +158,19 @@ int ws_agent_register_confirmed_callback(ws_agent *agent, const char *name,
                                                          int *done),
                                          void *user_data);
 
+/// Sets a check that ws_agent_ready and ws_agent_publish call about every 100
+/// ms while they wait on the loop, with the protocol of a confirmed callback:
+/// it completes when it returns 0 and sets `*done` to 1. A check that does not
+/// complete (the trainer was interrupted: Python's check is unwound by a
+/// KeyboardInterrupt at its entry) abandons the call fail-stop: the call fails
+/// with WS_EFAILED (INTERRUPTED), the rank leaves its host, a session that this
+/// same host runs on the agent's endpoint (ws_host_start_recipe) is stopped as
+/// ws_host_close stops it, and every later call but ws_agent_close fails. NULL
+/// removes the check. Like a step callback, it must not call wsync.
+int ws_agent_set_interrupt_check(ws_agent *agent,
+                                 int (*check)(void *user_data, int *done),
+                                 void *user_data);
+
 /// Sends the registration; returns when every rank registered and the host
 /// is ready.
 int ws_agent_ready(ws_agent *agent);

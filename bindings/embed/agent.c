@@ -7,7 +7,8 @@
 // Step callbacks are C function pointers that Lua calls through a trampoline
 // closure holding the pointer and its user data as upvalues; the trampoline
 // returns the callback's status and whether it ran to its end (a confirmed
-// callback reports that through `*done`). A callback runs
+// callback reports that through `*done`); the interrupt check is called the
+// same way. A callback runs
 // inside the loop that a ws_agent_* call drives, so no wsync call may nest in
 // it: the loop is not reentrant. The trampoline marks the callback on the
 // host (ws_host_enter_callback), and the host refuses what would nest.
@@ -352,6 +353,27 @@ int ws_agent_register_confirmed_callback(ws_agent *agent, const char *name,
   agent_callback box = {.confirmed = callback};
   return register_callback(agent, "ws_agent_register_confirmed_callback", name,
                            box, user_data);
+}
+
+int ws_agent_set_interrupt_check(ws_agent *agent,
+                                 int (*check)(void *user_data, int *done),
+                                 void *user_data) {
+  lua_State *L = NULL;
+  int status = check_agent(agent, "ws_agent_set_interrupt_check", &L);
+  if (status != WS_OK)
+    return status;
+  int top = lua_gettop(L);
+  push_method(L, agent, "set_interrupt_check");
+  if (check != NULL) {
+    agent_callback box = {.confirmed = check};
+    push_trampoline(L, box, user_data); // [method, handle, call]
+  } else {
+    lua_pushnil(L); // [method, handle, nil]
+  }
+  int first = 0;
+  status = call_method(L, agent, 1, &first);
+  lua_settop(L, top);
+  return status;
 }
 
 int ws_agent_ready(ws_agent *agent) {

@@ -244,8 +244,23 @@ function M.after(ms, fn)
   return timer
 end
 
---- Stops and closes a timer from M.after (or any handle) unless it already
---- closed. Safe to call twice, and with nil.
+--- Calls `fn()` every `ms` milliseconds (from a libuv callback: it must not
+--- raise) until `M.cancel(timer)`. The timer does not keep the loop alive: it
+--- watches work that does (a call waiting in `run_until`).
+---@param ms number
+---@param fn fun()
+---@return userdata
+function M.every(ms, fn)
+  uv.update_time()
+  local timer = uv.new_timer()
+  local period = math.max(1, math.floor(ms))
+  timer:start(period, period, fn)
+  timer:unref()
+  return timer
+end
+
+--- Stops and closes a timer from M.after or M.every (or any handle) unless it
+--- already closed. Safe to call twice, and with nil.
 ---@param timer userdata?
 function M.cancel(timer)
   if timer and not timer:is_closing() then

@@ -160,9 +160,11 @@ def marked(tmp_path: Path):
 
 def run_session(marked: Marked, recipe: str, world: int, versions: int,
                 rank_args: Optional[dict[int, list[str]]] = None,
-                kill_host_when: Optional[Callable[[Proc, list[Proc]], bool]] = None) -> tuple[Proc, list[Proc]]:
+                kill_host_when: Optional[Callable[[Proc, list[Proc]], bool]] = None,
+                while_running: Optional[Callable[[Proc, list[Proc]], None]] = None) -> tuple[Proc, list[Proc]]:
     """`wsync run RECIPE`, then WORLD Python ranks on the endpoint it printed; waits until all
-    ended and checks that nothing is left. Returns the host and the ranks."""
+    ended and checks that nothing is left. `while_running(host, ranks)` is called once the
+    ranks started (to drive them: signals). Returns the host and the ranks."""
     host = marked.start("wsync run", [wsync_binary(), "run", recipe])
     endpoint: list[str] = []
 
@@ -177,6 +179,8 @@ def run_session(marked: Marked, recipe: str, world: int, versions: int,
     ranks = [marked.start(f"rank {rank}", [sys.executable, str(HERE / "rank.py"), endpoint[0], str(rank), str(world),
                                           str(versions), *(rank_args or {}).get(rank, [])])
              for rank in range(world)]
+    if while_running is not None:
+        while_running(host, ranks)
     if kill_host_when is not None:
         marked.wait_for(lambda: kill_host_when(host, ranks) or host.popen.poll() is not None, 60,
                         "the moment to kill the host")

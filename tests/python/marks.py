@@ -46,15 +46,16 @@ def in_sessions(sessions: set[int]) -> set[int]:
     return found
 
 
-def children(pid: int) -> set[int]:
-    """The pids of the live processes whose parent is `pid`."""
-    found = set()
+def children(parent: int) -> list[int]:
+    """The pids of the live (or unreaped) children of process `parent`, sorted."""
+    found = []
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                fields = _stat(name)
-            except OSError:
-                continue
-            if fields[0] not in ("Z", "X") and int(fields[1]) == pid:
-                found.add(int(name))
-    return found
+        if not name.isdigit():
+            continue
+        try:
+            fields = _stat(name)
+        except OSError:
+            continue
+        if fields[1] == str(parent):
+            found.append(int(name))
+    return sorted(found)

@@ -111,6 +111,7 @@ def main() -> int:
                         shard[...] = generator.integers(0, 1 << 16, size=shard.shape, dtype=np.uint16)
                     else:
                         synthetic.fill(shard, name, shape, first, version)
+                print(f"rank {args.rank}: publishing version {version}", flush=True)
                 try:
                     publication = agent.publish(version)
                 finally:

@@ -20,12 +20,26 @@ Export = Union[None, Mapping[str, Optional[str]], Callable[[str], Optional[str]]
 # interrupted, ahead of any other exception a callback raised.
 _INTERRUPTS = (KeyboardInterrupt, SystemExit)
 
-# The code of the functions that libwsync calls (the agents' trampolines). An exception
-# raised at such a function's first instruction, before its ``try`` (CPython runs a
-# pending signal's handler there), escapes it: ctypes reports it to sys.unraisablehook
-# and returns an undefined value to C, which the confirmed callback's *done makes a
-# failure. The hook of Agent._unraisable_kept recognises it by these frames.
+# The code of the functions that libwsync calls (the agents' trampolines and their
+# interrupt check). An exception raised at such a function's first instruction, before
+# its ``try`` (CPython runs a pending signal's handler there), escapes it: ctypes reports
+# it to sys.unraisablehook and returns an undefined value to C, which the confirmed
+# callback's *done makes a failure. The hook of Agent._unraisable_kept recognises it by
+# these frames.
 _TRAMPOLINES: set[CodeType] = set()
+
+
+def _interrupt_check(_user_data: Any, done: Any) -> int:
+    """The agents' interrupt check (ws_agent_set_interrupt_check), which libwsync calls
+    every 100 ms while ready or publish waits: a pending signal's handler runs at its
+    entry, and a KeyboardInterrupt or SystemExit it raises leaves *done at 0, so that the
+    call is abandoned and raises it (Ctrl-C does not wait for the publication's timeouts)."""
+    done[0] = 1
+    return 0
+
+
+_TRAMPOLINES.add(_interrupt_check.__code__)
+_INTERRUPT_CHECK = _native.CONFIRMED_CALLBACK(_interrupt_check)
 
 
 def _raised_in_trampoline(traceback: Optional[TracebackType]) -> bool:
@@ -83,6 +97,7 @@ class Agent:
                 self._host.close()
             raise from_status(status, text, "Agent")
         self._handle: Optional[ctypes.c_void_p] = handle
+        self._call(self._lib.ws_agent_set_interrupt_check(handle, _INTERRUPT_CHECK, None), "Agent")
 
     # -- registration ------------------------------------------------------------------------
 
@@ -135,8 +150,9 @@ class Agent:
 
     def _run(self, call: str, function: Callable[..., int], *args: Any) -> None:
         """Runs the agent call `function(*args)`, which serves the host's commands (step
-        callbacks included), and raises its failure: a KeyboardInterrupt or SystemExit that
-        a callback raised, from the WsyncError; the WsyncError, from another exception."""
+        callbacks and the interrupt check included), and raises its failure: a
+        KeyboardInterrupt or SystemExit that a callback or the check raised, from the
+        WsyncError; the WsyncError, from another exception."""
         self._callback_error = None
         with self._unraisable_kept():
             status = function(*args)

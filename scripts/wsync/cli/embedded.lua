@@ -5,7 +5,8 @@
 --- host's calls: `start` returns once the control endpoint listens, the
 --- agents' calls then drive the session, and `finish` runs the loop until the
 --- session ended. The process's signals stay the trainer's: no SIGINT or
---- SIGTERM handler is installed.
+--- SIGTERM handler is installed; an agent call that the trainer's interrupt
+--- check abandons (wsync.trainer.agent_api) stops the session fail-stop.
 local errors = require("wsync.errors")
 local loop = require("wsync.loop")
 
@@ -38,6 +39,7 @@ function M.start_recipe(path, words)
   end
   local state = { done = false }
   started = state
+  require("wsync.trainer.agent_api").set_abandon_handler(M.interrupt)
   loop.spawn(function()
     return require("wsync.publish.session").run(recipe, {
       signals = false,
@@ -78,14 +80,12 @@ function M.finish_recipe()
   return 0
 end
 
---- When the host closes with its session still running: stops it fail-stop
---- (the runtime's process group killed, packed buffers and the endpoint
---- removed; nothing more is published).
-function M.abort()
-  local state = started
-  started = nil
-  if state and not state.done and state.session then
-    require("wsync.publish.session").abort(state.session, "host closed")
+-- Stops the running session of `state` fail-stop for `reason` (the runtime's
+-- process group killed, packed buffers and the endpoint removed; nothing
+-- more is published).
+local function stop(state, reason)
+  if state.session then
+    require("wsync.publish.session").abort(state.session, reason)
     -- Unlike `wsync run`, this process goes on: reap the killed runtime's
     -- tree (its client collects the group once the main process exited),
     -- for at most ABORT_WAIT_MS.
@@ -115,6 +115,33 @@ function M.abort()
       end
     end
   end
+end
+
+--- When the host closes with its session still running: stops it fail-stop.
+function M.abort()
+  local state = started
+  started = nil
+  if state and not state.done then
+    stop(state, "host closed")
+  end
+end
+
+--- When an agent call on `endpoint` was interrupted and abandoned: stops the
+--- session fail-stop if it is this host's running session on that endpoint
+--- (finish then raises INTERRUPTED). Returns whether it stopped it.
+---@param endpoint string
+---@return boolean
+function M.interrupt(endpoint)
+  local state = started
+  if not state or state.done or state.endpoint ~= endpoint then
+    return false
+  end
+  stop(state, "interrupted")
+  -- (What the stopped session's coroutine ends with goes to the old state:
+  -- finish raises this.)
+  started = { done = true, ok = false, result = errors.new("INTERRUPTED", "the session was stopped: a trainer call "
+    .. "was interrupted") }
+  return true
 end
 
 --- The commands a trainer may send the started session's rollout runtime

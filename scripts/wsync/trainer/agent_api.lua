@@ -17,6 +17,11 @@
 --- publication's message is the host's error, the same on every rank:
 --- `[phase P, rank R] message (CODE, cause C)`.
 ---
+--- A trainer may set an interrupt check (ws_agent_set_interrupt_check), which
+--- ready and publish call every CHECK_INTERVAL_MS while they wait on the loop:
+--- one that does not complete (a Python check unwound by Ctrl-C) abandons the
+--- call fail-stop (Handle:_abandon).
+---
 --- The Lua binding of the agent is wsync.trainer.agent itself: Lua trainers call it
 --- from coroutines on the loop (see wsync.trainer.synthetic), never this module, whose
 --- calls may not run inside the loop.
@@ -26,12 +31,22 @@ local loop = require("wsync.loop")
 
 local M = {}
 
+--- How often a waiting call runs the trainer's interrupt check, in ms.
+M.CHECK_INTERVAL_MS = 100
+
 ---@class wsync.AgentHandle
 ---@field agent wsync.Agent
 ---@field rank integer
+---@field endpoint string
 ---@field state "registering"|"ready"|"broken"|"closed"
+---@field check (fun(): boolean)? the trainer's interrupt check: true when it completed
+---@field left boolean? the agent left its host already (an abandoned call)
 local Handle = {}
 Handle.__index = Handle
+
+-- What stops a session of this process's own host when a call of an agent on
+-- its endpoint is abandoned (wsync.cli.embedded sets it), or nil.
+local abandon_handler = nil
 
 local pack = require("wsync.util").pack
 
@@ -71,20 +86,33 @@ local function misuse(err)
   return nil, (message:gsub("^[^\n]-:%d+: ", "")), "EINVAL"
 end
 
--- Runs fn(...) in a coroutine and the loop until it ended. Returns true and
--- fn's results, or false and the error (fn's, or the loop's).
-local function run(fn, ...)
+-- Runs fn(...) in a coroutine and the loop until it ended, calling `check()`
+-- (when given) every CHECK_INTERVAL_MS meanwhile. Returns true and fn's
+-- results, or false, the error (fn's, or the loop's) and whether fn's
+-- coroutine was left waiting; the error is INTERRUPTED, with `interrupted`
+-- set, when the check did not complete.
+local function run(check, fn, ...)
   if loop.is_running() then
     return false, errors.new("LOOP_BUSY", "the agent API waits on the loop itself: call it from outside the loop "
       .. "(Lua code on the loop uses wsync.trainer.agent)"), false
   end
-  local outcome = nil
+  local outcome, interrupted = nil, false
   loop.spawn(fn, function(...)
     outcome = pack(...)
   end, ...)
-  local ran, err = pcall(loop.run_until, function()
-    return outcome ~= nil
+  local timer = check and loop.every(M.CHECK_INTERVAL_MS, function()
+    if outcome == nil and not interrupted and not check() then
+      interrupted = true
+    end
   end)
+  local ran, err = pcall(loop.run_until, function()
+    return outcome ~= nil or interrupted
+  end)
+  loop.cancel(timer)
+  if outcome == nil and interrupted then
+    return false, errors.new("INTERRUPTED", "the trainer's interrupt check did not complete", { interrupted = true }),
+      true
+  end
   if not ran then
     return false, err, outcome == nil
   end
@@ -103,12 +131,44 @@ function Handle:_usable(call)
 end
 
 -- After `run` failed: when the loop itself failed with the call's coroutine
--- still waiting, the agent's state is unknown and nothing more may run.
-function Handle:_after_failure(err, stranded)
+-- still waiting, the agent's state is unknown and nothing more may run; an
+-- interrupted call is abandoned. Returns the error to report.
+function Handle:_after_failure(err, stranded, call)
+  if errors.is(err) and err.interrupted then
+    err = self:_abandon(call)
+  end
   if stranded then
     self.state = "broken"
     self.broken = M.describe(err)
   end
+  return err
+end
+
+-- Abandons `call`, which its interrupt check interrupted, fail-stop: a session
+-- this process's host runs on the agent's endpoint is stopped (as closing the
+-- host stops it), and the rank leaves its host. Returns the error to report.
+function Handle:_abandon(call)
+  local stopped = ""
+  if abandon_handler then
+    local ok, result = pcall(abandon_handler, self.endpoint)
+    if not ok then
+      stopped = "; stopping this host's session failed: " .. M.describe(result)
+    elseif result then
+      stopped = "; this host's session was stopped"
+    end
+  end
+  self.left = true
+  self.agent:close()
+  return errors.new("INTERRUPTED", string.format("%s was interrupted (the trainer's interrupt check did not "
+    .. "complete): the call was abandoned and this rank left its host%s", call, stopped), { rank = self.rank })
+end
+
+--- Sets what an abandoned call runs, with the agent's endpoint, before the
+--- rank leaves: wsync.cli.embedded stops its session when the endpoint is
+--- its own and returns whether it did. nil removes it.
+---@param handler (fun(endpoint: string): boolean)?
+function M.set_abandon_handler(handler)
+  abandon_handler = handler
 end
 
 ---@class wsync.AgentOpenOptions
@@ -123,12 +183,13 @@ end
 ---@param options wsync.AgentOpenOptions
 ---@return wsync.AgentHandle|nil, string?, string?
 function M.open(options)
-  local ok, agent = run(agent_module.connect, options)
+  local ok, agent = run(nil, agent_module.connect, options)
   if not ok then
     return failure(agent, "EFAILED")
   end
   agent:unref()
-  return setmetatable({ agent = agent, rank = options.rank, state = "registering" }, Handle)
+  return setmetatable({ agent = agent, rank = options.rank, endpoint = options.endpoint, state = "registering" },
+    Handle)
 end
 
 --- Registers one tensor: this rank's `row_count` rows of dim 0 from
@@ -203,6 +264,24 @@ function Handle:register_callback(name, call)
   return true
 end
 
+--- Sets the interrupt check: `call()` runs the trainer's check and returns
+--- its status and whether it ran to its end; ready and publish call it every
+--- CHECK_INTERVAL_MS while they wait, and abandon themselves when it did not
+--- complete (status non-zero, or not done). nil removes it.
+---@param call (fun(): integer, boolean)?
+---@return true|nil, string?, string?
+function Handle:set_interrupt_check(call)
+  local usable, message, status = self:_usable("set_interrupt_check")
+  if not usable then
+    return nil, message, status
+  end
+  self.check = call and function()
+    local result, done = call()
+    return result == 0 and done
+  end or nil
+  return true
+end
+
 --- Sends the registration; returns when every rank registered and the host
 --- is ready.
 ---@return true|nil, string?, string?
@@ -214,10 +293,9 @@ function Handle:ready()
   if self.state ~= "registering" then
     return nil, "ready: the rank registered already", "ESTATE"
   end
-  local ok, err, stranded = run(self.agent.ready, self.agent)
+  local ok, err, stranded = run(self.check, self.agent.ready, self.agent)
   if not ok then
-    self:_after_failure(err, stranded)
-    return failure(err, "EFAILED")
+    return failure(self:_after_failure(err, stranded, "ready"), "EFAILED")
   end
   self.state = "ready"
   return true
@@ -236,10 +314,9 @@ function Handle:publish(step)
   if self.state ~= "ready" then
     return nil, "publish: call ready first", "ESTATE"
   end
-  local ok, result, stranded = run(self.agent.publish, self.agent, step)
+  local ok, result, stranded = run(self.check, self.agent.publish, self.agent, step)
   if not ok then
-    self:_after_failure(result, stranded)
-    return failure(result, "EFAILED")
+    return failure(self:_after_failure(result, stranded, "publish"), "EFAILED")
   end
   return {
     model_version = result.model_version,
@@ -257,7 +334,9 @@ function Handle:close()
     return true
   end
   self.state = "closed"
-  self.agent:close()
+  if not self.left then
+    self.agent:close()
+  end
   return true
 end
 

@@ -12,12 +12,15 @@ local PUBLICATION_ID = string.rep("ab", 16)
 local MANIFEST = string.rep("cd", 32)
 
 describe("wsync.trainer.agent_api", function()
-  local endpoint, registered, callback_first
+  local endpoint, registered, callback_first, publish_ms, peer_closed
   local memory = require("ffi").new("uint16_t[8]")
 
   before_each(function()
-    registered, callback_first = nil, nil
+    registered, callback_first, publish_ms, peer_closed = nil, nil, nil, false
     endpoint = endpoint_module.listen({
+      on_lost = function()
+        peer_closed = true
+      end,
       handlers_for = function(peer)
         return {
           register = function(payload)
@@ -25,6 +28,9 @@ describe("wsync.trainer.agent_api", function()
             return { plan = {}, model_version = 0 }
           end,
           publish = function(payload)
+            if publish_ms then
+              loop.sleep(publish_ms) -- (a publication that takes its time)
+            end
             if callback_first then
               -- As the host's schedule does: a step callback before the answer.
               local ok, err = pcall(peer.request, peer, "callback", { name = callback_first }, 5)
@@ -116,6 +122,55 @@ describe("wsync.trainer.agent_api", function()
     assert.are.equal("[phase callback, rank 0] trainer rank 0: callback 'offload_actor' was interrupted before it "
       .. "completed (it did not report done) (CALLBACK_FAILED)", message)
     handle:close()
+  end)
+
+  it("runs the interrupt check while a call waits, and goes on while it completes", function()
+    local handle = open()
+    local checks = 0
+    assert.is_true(handle:set_interrupt_check(function()
+      checks = checks + 1
+      return 0, true
+    end))
+    assert.is_true(handle:ready())
+    publish_ms = 5 * agent_api.CHECK_INTERVAL_MS
+    assert.are.equal(3, handle:publish(3).model_version)
+    assert.is_true(checks >= 2, "the check ran " .. checks .. " times")
+    handle:close()
+  end)
+
+  it("abandons a call whose interrupt check did not complete: the rank leaves, the call fails at once", function()
+    local handle = open()
+    assert.is_true(handle:ready())
+    local abandoned = nil
+    agent_api.set_abandon_handler(function(path)
+      abandoned = path
+      return true
+    end)
+    finally(function()
+      agent_api.set_abandon_handler(nil)
+    end)
+    assert.is_true(handle:set_interrupt_check(function()
+      return 0, false -- (what a check unwound at its entry reports)
+    end))
+    publish_ms = 4 * agent_api.CHECK_INTERVAL_MS
+    local started = uv.hrtime()
+    local result, message, status = handle:publish(1)
+    local waited_ms = (uv.hrtime() - started) / 1e6
+    assert.is_nil(result)
+    assert.are.equal("EFAILED", status)
+    assert.are.equal("[rank 0] publish was interrupted (the trainer's interrupt check did not complete): the call "
+      .. "was abandoned and this rank left its host; this host's session was stopped (INTERRUPTED)", message)
+    assert.is_true(waited_ms < 3 * agent_api.CHECK_INTERVAL_MS, "publish returned after " .. waited_ms .. " ms")
+    assert.are.equal(endpoint.path, abandoned)
+    result, message, status = handle:publish(2)
+    assert.is_nil(result)
+    assert.are.equal("ESTATE", status)
+    assert.matches("publish: the agent is unusable after an earlier failure: [rank 0] publish was interrupted",
+      message, 1, true)
+    loop.run_until(function()
+      return peer_closed
+    end)
+    assert.is_true(handle:close())
   end)
 
   it("strips the position from a misuse wsync.trainer.agent caught", function()
