@@ -7,11 +7,11 @@
 // Step callbacks are C function pointers that Lua calls through a trampoline
 // closure holding the pointer and its user data as upvalues; the trampoline
 // returns the callback's status and whether it ran to its end (a confirmed
-// callback reports that through `*done`); the interrupt check is called the
-// same way. A callback runs
-// inside the loop that a ws_agent_* call drives, so no wsync call may nest in
-// it: the loop is not reentrant. The trampoline marks the callback on the
-// host (ws_host_enter_callback), and the host refuses what would nest.
+// callback reports that through `*done`). The interrupt check is called the
+// same way. A callback runs inside the loop that a ws_agent_* call drives, so
+// no wsync call may nest in it: the loop is not reentrant. The trampoline marks
+// the callback on the host (ws_host_enter_callback), and the host refuses what
+// would nest.
 //
 // The agent holds its host's link, not the host: ws_host_close clears the
 // link, and every later call but ws_agent_close fails with WS_ESTATE.
@@ -60,11 +60,11 @@ static int status_from_name(const char *name) {
 }
 
 // Calls the function below the `nargs` arguments on top of the stack under
-// the message handler, with SIGPIPE blocked. On success returns WS_OK with the results from index
-// `*first` to the top; the caller then resets the stack to `*first - 2`. On
-// failure (a raised error, or agent_api's `nil, message, STATUS`) writes the
-// text into `error`, removes the function and its arguments and returns a
-// negative status.
+// the message handler, with SIGPIPE blocked. On success returns WS_OK with
+// the results from index `*first` to the top; the caller then resets the
+// stack to `*first - 2`. On failure (a raised error, or agent_api's `nil,
+// message, STATUS`) writes the text into `error`, removes the function and
+// its arguments and returns a negative status.
 static int protected_call(lua_State *L, int nargs, int *first, char *error,
                           size_t size) {
   int handler = lua_gettop(L) - nargs; // [function, args]

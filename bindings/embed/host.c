@@ -301,8 +301,8 @@ static int run_script(ws_host *host, const char *module, const char *function,
 static int call_script_text(ws_host *host, const char *module,
                             const char *function, int string_count,
                             const char *const *strings, int argc,
-                            const char *const *argv, int *exit_code,
-                            char *text, size_t text_size) {
+                            const char *const *argv, int *exit_code, char *text,
+                            size_t text_size) {
   if (ws_host_in_callback(host)) {
     snprintf(host->error, sizeof host->error,
              "wsync.cli.%s: called from inside a step callback (wsync's loop "

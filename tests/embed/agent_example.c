@@ -15,11 +15,12 @@
 // the fault tests: it returns non-zero, or with HOW "unfinished" (the actor's
 // callbacks only, which confirm their end through
 // ws_agent_register_confirmed_callback; the optimizer's are plain) it
-// returns 0 without confirming, as a callback unwound before it ran. Prints one line per publication;
-// exits 0 when every publication succeeded. SIGPIPE is at SIG_DFL, as in a C
-// program, and after every wsync call the example checks that wsync left its
-// signals as they were: SIGPIPE's disposition, the thread's mask, no SIGPIPE
-// pending (a write to a host that died must fail the call, not kill it).
+// returns 0 without confirming, as a callback unwound before it ran. Prints one
+// line per publication; exits 0 when every publication succeeded. SIGPIPE is at
+// SIG_DFL, as in a C program, and after every wsync call the example checks
+// that wsync left its signals as they were: SIGPIPE's disposition, the thread's
+// mask, no SIGPIPE pending (a write to a host that died must fail the call, not
+// kill it).
 //
 // --self-check runs what needs no wsync host (the embed tier): open failures
 // and ws_last_error, registration against an endpoint that accepts and never
