@@ -18,6 +18,7 @@ M.DEFAULT_TIMEOUT_MS = 30000
 ---@param timeout_ms integer?
 function M.run_async(fn, timeout_ms, ...)
   local finished, ok, failure = false, nil, nil
+  uv.update_time() -- (the cached loop time is stale by what ran without the loop)
   local watchdog = uv.new_timer()
   watchdog:start(timeout_ms or M.DEFAULT_TIMEOUT_MS, 0, function()
     if not finished then

@@ -53,6 +53,10 @@ function M.run(options)
     handle:close()
   end)
   assert(handle, pid)
+  -- libuv times timers from the time cached at the loop's last tick, stale by
+  -- however long the test ran without the loop (seconds under valgrind):
+  -- refresh it, or the timeout fires early.
+  uv.update_time()
   local timer = uv.new_timer()
   timer:start(options.timeout or 20000, 0, function()
     result.timed_out = true
@@ -162,6 +166,7 @@ end
 ---@param what string
 function M.drive(predicate, ms, what)
   local expired = false
+  uv.update_time() -- (as in M.run)
   local timer = uv.new_timer()
   timer:start(ms, 0, function()
     expired = true
