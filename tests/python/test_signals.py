@@ -91,18 +91,25 @@ def test_a_signal_during_publish_raises_from_publish_and_stops_the_session(tmp_p
     assert "Exception ignored" not in result.stderr, output
     lines = [line for line in result.stdout.splitlines() if line.startswith("round ")]
     if where == "entry":
-        cause = ("publish: [phase callback, rank 0] trainer rank 0: callback 'offload_actor' was interrupted "
-                 "before it completed (it did not report done) (CALLBACK_FAILED)")
+        # offload_actor's entry. (The interrupt check, first called 100 ms into publish,
+        # would be the next entry on a machine so slow that the publication's first
+        # steps took that long: the same exception, the check's cause.)
+        causes = {"publish: [phase callback, rank 0] trainer rank 0: callback 'offload_actor' was interrupted "
+                  "before it completed (it did not report done) (CALLBACK_FAILED)",
+                  "publish: [rank 0] publish was interrupted (the trainer's interrupt check did not complete): the "
+                  "call was abandoned and this rank left its host; this host's session was stopped (INTERRUPTED)"}
     else:
-        cause = ("publish: [phase callback, rank 0] trainer rank 0: callback 'offload_optimizer' failed (it "
-                 "returned 1) (CALLBACK_FAILED)")
-    expected = []
+        causes = {"publish: [phase callback, rank 0] trainer rank 0: callback 'offload_optimizer' failed (it "
+                  "returned 1) (CALLBACK_FAILED)"}
+    assert len(lines) == 2 * rounds, output
     for index in range(rounds):
-        expected += [f"round {index}: {exception} from publish; cause: {cause}", f"round {index}: children left: []"]
-    assert lines == expected, output
-    # Fail-stop: the failed publication destroyed the runtime, closing the host stopped
-    # the session.
-    assert result.stdout.count("wsync: host closed: stopping now") == rounds, output
+        raised, _, cause = lines[2 * index].partition("; cause: ")
+        assert raised == f"round {index}: {exception} from publish" and cause in causes, output
+        assert lines[2 * index + 1] == f"round {index}: children left: []", output
+    # Fail-stop: the failed publication destroyed the runtime and closing the host
+    # stopped the session (or the interrupt check's abandoned call stopped it).
+    assert (result.stdout.count("wsync: host closed: stopping now")
+            + result.stdout.count("wsync: interrupted: stopping now")) == rounds, output
     assert list(tmp_path.iterdir()) == [], "the session left files in TMPDIR"
 
 
