@@ -136,10 +136,10 @@ class Run:
     def engine_core(self) -> int:
         """vLLM's EngineCore: the runtime's child that says so in its title."""
         runtime = self.runtime()
-        named = [pid for pid in sorted(children(runtime)) if "EngineCore" in cmdline(pid)]
+        named = [pid for pid in children(runtime) if "EngineCore" in cmdline(pid)]
         if not named:
             raise RuntimeError(f"no EngineCore among the children of the runtime {runtime}: "
-                               + ", ".join(f"{pid} ({cmdline(pid)[:60]})" for pid in sorted(children(runtime))))
+                               + ", ".join(f"{pid} ({cmdline(pid)[:60]})" for pid in children(runtime)))
         return named[0]
 
 
