@@ -112,6 +112,9 @@ int ws_process_watch(int pid, int *fd) {
     return ws_fail(WS_EINVAL, "process: cannot watch pid %d", pid);
 #ifdef SYS_pidfd_open
   long opened = syscall(SYS_pidfd_open, (pid_t)pid, 0);
+  if (opened < 0 && errno == ENOSYS)
+    return ws_fail(WS_ENODEV, "process: this system has no pidfd_open (%s)",
+                   strerror(errno));
   if (opened < 0)
     return ws_fail(errno == ESRCH ? WS_ENOTFOUND : WS_ESYS,
                    "process: pidfd_open(%d): %s", pid, strerror(errno));

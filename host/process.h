@@ -32,7 +32,9 @@ int ws_process_count_group(int group, int *count);
 
 /// Opens a descriptor that becomes readable when process `pid` exits (a
 /// pidfd, close-on-exec): a watch on that one process that a reused pid
-/// cannot fool. Stores it in `*fd`; the caller closes it.
+/// cannot fool. Stores it in `*fd`; the caller closes it. WS_ENOTFOUND: no
+/// such process; WS_ENODEV: the kernel (or what runs the process, valgrind)
+/// has no pidfd_open.
 int ws_process_watch(int pid, int *fd);
 
 /// Finds the processes other than this one whose environment, as it was when

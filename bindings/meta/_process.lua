@@ -35,7 +35,8 @@ function process.reap_group(group) end
 function process.count_group(group) end
 
 --- A descriptor (pidfd) that becomes readable when process `pid` exits;
---- close it with uv.fs_close. Code "ENOTFOUND": no such process.
+--- close it with uv.fs_close. Code "ENOTFOUND": no such process; "ENODEV":
+--- no pidfd_open on this system.
 ---@param pid integer
 ---@return integer|nil fd, string? message, string? code
 function process.watch(pid) end

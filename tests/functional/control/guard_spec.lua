@@ -31,6 +31,15 @@ describe("the guard", function()
     assert.is_true(result.pids[tonumber(guard_pid)], "the guard was not seen among the run's processes")
   end)
 
+  it("does the same where it cannot watch the host through a pidfd (it watches its parent then)", function()
+    local result = leftovers.run({ HOST, "wait" }, { signal = { after = "ready", name = "sigkill" },
+      settle_ms = 10000, env = { "WSYNC_GUARD_WATCH=poll" } })
+    assert.are.equal(9, result.signal, describe_run(result))
+    leftovers.assert_clean(result)
+    assert.is_true(result.settled < 10, string.format("the tree ended %.2f s after the host", result.settled))
+    assert.matches("is gone; ended the 4 processes it had started", result.stderr)
+  end)
+
   it("ends the tree that a host exiting in order left running, and says so", function()
     local result = leftovers.run({ HOST, "exit" }, { settle_ms = 10000 })
     assert.are.equal(0, result.code, describe_run(result))
