@@ -80,6 +80,18 @@ function M.leftovers(parent, pattern)
   end
 end
 
+--- The keys of `map`, sorted.
+---@param map table
+---@return any[]
+function M.sorted_keys(map)
+  local keys = {}
+  for key in pairs(map) do
+    keys[#keys + 1] = key
+  end
+  table.sort(keys)
+  return keys
+end
+
 --- The environment for a child process, as uv.spawn takes it ("NAME=VALUE"
 --- strings): this process's, with `entries` ("NAME=VALUE") replacing
 --- variables of the same name.

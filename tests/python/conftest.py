@@ -158,6 +158,23 @@ def marked(tmp_path: Path):
             proc.popen.wait()
 
 
+def start_host(marked: Marked, recipe: str, seconds: float = 60) -> tuple[Proc, str]:
+    """`wsync run RECIPE` (external ranks), once it printed its endpoint: the host and the
+    endpoint."""
+    host = marked.start("wsync run", [wsync_binary(), "run", recipe])
+    endpoint: list[str] = []
+
+    def listening() -> bool:
+        match = re.search(r"waiting for \d+ external trainer ranks? on (\S+)\n", host.out)
+        if match:
+            endpoint.append(match.group(1))
+        return bool(match) or host.popen.poll() is not None
+
+    marked.wait_for(listening, seconds, "the host's endpoint")
+    assert endpoint, "the host did not print its endpoint: " + host.describe()
+    return host, endpoint[0]
+
+
 def run_session(marked: Marked, recipe: str, world: int, versions: int,
                 rank_args: Optional[dict[int, list[str]]] = None,
                 kill_host_when: Optional[Callable[[Proc, list[Proc]], bool]] = None,
@@ -165,18 +182,8 @@ def run_session(marked: Marked, recipe: str, world: int, versions: int,
     """`wsync run RECIPE`, then WORLD Python ranks on the endpoint it printed; waits until all
     ended and checks that nothing is left. `while_running(host, ranks)` is called once the
     ranks started (to drive them: signals). Returns the host and the ranks."""
-    host = marked.start("wsync run", [wsync_binary(), "run", recipe])
-    endpoint: list[str] = []
-
-    def listening() -> bool:
-        match = re.search(r"waiting for \d+ external trainer ranks on (\S+)\n", host.out)
-        if match:
-            endpoint.append(match.group(1))
-        return bool(match) or host.popen.poll() is not None
-
-    marked.wait_for(listening, 30, "the host's endpoint")
-    assert endpoint, "the host did not print its endpoint: " + host.describe()
-    ranks = [marked.start(f"rank {rank}", [sys.executable, str(HERE / "rank.py"), endpoint[0], str(rank), str(world),
+    host, endpoint = start_host(marked, recipe)
+    ranks = [marked.start(f"rank {rank}", [sys.executable, str(HERE / "rank.py"), endpoint, str(rank), str(world),
                                           str(versions), *(rank_args or {}).get(rank, [])])
              for rank in range(world)]
     if while_running is not None:

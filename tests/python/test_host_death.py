@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import HERE, ROOT, Marked, wsync_binary
+from conftest import HERE, ROOT, Marked, start_host
 from marks import marked_pids
 
 RECIPE = "tests/fixtures/recipes/vllm_stand_in_external.lua"
@@ -99,18 +99,8 @@ def test_a_trainer_killed_takes_its_runtime_with_it(marked, where, signal_number
 
 def test_wsync_run_killed_takes_its_runtime_with_it_and_its_ranks_hear_of_it(marked):
     environment(marked)
-    host = marked.start("wsync run", [wsync_binary(), "run", RECIPE])
-    endpoint: list[str] = []
-
-    def listening() -> bool:
-        match = re.search(r"waiting for \d+ external trainer ranks? on (\S+)\n", host.out)
-        if match:
-            endpoint.append(match.group(1))
-        return bool(match) or host.popen.poll() is not None
-
-    marked.wait_for(listening, 60, "the host's endpoint")
-    assert endpoint, host.describe()
-    rank = marked.start("rank 0", [sys.executable, str(HERE / "rank.py"), endpoint[0], "0", "1", "1000"])
+    host, endpoint = start_host(marked, RECIPE)
+    rank = marked.start("rank 0", [sys.executable, str(HERE / "rank.py"), endpoint, "0", "1", "1000"])
     marked.wait_for(lambda: "published version 2" in rank.out or rank.popen.poll() is not None, 60,
                     "two publications")
     host.popen.send_signal(signal.SIGKILL)

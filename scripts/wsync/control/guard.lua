@@ -235,16 +235,9 @@ function M.sweep(entry, options)
     end
     loop.sleep(M.POLL_MS)
   end
-  local function sorted(set)
-    local list = {}
-    for pid in pairs(set) do
-      list[#list + 1] = pid
-    end
-    table.sort(list)
-    return list
-  end
   table.sort(left)
-  return { terminated = sorted(terminated), killed = sorted(killed), left = left }
+  local util = require("wsync.util")
+  return { terminated = util.sorted_keys(terminated), killed = util.sorted_keys(killed), left = left }
 end
 
 --- Removes what processes `pids` ({[pid] = true}) left named for themselves:
@@ -346,11 +339,8 @@ function M.main(options)
   if fd then
     uv.fs_close(fd)
   end
-  local session_list = {}
-  for session in pairs(sessions) do
-    session_list[#session_list + 1] = session
-  end
-  local report = M.sweep(options.mark, { grace_ms = options.grace_ms, sessions = session_list })
+  local report = M.sweep(options.mark, { grace_ms = options.grace_ms,
+    sessions = require("wsync.util").sorted_keys(sessions) })
   local pids = {}
   for _, pid in ipairs(report.terminated) do
     pids[pid] = true

@@ -104,9 +104,9 @@ end)
 
 describe("process.watch", function()
   -- (valgrind 3.19 knows no pidfd_open: the guard then watches its parent.)
-  local probe, message, code = process.watch(uv.os_getpid())
-  if not probe and code == "ENODEV" then
-    pending("no pidfd here: " .. message)
+  local probe, why, why_code = process.watch(uv.os_getpid())
+  if not probe and why_code == "ENODEV" then
+    pending("no pidfd here: " .. why)
     return
   end
   uv.fs_close(probe)
