@@ -26,10 +26,17 @@ usage: scripts/dev.sh COMMAND
 
   setup   install the Debian packages wsync needs (only those missing)
   build   setup, then configure and build into build/ (WSYNC_BUILD_DIR)
-  demo    build, then run the main job: wsync run recipes/demo.lua
+  install [PREFIX]
+          build, then install wsync (bin/wsync, lib/libwsync.so, include/wsync.h,
+          share/wsync: the Lua sources and the recipes) into PREFIX (default
+          $WSYNC_PREFIX, else /usr/local as root and ~/.local otherwise)
+  demo    install, then run the main job with the installed wsync:
+          wsync run recipes/demo.lua
   test    build, then run every test tier through CTest (unit, bindings,
           functional, gpu (pending without a device), embed, memcheck,
           python (pytest over the Python package, in build/venv from PyPI),
+          install (cmake --install into a temporary prefix and used from
+          there),
           lint (luacheck), fuzz (a bounded smoke of the fuzz target))
   bundle  build, then gather bin/wsync, busted, the Python package with
           libwsync and its shared objects for a GPU machine into build/bundle
@@ -66,10 +73,39 @@ build() {
   cmake --build "$build" -j "$jobs"
 }
 
-demo() {
+# The prefix `install` uses: its argument, $WSYNC_PREFIX, else /usr/local as root
+# and ~/.local (whose bin/ Debian's ~/.profile puts on PATH) otherwise.
+prefix="${WSYNC_PREFIX:-}"
+if [ -z "$prefix" ]; then
+  if [ "$(id -u)" -eq 0 ]; then prefix=/usr/local; else prefix="$HOME/.local"; fi
+fi
+
+install_wsync() {
   build
+  case "$prefix" in /*) ;; *) prefix="$PWD/$prefix" ;; esac
+  cmake --install "$build" --prefix "$prefix" >/dev/null
+}
+
+# One line: where the installed wsync is, and whether the shell finds it by name.
+say_where() {
+  local found
+  found=$(command -v wsync || true)
+  if [ "$found" = "$prefix/bin/wsync" ]; then
+    echo "dev.sh: wsync is installed in $prefix/bin/wsync (on your PATH)"
+  elif [ -n "$found" ]; then
+    echo "dev.sh: wsync is installed in $prefix/bin/wsync, but $found comes first on your PATH"
+  else
+    echo "dev.sh: wsync is installed in $prefix/bin/wsync, not on your PATH: export PATH=\"$prefix/bin:\$PATH\""
+  fi
+}
+
+demo() {
+  install_wsync
   cd "$root"
-  "$build/wsync" run recipes/demo.lua
+  local status=0
+  "$prefix/bin/wsync" run recipes/demo.lua || status=$?
+  say_where
+  return "$status"
 }
 
 run_tests() {
@@ -134,6 +170,11 @@ ENV
 case "${1:-}" in
   setup) setup ;;
   build) build ;;
+  install)
+    prefix="${2:-$prefix}"
+    install_wsync
+    say_where
+    ;;
   demo) demo ;;
   test) run_tests ;;
   bundle) bundle ;;
