@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The Python tier (CTest's `python`): makes the virtual environment VENV (once; the
-# packages of tests/python/requirements.txt from PyPI), installs the package the way
-# users do (pip install bindings/python), then runs pytest over tests/python against
-# $WSYNC_LIBRARY and $WSYNC_BIN. A machine without python3 and its venv module fails
-# here, saying so.
+# packages of tests/python/requirements.txt from PyPI), installs the package with pip
+# from the repository's pyproject.toml as users do, but without its CMake build (the
+# Python files alone: tests/python/wheel.sh checks the whole wheel), then runs pytest
+# over tests/python against $WSYNC_LIBRARY and $WSYNC_BIN of the build tree. A machine
+# without python3 and its venv module fails here, saying so.
 #
 # usage: tests/python/run.sh VENV [PYTEST ARGS...]
 set -euo pipefail
@@ -26,7 +27,7 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s "$requirements" "$stamp"; then
   cp "$requirements" "$stamp"
 fi
 # The package as it is in the tree now, installed (not imported from the tree).
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps \
-  --force-reinstall "$root/bindings/python"
+SKBUILD_WHEEL_CMAKE=false "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+  --no-build-isolation --no-deps --force-reinstall "$root"
 cd "$root"
 exec "$venv/bin/python" -m pytest -p no:cacheprovider -q -rs "$@" tests/python

@@ -4,7 +4,7 @@ libwsync is looked for in this order; the first place that names a library is th
 used, and a failure says which places were tried and why each did not serve:
 
 1. ``WSYNC_LIBRARY``: the path of the library file (only this, when set);
-2. beside this package: ``libwsync.so`` in the package's directory (a copy shipped with it);
+2. beside this package: ``libwsync.so`` in the package's directory (the wheel's);
 3. the build tree: ``WSYNC_BUILD_DIR``, else the ``build/`` folder of the source checkout
    this package sits in (``bindings/python/wsync`` of a wsync checkout);
 4. the system's loader search path (``libwsync.so.0``: LD_LIBRARY_PATH, ldconfig).
@@ -88,8 +88,9 @@ def load() -> tuple[ctypes.CDLL, str]:
         return library, f"{description} ({path})"
     raise LibraryNotFound(
         "wsync: cannot load libwsync; tried, in order:\n" + "\n".join(tried)
-        + "\nBuild it (scripts/dev.sh build makes build/libwsync.so) and set WSYNC_LIBRARY to its path, "
-        "or WSYNC_BUILD_DIR to the build folder.")
+        + "\nInstall the wheel, which carries it (pip install PATH/TO/wsync, the repository's root), or build it "
+        "(scripts/dev.sh build makes build/libwsync.so) and set WSYNC_LIBRARY to its path, or WSYNC_BUILD_DIR to "
+        "the build folder.")
 
 
 def _declare(lib: ctypes.CDLL) -> None:

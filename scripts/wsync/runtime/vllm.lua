@@ -144,8 +144,8 @@ function M.unavailable(recipe)
   end
   if not found["wsync.vllm"] then
     return string.format("runtime.python: %s (Python %s) cannot import wsync.vllm: install the Python package "
-      .. "(pip install bindings/python) or put bindings/python on PYTHONPATH", python, found.python),
-      "runtime.python"
+      .. "(pip install PATH/TO/wsync, the repository's root) or put bindings/python on PYTHONPATH", python,
+      found.python), "runtime.python"
   end
   if not found.vllm and (engine == nil or engine == "") then
     return string.format("runtime.python: %s (Python %s) has no vllm package (the vllm runtime needs vLLM 0.26)",
