@@ -35,8 +35,8 @@ usage: scripts/dev.sh COMMAND
   test    build, then run every test tier through CTest (unit, bindings,
           functional, gpu (pending without a device), embed, memcheck,
           python (pytest over the Python package, in build/venv from PyPI),
-          install (cmake --install into a temporary prefix and used from
-          there),
+          wheel (the wheel built by pip and used from a fresh venv), install
+          (cmake --install into a temporary prefix and used from there),
           lint (luacheck), fuzz (a bounded smoke of the fuzz target))
   bundle  build, then gather bin/wsync, busted, the Python package with
           libwsync and its shared objects for a GPU machine into build/bundle
