@@ -58,11 +58,19 @@ setup() {
   if [ ${#missing[@]} -eq 0 ]; then
     return 0
   fi
-  echo "dev.sh: installing Debian packages: ${missing[*]}"
   local sudo=()
   if [ "$(id -u)" -ne 0 ]; then
-    sudo=(sudo)
+    if ! command -v sudo >/dev/null 2>&1 || ! sudo -n true 2>/dev/null; then
+      echo "dev.sh: these Debian packages are missing: ${missing[*]}" >&2
+      echo "dev.sh: installing them needs root, and this user ($(id -un)) has no sudo that works without a" \
+        "password here. As root, run:" >&2
+      echo "  apt-get update && apt-get install -y --no-install-recommends ${missing[*]}" >&2
+      echo "then run this command again (or run it with sudo configured)." >&2
+      return 1
+    fi
+    sudo=(sudo -n)
   fi
+  echo "dev.sh: installing Debian packages: ${missing[*]}"
   "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
@@ -112,7 +120,26 @@ run_tests() {
   build
   cd "$build"
   local status=0
+  # CTest prints a tier's line once it ended (functional and memcheck take minutes):
+  # a line every 30 s says which one runs and for how long.
+  (
+    started=$SECONDS
+    sleeper=""
+    trap 'kill $sleeper 2>/dev/null; exit 0' TERM
+    while :; do
+      sleep "${WSYNC_PROGRESS_SECONDS:-30}" &
+      sleeper=$!
+      wait "$sleeper"
+      current=$(grep -E '^ +Start +[0-9]+: ' ctest.log 2>/dev/null | tail -n 1 | sed 's/^ *Start *[0-9]*: //')
+      if [ -n "$current" ]; then
+        echo "dev.sh: still running the $current tier ($((SECONDS - started)) s since the tests began)"
+      fi
+    done
+  ) &
+  local heartbeat=$!
   ctest --output-on-failure --timeout 2400 | tee ctest.log || status=${PIPESTATUS[0]}
+  kill "$heartbeat" 2>/dev/null
+  wait "$heartbeat" 2>/dev/null
   # Show the busted counts of every tier, the GPU tier's pending tests among
   # them (never passed silently), and pytest's, then repeat CTest's summary so that it
   # closes the run.
