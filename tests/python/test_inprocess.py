@@ -129,3 +129,33 @@ def test_the_host_leaves_the_trainers_sigpipe_as_it_found_it(tmp_path):
     assert lines == ["after Host(recipe): True", *["in a callback: True"] * 4, "after a publication: True",
                      "after close: True {'ignored': False, 'blocked': False, 'pending': False}"], output
     assert list(tmp_path.iterdir()) == [], "the session left files in TMPDIR"
+
+
+def test_keyword_overrides_set_the_recipes_fields(tmp_path):
+    code = textwrap.dedent("""
+        import numpy as np
+        import synthetic
+        import wsync
+
+        shards = {name: np.zeros(shape, dtype=np.uint16) for name, shape in synthetic.layout()}
+        with wsync.Host(RECIPE, trainer__steps=1, verify=False, **{"buffers.bytes": 262144}) as host:
+            agent = host.agent(rank=0, world=1)
+            for name, shard in shards.items():
+                agent.register_tensor(name, shard, dtype="bfloat16")
+            for step in ("offload_optimizer", "onload_optimizer", "offload_actor", "onload_actor"):
+                agent.register_callback(step, lambda: None)
+            agent.ready()
+            print("trainer: published", agent.publish(1).model_version, flush=True)
+        try:
+            wsync.Host(RECIPE, trainer__stpes=1)
+        except wsync.WsyncError as err:
+            print("refused:", err, flush=True)
+    """)
+    result = run_trainer(code, RECIPE, tmp_path)
+    output = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, output
+    assert "trainer: published 1" in result.stdout, output
+    assert "buffers 2 x 256.00 KiB" in result.stdout, output
+    assert "wsync: verdict: OK: 1 model versions published\n" in result.stdout, output
+    assert "refused: " in result.stdout and "has no field 'trainer.stpes' (trainer's fields: kind, ranks, steps, " \
+        "storage)" in result.stdout, output

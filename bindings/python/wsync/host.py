@@ -23,6 +23,9 @@ class Host:
     """
 
     def __init__(self, recipe: Optional[str] = None, **overrides: Any):
+        """`overrides` set the recipe's fields and parameters as ``wsync run RECIPE
+        KEY=VALUE`` does: a dotted field path (``**{"trainer.steps": 5}``), or the same with
+        ``__`` for each dot (``trainer__steps=5``), or a parameter's name."""
         self._lib = _native.library()
         handle = ctypes.c_void_p()
         status = self._lib.ws_host_open(ctypes.byref(handle))
@@ -79,7 +82,7 @@ class Host:
 
     def _start(self, recipe: str, overrides: dict[str, Any]) -> None:
         handle = self._checked("Host(recipe)")
-        words = [f"{key}={value}" for key, value in overrides.items()]
+        words = override_words(overrides)
         argv = (ctypes.c_char_p * max(len(words), 1))(*[word.encode() for word in words])
         endpoint = ctypes.create_string_buffer(4096)
         status = self._lib.ws_host_start_recipe(handle, os.fsencode(recipe), len(words), argv, endpoint,
@@ -190,12 +193,23 @@ class TrainerTensor:
 def trainer_tensors(recipe: str, **overrides: Any) -> list[TrainerTensor]:
     """The trainer tensors that model recipe `recipe` expects, in its layout order: what
     each rank registers (its rows of dim 0 of each), e.g. to map a model's parameter names."""
-    words = [f"{key}={value}" for key, value in overrides.items()]
+    words = override_words(overrides)
     with Host() as host:
         arguments = f"{lua_literal(recipe)}, {{{', '.join(lua_literal(word) for word in words)}}}"
         text = host.eval(f"return require('wsync.cli.embedded').trainer_tensors({arguments})",
                          result_bytes=64 << 20)
     return [TrainerTensor(item["name"], item["dtype"], tuple(item["shape"])) for item in json.loads(text)]
+
+
+def override_words(overrides: dict[str, Any]) -> list[str]:
+    """The command line's ``KEY=VALUE`` words of a recipe's overrides: ``__`` in a key is a
+    dot (``trainer__steps`` is ``trainer.steps``), True and False are Lua's ``true`` and
+    ``false``; other values as ``str`` writes them (a table as Lua source, ``"{...}"``)."""
+    words = []
+    for key, value in overrides.items():
+        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        words.append(f"{key.replace('__', '.')}={text}")
+    return words
 
 
 _LUA_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ./_-=+:,@")

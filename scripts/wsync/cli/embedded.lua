@@ -28,8 +28,7 @@ function M.start_recipe(path, words)
     errors.raise("HOST_BUSY", "a recipe's session runs on this host already (finish it first)")
   end
   local recipe_module = require("wsync.recipe")
-  local recipe = recipe_module.load(path)
-  recipe_module.apply_overrides(recipe, recipe_module.parse_overrides(words or {}))
+  local recipe = recipe_module.load(path, recipe_module.parse_overrides(words or {}))
   recipe_module.check(recipe)
   if not recipe.model or recipe.trainer.kind ~= "external" then
     errors.raise("RECIPE_INVALID", string.format("%s: an in-process host runs a model recipe whose trainer kind is "
@@ -225,8 +224,7 @@ end
 ---@return string
 function M.trainer_tensors(path, words)
   local recipe_module = require("wsync.recipe")
-  local recipe = recipe_module.load(path)
-  recipe_module.apply_overrides(recipe, recipe_module.parse_overrides(words or {}))
+  local recipe = recipe_module.load(path, recipe_module.parse_overrides(words or {}))
   if not recipe.model then
     errors.raise("RECIPE_INVALID", path .. ": not a model recipe (it has no model)", { field = "model" })
   end

@@ -109,8 +109,7 @@ end
 ---@param words string[]
 function M.exec_recipe(path, words)
   local recipe_module = require("wsync.recipe")
-  local recipe = recipe_module.load(path)
-  recipe_module.apply_overrides(recipe, recipe_module.parse_overrides(words or {}))
+  local recipe = recipe_module.load(path, recipe_module.parse_overrides(words or {}))
   -- Refused as `check` refuses it (exit 3, file:line and field) before
   -- anything starts: nothing to run, a plan or schedule that cannot work,
   -- what this build or machine cannot serve.
@@ -151,8 +150,7 @@ function commands.check(args)
     usage_error("wsync check needs a recipe file")
   end
   local recipe_module = require("wsync.recipe")
-  local recipe = recipe_module.load(path)
-  recipe_module.apply_overrides(recipe, recipe_module.parse_overrides(words))
+  local recipe = recipe_module.load(path, recipe_module.parse_overrides(words))
   local summary = {
     ok = true,
     recipe = recipe.name,

@@ -58,6 +58,9 @@ M.schema = schema.record({
         preset = schema.string({}),
         config = schema.map({ item = schema.any({}) }),
       },
+      -- Two ways of giving the model: an override (extends, the command
+      -- line) that gives one drops the other (M.merge).
+      alternatives = { { "preset", "config" } },
       check = function(model)
         if (model.preset == nil) == (model.config == nil) then
           return false, "give exactly one of preset and config"
@@ -290,20 +293,52 @@ local function is_record(value)
   return type(value) == "table" and next(value) ~= nil and rawget(value, 1) == nil
 end
 
+-- The fields of `record` ({name = spec}) that `name` replaces: the other
+-- ways of giving it that the record's `alternatives` list (model.preset and
+-- model.config).
+local function alternatives_of(record, name)
+  local others = {}
+  for _, group in ipairs(record and record.alternatives or {}) do
+    for _, member in ipairs(group) do
+      if member == name then
+        for _, other in ipairs(group) do
+          if other ~= name then
+            others[#others + 1] = other
+          end
+        end
+      end
+    end
+  end
+  return others
+end
+
 --- `base` with `overrides` laid over it: records merge field by field (at
---- any depth), anything else in `overrides` replaces what `base` has. Neither
---- argument is changed.
+--- any depth), anything else in `overrides` replaces what `base` has. With
+--- `spec` (a schema record, M.schema by default) a field that the record's
+--- `alternatives` make another way of giving a field replaces that other
+--- one too: `model = {config = ...}` over a base's `model = {preset = ...}`
+--- drops the preset. Neither argument is changed.
 ---@param base table
 ---@param overrides table
+---@param spec table?
 ---@return table
-function M.merge(base, overrides)
+function M.merge(base, overrides, spec)
+  spec = spec or M.schema
+  local fields = spec.kind == "record" and spec.fields or {}
   local result = {}
   for key, value in pairs(base) do
     result[key] = value
   end
+  for key in pairs(overrides) do
+    for _, other in ipairs(alternatives_of(spec, key)) do
+      if overrides[other] == nil then
+        result[other] = nil
+      end
+    end
+  end
   for key, value in pairs(overrides) do
     if is_record(value) and is_record(result[key]) then
-      result[key] = M.merge(result[key], value)
+      result[key] = M.merge(result[key], value, fields[key] or schema.any({}))
     else
       result[key] = value
     end
@@ -514,32 +549,248 @@ function load_table(path, loading)
   return result
 end
 
---- Loads and validates a recipe file. Returns the validated recipe table, with
---- `path` set and `files` (the recipe, then each file it extends); raises
---- RECIPE_INVALID naming file, line and field. A field inherited through
---- `extends` is reported at the `extends` line, naming where it comes from.
+-- The schema of the recipe field at the dotted `field` ("trainer.steps",
+-- "model.config.hidden_size": a map's keys are any); nil when there is no
+-- such field, with the dotted path of the record that lacks it ("" for the
+-- recipe) and that record's schema.
+local function field_schema(field)
+  local spec, walked = M.schema, {}
+  for name in field:gmatch("[^.]+") do
+    local parent = table.concat(walked, ".")
+    if spec.kind == "record" then
+      if not spec.fields[name] then
+        return nil, parent, spec
+      end
+      spec = spec.fields[name]
+    elseif spec.kind == "map" then
+      spec = spec.item
+    elseif spec.kind ~= "any" then
+      return nil, parent, spec
+    end
+    walked[#walked + 1] = name
+  end
+  return spec
+end
+
+-- The names of a record's fields, sorted, as a message lists them.
+local function field_names(record)
+  local names = {}
+  for name in pairs(record.fields) do
+    names[#names + 1] = name
+  end
+  table.sort(names)
+  return table.concat(names, ", ")
+end
+
+-- A value written on the command line as Lua reads a table: `{...}` in an
+-- empty environment. Nil and why when it is not one.
+local function table_value(text)
+  local chunk, message = loadstring("return " .. text, "=(command line)")
+  if not chunk then
+    return nil, message
+  end
+  local ok, value = pcall(setfenv(chunk, {}))
+  if not ok or type(value) ~= "table" then
+    return nil, ok and ("it gives " .. type(value)) or tostring(value)
+  end
+  return value
+end
+
+-- `text`, the value of `word` (KEY=VALUE) for the field of schema `spec`, as
+-- that field takes it: a number, true or false, one of an enum's values, a
+-- string, a Lua table `{...}` for a list, map or record; a field of any type
+-- takes what the text reads as (true/false, a number, a table, else the
+-- string). Raises USAGE when it reads as none.
+local function field_value(spec, key, text)
+  local function refuse(what)
+    errors.raise("USAGE", string.format("%s takes %s, got '%s'", key, what, text))
+  end
+  local kind = spec.kind
+  if kind == "number" then
+    local number = tonumber(text)
+    if not number or number ~= number or number == math.huge or number == -math.huge then
+      refuse("a number")
+    end
+    return number
+  elseif kind == "boolean" then
+    local value = ({ ["true"] = true, ["false"] = false })[text]
+    if value == nil then
+      refuse("true or false")
+    end
+    return value
+  elseif kind == "enum" then
+    local names = {}
+    for index, allowed in ipairs(spec.values) do
+      if tostring(allowed) == text then
+        return allowed
+      end
+      names[index] = tostring(allowed)
+    end
+    refuse("one of " .. table.concat(names, ", "))
+  elseif kind == "string" then
+    return text
+  elseif kind == "function" then
+    errors.raise("USAGE", string.format("%s is a function: it cannot be given on the command line", key))
+  end
+  if text:match("^%s*{") then
+    local value, why = table_value(text)
+    if value == nil then
+      refuse("a Lua table (" .. tostring(why) .. ")")
+    end
+    return value
+  elseif kind == "list" or kind == "map" or kind == "record" then
+    refuse("a Lua table such as " .. key .. "={...}")
+  end
+  if text == "true" or text == "false" then
+    return text == "true"
+  end
+  local number = tonumber(text)
+  if number and number == number and number ~= math.huge and number ~= -math.huge then
+    return number
+  end
+  return text
+end
+
+-- Sets the dotted `field` of the unvalidated recipe table `raw` to `value`,
+-- copying the tables on the way (a recipe may share one between fields) and
+-- dropping what the field replaces (M.merge's alternatives).
+local function set_field(raw, field, value)
+  local names = {}
+  for name in field:gmatch("[^.]+") do
+    names[#names + 1] = name
+  end
+  local node, spec = raw, M.schema
+  for index, name in ipairs(names) do
+    local record = spec.kind == "record" and spec or nil
+    for _, other in ipairs(alternatives_of(record, name)) do
+      node[other] = nil
+    end
+    if index == #names then
+      node[name] = value
+      return
+    end
+    local child = type(node[name]) == "table" and copy(node[name]) or {}
+    node[name] = child
+    node = child
+    spec = record and record.fields[name] or (spec.kind == "map" and spec.item) or schema.any({})
+  end
+end
+
+-- Lays the command line's `key=value` overrides over the unvalidated recipe
+-- table `raw` loaded from `path`: a key naming one of its parameters (or
+-- params.NAME) is left for M.apply_overrides, any other names a field by
+-- its dotted path (trainer.steps, runtime.tp, model.config.hidden_size).
+-- Returns the parameters' overrides; raises USAGE for a key that names
+-- neither, listing what there is.
+local function apply_fields(raw, path, overrides)
+  local params = type(raw.params) == "table" and raw.params or {}
+  local keys = {}
+  for key in pairs(overrides) do
+    keys[#keys + 1] = key
+  end
+  table.sort(keys)
+  local for_params = {}
+  for _, key in ipairs(keys) do
+    local text = overrides[key]
+    local param = key:match("^params%.([^.]+)$") or (params[key] ~= nil and key) or nil
+    if param then
+      for_params[param] = text
+    else
+      local spec, parent, record = field_schema(key)
+      if not spec then
+        local names = {}
+        for name in pairs(params) do
+          names[#names + 1] = tostring(name)
+        end
+        table.sort(names)
+        local message = parent == "" and string.format("recipe %s has no parameter or field '%s' (parameters: %s; "
+          .. "fields: %s)", path, key, #names > 0 and table.concat(names, ", ") or "none", field_names(record))
+          or record.kind == "record" and string.format("recipe %s has no field '%s' (%s's fields: %s)", path, key,
+            parent, field_names(record))
+          or string.format("recipe %s has no field '%s': %s is not a table of fields", path, key, parent)
+        errors.raise("USAGE", message)
+      end
+      set_field(raw, key, field_value(spec, key, text))
+    end
+  end
+  return for_params
+end
+
+-- The override of `overrides` that set `field` or a field inside it, or
+-- that a failure of `field` (a record's check) is about: its KEY=VALUE.
+local function override_of(overrides, field)
+  for key, text in pairs(overrides or {}) do
+    local inside = field:sub(1, #key + 1)
+    if key == field or key:sub(1, #field + 1) == field .. "." or inside == key .. "." or inside == key .. "[" then
+      return key .. "=" .. text
+    end
+  end
+  return nil
+end
+
+-- Where a record-level failure's `field` is given, when more than one file
+-- gives it: " (model is given in child.lua:2 and base.lua:3)"; "" otherwise.
+local function given_in(files, field)
+  local spec = field ~= "" and field_schema(field)
+  if not spec or spec.kind ~= "record" then
+    return ""
+  end
+  local places = {}
+  for _, file in ipairs(files) do
+    local line, complete = written_line(read_lines(file), field)
+    if complete then
+      places[#places + 1] = file .. ":" .. line
+    end
+  end
+  if #places < 2 then
+    return ""
+  end
+  return string.format(" (%s is given in %s)", field, table.concat(places, " and "))
+end
+
+--- Loads and validates a recipe file, with `overrides` (M.parse_overrides:
+--- the command line's `key=value`) laid over it: parameters by name, any
+--- other field by its dotted path, each value read as its field takes it.
+--- Returns the validated recipe table, with `path` set, `files` (the recipe,
+--- then each file it extends) and `overrides`; raises RECIPE_INVALID naming
+--- file, line and field (a field inherited through `extends` at the
+--- `extends` line, naming where it comes from; a field from the command line
+--- naming its KEY=VALUE), USAGE for an override that names no parameter or
+--- field or whose value its field does not take.
 ---@param path string
+---@param overrides table<string, string>?
 ---@return table
-function M.load(path)
+function M.load(path, overrides)
   local loading = { files = {}, stack = {} }
   local result = load_table(path, loading)
+  local for_params = overrides and apply_fields(result, path, overrides) or {}
   local recipe, failure = schema.check(M.schema, result)
   if not recipe then
+    local word = override_of(overrides, failure.path)
+    if word then
+      invalid(path, string.format("field '%s': %s (set on the command line: %s)", failure.path, failure.message,
+        word), { field = failure.path })
+    end
     local line, inherited = M.field_location({ path = path, files = loading.files }, failure.path)
     invalid(path, string.format("field '%s': %s%s", failure.path, failure.message,
-      inherited and (" (inherited from " .. inherited .. ")") or ""), {
+      inherited and (" (inherited from " .. inherited .. ")") or given_in(loading.files, failure.path)), {
       line = line,
       field = failure.path,
     })
   end
   recipe.path = path
   recipe.files = loading.files
-  return recipe
+  recipe.overrides = overrides or {}
+  return M.apply_overrides(recipe, for_params)
 end
 
 -- Raises RECIPE_INVALID for `field` of a loaded recipe, at its line; a
 -- field inherited through `extends` at the extends line, naming the base.
 local function refuse(recipe, field, message)
+  local word = override_of(recipe.overrides, field)
+  if word then
+    invalid(recipe.path, string.format("%s (set on the command line: %s)", message, word), { field = field })
+  end
   local line, inherited = M.field_location(recipe, field)
   local origin = inherited and string.format(" (%s is inherited from %s)", field, inherited) or ""
   invalid(recipe.path, message .. origin, { line = line, field = field })
@@ -559,7 +810,13 @@ function M.check_plan(recipe, options)
   end
   local err = plan
   if errors.is(err) and err.code ~= "RECIPE_INVALID" then
-    refuse(recipe, err.field or (err.code == "SCHEDULE_INVALID" and "schedule") or "model", err.message)
+    local field = err.field
+    if err.code == "MODEL_UNSUPPORTED" then
+      -- (The model's own field: one of the recipe's model.config, or the
+      -- preset's.)
+      field = recipe.model.config and field and ("model.config." .. field) or "model"
+    end
+    refuse(recipe, field or (err.code == "SCHEDULE_INVALID" and "schedule") or "model", err.message)
   end
   error(err, 0)
 end

@@ -78,8 +78,38 @@ describe("wsync run", function()
     local result = process.wsync({ "run", "recipes/smoke.lua", "colour=blue" })
     assert.are.equal(2, result.code)
     assert.are.equal("", result.stdout)
-    assert.are.equal("wsync: recipe recipes/smoke.lua has no parameter 'colour' "
-      .. "(parameters: buffer_bytes, greeting, ranks)\n", result.stderr)
+    assert.are.equal("wsync: recipe recipes/smoke.lua has no parameter or field 'colour' "
+      .. "(parameters: buffer_bytes, greeting, ranks; fields: backend, bootstrap, buffers, control, description, "
+      .. "memory, model, name, params, run, runtime, schedule, timeouts, trainer, verify)\n", result.stderr)
+  end)
+
+  it("overrides any field of a model recipe by its dotted path", function()
+    local result = process.wsync({ "run", "recipes/demo.lua", "trainer.steps=1", "buffers.bytes=262144",
+      "verify=false" })
+    assert.are.equal(0, result.code, result.stderr)
+    assert.matches("wsync: verdict: OK: 1 model versions published\n", result.stdout, 1, true)
+    assert.matches("buffers 2 x 256.00 KiB", result.stdout, 1, true)
+    assert.is_nil(result.stdout:find("verified", 1, true))
+  end)
+
+  it("exits 2 on an unknown field, naming the fields there are", function()
+    local result = process.wsync({ "run", "recipes/demo.lua", "trainer.stpes=5" })
+    assert.are.equal(2, result.code)
+    assert.are.equal("", result.stdout)
+    assert.are.equal("wsync: recipe recipes/demo.lua has no field 'trainer.stpes' (trainer's fields: kind, ranks, "
+      .. "steps, storage)\n", result.stderr)
+  end)
+
+  it("exits 2 on a field's value that does not read as its type, 3 on one the recipe refuses", function()
+    local result = process.wsync({ "run", "recipes/demo.lua", "trainer.steps=many" })
+    assert.are.equal(2, result.code)
+    assert.are.equal("wsync: trainer.steps takes a number, got 'many'\n", result.stderr)
+    result = process.wsync({ "check", "recipes/demo.lua", "runtime.tp=3" })
+    assert.are.equal(3, result.code)
+    assert.are.equal("", result.stdout)
+    assert.matches("^wsync: recipes/demo.lua: field 'runtime.tp': TP 3 differs from the 2 trainer ranks", result.stderr)
+    local tail = "(set on the command line: runtime.tp=3)\n"
+    assert.are.equal(tail, result.stderr:sub(-#tail))
   end)
 
   it("exits 2 on a value that does not convert or a word that is not key=value", function()
@@ -127,6 +157,13 @@ describe("wsync check", function()
     assert.are.equal(fixtures.recipes .. "/good.lua", summary.path)
     assert.are.equal("host", summary.backend)
     assert.are.same({ steps = 9, verbose = false, label = "fixture" }, summary.params)
+  end)
+
+  it("checks a model recipe with its fields overridden", function()
+    local result = process.wsync({ "check", "recipes/demo.lua", "trainer.ranks=1", "runtime.tp=1",
+      "model.preset=tiny" })
+    assert.are.equal(0, result.code, result.stderr)
+    assert.matches("model        qwen3_moe (tiny), FSDP1 -> TP1\n", result.stdout, 1, true)
   end)
 
   it("does not run the recipe", function()

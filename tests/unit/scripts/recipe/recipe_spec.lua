@@ -260,6 +260,30 @@ describe("recipe extends", function()
     assert.matches("extends takes a table of overrides, got string", err.message, 1, true)
   end)
 
+  it("replaces the base's model preset by the extension's config, and the other way", function()
+    write("preset.lua", 'return extends("' .. uv.cwd() .. '/recipes/demo.lua", { name = "p" })\n')
+    local config = 'model = { config = { hidden_size = 64 } }'
+    local switched = recipe.load(write("config.lua",
+      'return extends("preset.lua", { name = "c", ' .. config .. ' })\n'))
+    assert.is_nil(switched.model.preset)
+    assert.are.same({ hidden_size = 64 }, switched.model.config)
+    assert.are.equal("qwen3_moe", switched.model.family, "the rest of the record merges")
+    local back = recipe.load(write("back.lua", 'return extends("config.lua", { model = { preset = "tiny" } })\n'))
+    assert.are.equal("tiny", back.model.preset)
+    assert.is_nil(back.model.config)
+  end)
+
+  it("names both files when the model is given both ways", function()
+    local base = write("base.lua", 'return {\n  name = "base",\n  model = { preset = "tiny" },\n}\n')
+    local path = write("child.lua", 'return extends("base.lua", {\n  model = { preset = "tiny", config = {} },\n})\n')
+    local err = error_of(recipe.load, path)
+    assert.are.equal("RECIPE_INVALID", err.code)
+    assert.are.equal(path, err.file)
+    assert.are.equal(2, err.line)
+    assert.matches("field 'model': give exactly one of preset and config (model is given in " .. path .. ":2 and "
+      .. base .. ":3)", err.message, 1, true)
+  end)
+
   it("lets the fixtures share the demo: the fault fixture is the demo with short timeouts", function()
     local demo = recipe.load("recipes/demo.lua")
     local faults = recipe.load(fixtures.recipes .. "/publish_faults.lua")
@@ -311,6 +335,84 @@ describe("recipe overrides", function()
     assert.are.equal("parameter 'steps' needs a number, got 'many'", err.message)
     err = error_of(recipe.apply_overrides, loaded(), { verbose = "yes" })
     assert.are.equal("parameter 'verbose' needs a boolean, got 'yes'", err.message)
+  end)
+end)
+
+describe("recipe field overrides", function()
+  it("sets any field by its dotted path, reading each value as its field takes it", function()
+    local loaded = recipe.load("recipes/demo.lua", { ["trainer.steps"] = "5", ["buffers.bytes"] = "1048576",
+      ["runtime.respawn"] = "true", ["verify"] = "values", ["timeouts.fill"] = "2.5", ["name"] = "renamed",
+      ["control.tcp"] = "127.0.0.1:0" })
+    assert.are.equal(5, loaded.trainer.steps)
+    assert.are.equal(1048576, loaded.buffers.bytes)
+    assert.are.equal(2, loaded.buffers.count, "the rest of the record stays")
+    assert.is_true(loaded.runtime.respawn)
+    assert.are.equal("values", loaded.verify)
+    assert.are.equal(2.5, loaded.timeouts.fill)
+    assert.are.equal(30, loaded.timeouts.load_chunk)
+    assert.are.equal("renamed", loaded.name)
+    assert.are.equal("127.0.0.1:0", loaded.control.tcp)
+    assert.is_false(recipe.load("recipes/demo.lua", { verify = "false" }).verify)
+  end)
+
+  it("reads tables as Lua, and a field of any type as what its text reads as", function()
+    local loaded = recipe.load("recipes/demo.lua", { schedule = '{ { wake = { "weights" } }, "publish" }',
+      ["model.config"] = "{ hidden_size = 64 }" })
+    assert.are.same({ { wake = { "weights" } }, "publish" }, loaded.schedule)
+    assert.are.same({ hidden_size = 64 }, loaded.model.config)
+    assert.is_nil(loaded.model.preset, "a config replaces the preset")
+    loaded = recipe.load("recipes/demo.lua", { ["model.config.hidden_size"] = "64",
+      ["model.config.tie_word_embeddings"] = "false", ["model.config.model_type"] = "qwen3_moe" })
+    assert.are.same({ hidden_size = 64, tie_word_embeddings = false, model_type = "qwen3_moe" }, loaded.model.config)
+    assert.is_nil(loaded.model.preset)
+    local back = recipe.load(fixtures.recipes .. "/vllm_tiny_cuda.lua", { ["model.preset"] = "tiny" })
+    assert.are.equal("tiny", back.model.preset)
+  end)
+
+  it("still takes the parameters by name, or as params.NAME", function()
+    local loaded = recipe.load(fixtures.recipes .. "/good.lua", { steps = "12", ["params.verbose"] = "true" })
+    assert.are.same({ steps = 12, verbose = true, label = "fixture" }, loaded.params)
+    local err = error_of(recipe.load, fixtures.recipes .. "/good.lua", { ["params.nope"] = "1" })
+    assert.are.equal("USAGE", err.code)
+    assert.matches("has no parameter 'nope' (parameters: label, steps, verbose)", err.message, 1, true)
+  end)
+
+  it("refuses an unknown field, naming the fields there are", function()
+    local err = error_of(recipe.load, "recipes/demo.lua", { ["trainer.stpes"] = "5" })
+    assert.are.equal("USAGE", err.code)
+    assert.are.equal("recipe recipes/demo.lua has no field 'trainer.stpes' (trainer's fields: kind, ranks, steps, "
+      .. "storage)", err.message)
+    err = error_of(recipe.load, "recipes/demo.lua", { colour = "blue" })
+    assert.are.equal("USAGE", err.code)
+    assert.matches("has no parameter or field 'colour' (parameters: none; fields: backend, bootstrap, ",
+      err.message, 1, true)
+    err = error_of(recipe.load, "recipes/demo.lua", { ["trainer.steps.x"] = "1" })
+    assert.are.equal("recipe recipes/demo.lua has no field 'trainer.steps.x': trainer.steps is not a table of fields",
+      err.message)
+  end)
+
+  it("refuses a value that does not read as its field's type", function()
+    for key, text in pairs({ ["trainer.steps"] = "many", ["runtime.respawn"] = "yes", verify = "maybe",
+      schedule = "publish", ["model.config"] = "{ x = }" }) do
+      local err = error_of(recipe.load, "recipes/demo.lua", { [key] = text })
+      assert.are.equal("USAGE", err.code, key)
+      assert.matches("^" .. key:gsub("%p", "%%%0") .. " takes ", err.message)
+    end
+    local err = error_of(recipe.load, fixtures.recipes .. "/good.lua", { run = "x" })
+    assert.are.equal("run is a function: it cannot be given on the command line", err.message)
+  end)
+
+  it("names the command line when the recipe refuses an overridden field", function()
+    local err = error_of(recipe.load, "recipes/demo.lua", { ["trainer.steps"] = "0" })
+    assert.are.equal("RECIPE_INVALID", err.code)
+    assert.are.equal("trainer.steps", err.field)
+    assert.is_nil(err.line)
+    assert.are.equal("field 'trainer.steps': must be at least 1, got 0 (set on the command line: trainer.steps=0)",
+      err.message)
+    err = error_of(recipe.check, recipe.load("recipes/demo.lua", { ["buffers.bytes"] = "1" }))
+    assert.are.equal("RECIPE_INVALID", err.code)
+    assert.is_nil(err.line)
+    assert.matches("raise buffers.bytes (set on the command line: buffers.bytes=1)", err.message, 1, true)
   end)
 end)
 
