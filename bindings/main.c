@@ -31,6 +31,12 @@ int main(int argc, char **argv) {
   // in every thread. (libwsync itself leaves its embedder's dispositions
   // alone and only blocks SIGPIPE while its code runs.)
   signal(SIGPIPE, SIG_IGN);
+  // Whole lines, each written at once, also into a pipe or a file: the
+  // processes of a run (the host, its trainer ranks, the runtime and its
+  // workers) share them, and a block-buffered line would be cut by another
+  // process's.
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  setvbuf(stderr, NULL, _IOLBF, 0);
   ws_host *host = NULL;
   int status = ws_host_open(&host);
   if (status != WS_OK) {

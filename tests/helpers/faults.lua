@@ -57,11 +57,17 @@ function M.run_failing(options)
 
   local failure = result.stdout:match("\nwsync: verdict: FAILED: ([^\n]*)\n")
   assert.is_not_nil(failure, "no failed verdict:\n" .. result.stdout)
-  -- Every surviving rank and the host print the same error, and nothing else.
+  -- Every surviving rank and the host print the same error, and nothing else
+  -- (a rank's line comes through the host, prefixed with its name).
   local stderr = leftovers.lines(result.stderr)
+  local said = {}
   for _, line in ipairs(stderr) do
-    assert.are.equal("wsync: " .. failure, line)
+    local who, text = line:match("^(%[trainer %d+%] )(.*)$")
+    assert.are.equal("wsync: " .. failure, text or line)
+    assert.is_nil(said[who or "host"], result.stderr)
+    said[who or "host"] = true
   end
+  assert.is_true(said.host, result.stderr)
   assert.are.equal(options.survivors + 1, #stderr, result.stderr)
 
   -- Nothing committed (after the versions before the fault): no host line,

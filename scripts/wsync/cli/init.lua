@@ -405,6 +405,9 @@ end
 ---@param argv string[]
 ---@return integer
 function M.main(argv)
+  -- (The command's loop runs all the time: its children's lines can come
+  -- through it, prefixed.)
+  require("wsync.output").enable()
   local ok, result = xpcall(function()
     local first = argv[1]
     if first == nil then

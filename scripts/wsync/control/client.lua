@@ -84,6 +84,7 @@ end
 ---@field limit integer?
 ---@field handshake string?
 ---@field results table?
+---@field output string?  a prefix: the process's stdout and stderr come through this one, each line with it
 
 --- Spawns `options.argv` (program first) with a private control channel on its
 --- fd 3 and performs the startup handshake (`info`). Must run inside a
@@ -127,14 +128,24 @@ function M.spawn(options)
   local env = util.environment(entries)
   local control = uv.new_pipe(false)
   local argv = options.argv
+  -- (Its lines, prefixed, where this process relays its children's output;
+  -- fd 3 stays the control channel either way.)
+  local relay = options.output and require("wsync.output").new(options.output)
   local handle, pid_or_error = uv.spawn(argv[1], {
     args = { unpack(argv, 2) },
-    stdio = { nil, 1, 2, control },
+    stdio = { nil, relay and relay.stdout or 1, relay and relay.stderr or 2, control },
     env = env,
     detached = detached,
   }, function(code, signal)
     self:_on_exit(code, signal)
   end)
+  if relay then
+    if handle then
+      relay:start()
+    else
+      relay:close()
+    end
+  end
   if not handle then
     control:close()
     errors.raise("RUNTIME_START", string.format("cannot start %s (%s): %s", self.name, argv[1],

@@ -194,6 +194,7 @@ function M.spawn_replicas(options, count)
     end
     return M.spawn(util.merged(options, {
       devices = devices, fault = os.getenv("WSYNC_RUNTIME_FAULT_" .. (index - 1)) or options.fault,
+      output = options.output and string.format("[runtime %d] ", index - 1),
     }))
   end)
   if failed then

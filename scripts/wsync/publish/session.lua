@@ -9,6 +9,7 @@ local endpoint_module = require("wsync.control.endpoint")
 local errors = require("wsync.errors")
 local loop = require("wsync.loop")
 local messages = require("wsync.control.messages")
+local output = require("wsync.output")
 local plan_module = require("wsync.plan")
 local publication_module = require("wsync.publish.publication")
 local ranks_module = require("wsync.publish.ranks")
@@ -230,6 +231,8 @@ local function spawn_trainers(session)
   local program = require("wsync.util").program()
   local model = recipe.model.preset or require("cjson").encode(recipe.model.config)
   for rank = 0, session.topology.world - 1 do
+    -- (Its lines prefixed, where this process relays its children's output.)
+    local relay = output.new(string.format("[trainer %d] ", rank))
     local handle, pid
     handle, pid = uv.spawn(program, {
       args = {
@@ -238,7 +241,7 @@ local function spawn_trainers(session)
         "--versions", tostring(recipe.trainer.steps), "--backend", recipe.backend,
         "--storage", recipe.trainer.storage or "one",
       },
-      stdio = { nil, 1, 2 },
+      stdio = { nil, relay and relay.stdout or 1, relay and relay.stderr or 2 },
       -- (In the guard's care: should this host die, it ends them too.)
       env = require("wsync.util").environment({ require("wsync.control.guard").environment() }),
     }, function(code, signal)
@@ -246,6 +249,13 @@ local function spawn_trainers(session)
       handle:close()
       changed(session)
     end)
+    if relay then
+      if handle then
+        relay:start()
+      else
+        relay:close()
+      end
+    end
     if not handle then
       errors.raise("TRAINER_START", string.format("cannot start synthetic trainer rank %d: %s", rank, tostring(pid)))
     end
@@ -304,6 +314,7 @@ local function spawn_rollout(session)
     load = recipe.runtime.load, check = recipe.runtime.check, channel = recipe.runtime.channel,
     engine = recipe.runtime.vllm,
     python = recipe.runtime.python,
+    output = "[runtime] ",
   }
   local replicas = session.topology.replicas or 1
   if replicas > 1 then
@@ -888,6 +899,9 @@ function M.close(session)
   -- ranks have exited by now and external ones are disconnected: a name still
   -- there is a leftover.
   remove_buffers(session)
+  -- The last lines of the processes that ended, before anything the host
+  -- says after the session.
+  output.drain(2)
   session.phase = "closed"
 end
 Session.close = M.close

@@ -19,6 +19,7 @@ local M = {}
 ---@field fault string?
 ---@field program string?
 ---@field env string[]?
+---@field output string?  the prefix of its lines, relayed by this process (wsync.output)
 
 --- The devices of a runtime's TP workers, in rank order, as its `--devices`
 --- argument: options.devices, or 0 .. tp-1.
@@ -73,6 +74,7 @@ function M.spawn(options)
     end)(),
     timeouts = timeouts,
     grace_ms = options.grace_ms,
+    output = options.output,
     results = require("wsync.control.messages").from_runtime,
   })
 end

@@ -198,6 +198,7 @@ function M.spawn(options, spawn_client)
     env = options.env,
     timeouts = timeouts,
     grace_ms = options.grace_ms,
+    output = options.output,
     results = require("wsync.control.messages").from_runtime,
   })
 end

@@ -136,9 +136,10 @@ describe("wsync run, a runtime respawned after a failed publication", function()
     -- both ranks said that step 2 was not published, with the host's error
     local skipped = 0
     for _, line in ipairs(lines(result.stderr)) do
-      local rank, message = line:match("^wsync: trainer rank (%d): step 2 not published %(the host respawns the "
-        .. "runtime%): (.*)$")
+      local prefix, rank, message = line:match("^%[trainer (%d)%] wsync: trainer rank (%d): step 2 not published %(the "
+        .. "host respawns the runtime%): (.*)$")
       if rank then
+        assert.are.equal(prefix, rank)
         skipped = skipped + 1
         assert.are.equal(failure, message)
       end
@@ -175,10 +176,10 @@ describe("wsync run, a wrong value that only the resident check sees", function(
     local results = trainer_results(result.stdout)
     assert.are.same({ [1] = results[0][1] }, results[0])
     assert.are.same(results[0], results[1])
-    -- both ranks and the host print the same error
+    -- both ranks (through the host, prefixed) and the host print the same error
     local same = 0
     for _, line in ipairs(lines(result.stderr)) do
-      assert.are.equal("wsync: " .. failure, line)
+      assert.are.equal("wsync: " .. failure, (line:gsub("^%[trainer %d%] ", "")))
       same = same + 1
     end
     assert.are.equal(3, same)
