@@ -151,6 +151,79 @@ function M.inspect(value, options)
   return render(value, state, 0)
 end
 
+--- How many entries a summary shows.
+M.SUMMARY_ENTRIES = 20
+
+-- "{ 3 items }", "{ 9 fields }", "{ 2 items, 4 fields }": a table by its size.
+local function size_of(t)
+  local items = array_length(t)
+  local fields = 0
+  for key in next, t do
+    if not (type(key) == "number" and key >= 1 and key <= items and key % 1 == 0) then
+      fields = fields + 1
+    end
+  end
+  local parts = {}
+  if items > 0 then
+    parts[#parts + 1] = items .. (items == 1 and " item" or " items")
+  end
+  if fields > 0 or items == 0 then
+    parts[#parts + 1] = fields .. (fields == 1 and " field" or " fields")
+  end
+  return "{ " .. table.concat(parts, ", ") .. " }"
+end
+
+--- A few lines for a table too long to print whole: its entries one level
+--- deep, at most M.SUMMARY_ENTRIES (a nested table written out when it fits
+--- on a short line without tables of its own, its size otherwise; a long
+--- string cut), after a first line that says how long the whole is and
+--- `hint`, how to print it whole.
+---@param value table
+---@param lines integer  the lines the whole takes
+---@param hint string
+---@return string
+function M.summary(value, lines, hint)
+  local state = { depth = 1, indent = M.defaults.indent, width = 48, path = { [value] = true } }
+  local keys = {}
+  local count = array_length(value)
+  for index = 1, count do
+    keys[index] = index
+  end
+  local named = {}
+  for key in next, value do
+    if not (type(key) == "number" and key >= 1 and key <= count and key % 1 == 0) then
+      named[#named + 1] = key
+    end
+  end
+  table.sort(named, key_less)
+  for _, key in ipairs(named) do
+    keys[#keys + 1] = key
+  end
+  local out = { string.format("{ -- %s, %d lines in full: %s", size_of(value):match("^{ (.*) }$"), lines, hint) }
+  for index, key in ipairs(keys) do
+    if index > M.SUMMARY_ENTRIES then
+      out[#out + 1] = string.format("  ... %d more", #keys - M.SUMMARY_ENTRIES)
+      break
+    end
+    local item = rawget(value, key)
+    local text
+    if type(item) == "table" then
+      text = render(item, state, 0)
+      if text:find("\n", 1, true) or text:find("{...}", 1, true) then
+        text = size_of(item)
+      end
+    elseif type(item) == "string" and #item > 60 then
+      text = M.quote(item:sub(1, 57)) .. "..."
+    else
+      text = render(item, state, 0)
+    end
+    out[#out + 1] = "  " .. (type(key) == "number" and key <= count and "" or render_key(key, state, 0) .. " = ")
+      .. text .. ","
+  end
+  out[#out + 1] = "}"
+  return table.concat(out, "\n")
+end
+
 --- Readable text for every argument (nils included), separated by tabs; the
 --- empty string when there are none.
 ---@param ... any

@@ -13,7 +13,11 @@
 --- chunk is compiled again only where it can be complete: `Scan`). A chunk runs in
 --- a coroutine from wsync.loop.spawn, so `wsync.loop.await` works at the
 --- prompt; lines that arrive while a chunk waits are queued and run in order
---- once it finishes. Errors print with a traceback and the REPL goes on.
+--- once it finishes. Errors print their message (wsync's own files named
+--- from `scripts/`, not by the directory they are in; the traceback too
+--- with WSYNC_TRACEBACK=1) and the REPL goes on. A table whose text would take
+--- more than M.max_lines lines prints as a summary (wsync.cli.inspect);
+--- `show(value)` prints it whole.
 ---
 --- Ctrl-C while a chunk runs raises "interrupted" inside it (chunks run
 --- interpreted: `jit.off`, so compiled loops cannot escape the hook). SIGINT
@@ -40,6 +44,9 @@ M.continuation_prompt = ">> "
 
 --- Name that chunks typed at the REPL carry in messages (`stdin:1: ...`).
 M.chunk_name = "stdin"
+
+--- The most lines a result prints whole; a longer table prints a summary.
+M.max_lines = 40
 
 --- Bytes asked for per read of a regular file.
 local file_read_size = 65536
@@ -221,6 +228,10 @@ local function trim_loop_frames(traceback)
   return cut and traceback:sub(1, cut - 1) or traceback
 end
 
+-- An error of a typed chunk that is not a wsync error object: its message
+-- and its traceback, apart.
+local ChunkError = {}
+
 -- Message handler for typed chunks: adds the traceback, passes the exit
 -- sentinel and keeps wsync error objects as objects.
 local function chunk_message_handler(err)
@@ -243,7 +254,37 @@ local function chunk_message_handler(err)
       message = "(error object) " .. inspect.inspect(err)
     end
   end
-  return message .. "\n" .. traceback
+  return setmetatable({ message = message, traceback = traceback }, ChunkError)
+end
+
+-- `text` with the directory of wsync's scripts written as `scripts/`, as the
+-- scripts embedded in the binary are named: a message says which of wsync's
+-- files, not where this checkout lies.
+local function short_paths(text)
+  local root = host.script_root()
+  if root then
+    local escaped = (root:gsub("/+$", "") .. "/"):gsub("%p", "%%%0")
+    text = text:gsub("@?" .. escaped, "scripts/")
+  end
+  return text
+end
+
+--- The text of an error for a person: its message, and with
+--- WSYNC_TRACEBACK=1 its traceback.
+---@param err any
+---@return string
+function M.error_text(err)
+  local verbose = os.getenv("WSYNC_TRACEBACK") == "1"
+  local text
+  if getmetatable(err) == ChunkError then
+    text = err.message .. (verbose and ("\n" .. err.traceback) or "")
+  elseif type(err) == "string" and not verbose then
+    -- (A callback's error comes with the traceback of its protected call.)
+    text = err:match("^(.-)\nstack traceback:\n") or err
+  else
+    text = errors.format(err, verbose)
+  end
+  return short_paths(text)
 end
 
 local function write_to(sink, text)
@@ -280,9 +321,27 @@ function Session:_finish(code)
   end
 end
 
+-- A result as the REPL prints it: a wsync error object as its code and
+-- text, a table too long to print whole as a summary whose hint prints it
+-- (`source`: the expression typed, when it is short), anything else whole.
+local function result_text(value, source)
+  if errors.is(value) then
+    return string.format("<%s: %s>", tostring(value.code), short_paths(tostring(value)))
+  end
+  local text = inspect.inspect(value)
+  if type(value) == "table" then
+    local _, newlines = text:gsub("\n", "")
+    if newlines + 1 > M.max_lines then
+      local name = source and #source <= 40 and not source:find("[\n;]") and source or "value"
+      return inspect.summary(value, newlines + 1, string.format("show(%s) prints it whole", name))
+    end
+  end
+  return text
+end
+
 -- Prints what a chunk returned: nothing for a statement that returned only
--- nils, the values separated by tabs otherwise.
-function Session:_print_results(is_expression, results)
+-- nils, the values separated by tabs otherwise. `source` is the chunk's text.
+function Session:_print_results(is_expression, results, source)
   if results.n == 0 then
     return
   end
@@ -295,7 +354,13 @@ function Session:_print_results(is_expression, results)
       return
     end
   end
-  local ok, text = pcall(inspect.inspect_values, unpack(results, 1, results.n))
+  local ok, text = pcall(function()
+    local texts = {}
+    for index = 1, results.n do
+      texts[index] = result_text(results[index], results.n == 1 and is_expression and source or nil)
+    end
+    return table.concat(texts, "\t")
+  end)
   if ok then
     self:_write_result(text .. "\n")
   else
@@ -308,7 +373,7 @@ function Session:_report_chunk_error(err)
     self:_finish(err.code)
     return
   end
-  local text = errors.format(err, true)
+  local text = M.error_text(err)
   if self.tty and text:match("^interrupted") then
     text = "\n" .. text -- after the terminal's echo of ^C
   end
@@ -319,7 +384,7 @@ end
 -- armed around each of its resumes. Its outcome is printed when it finishes,
 -- now or after it waited. A `packing` chunk takes `pack` as its argument and
 -- returns its results packed.
-function Session:_run_chunk(fn, is_expression, packing)
+function Session:_run_chunk(fn, is_expression, packing, source)
   setfenv(fn, self.env)
   jit.off(fn, true)
   local chunk = {}
@@ -349,7 +414,7 @@ function Session:_run_chunk(fn, is_expression, packing)
     if not resumed then
       self:_report_chunk_error(outcome)
     elseif outcome.ok then
-      self:_print_results(is_expression, outcome.results)
+      self:_print_results(is_expression, outcome.results, source)
     else
       self:_report_chunk_error(outcome.err)
     end
@@ -396,10 +461,11 @@ function Session:_handle_line(line)
   if count > always_compile_lines and not self.chunk_scan:can_end() and bit.band(count, count - 1) ~= 0 then
     return
   end
-  local fn, is_expression, detail, ends_early = compile(table.concat(lines, "\n"))
+  local source = table.concat(lines, "\n")
+  local fn, is_expression, detail, ends_early = compile(source)
   if fn then
     self:_drop_chunk()
-    self:_run_chunk(fn, is_expression, detail)
+    self:_run_chunk(fn, is_expression, detail, (source:gsub("^%s+", ""):gsub("%s+$", "")))
   elseif not ends_early then
     self:_drop_chunk()
     self:_write_error(detail)
@@ -569,6 +635,8 @@ function Session:_help_text()
   if rawget(self.env, "host") then
     lines[#lines + 1] = "  host     the attached host (read-only): host:state() is a fresh snapshot"
   end
+  lines[#lines + 1] = "  a long table prints as a summary: show(x) prints it whole, show(x, 2) two levels deep"
+  lines[#lines + 1] = "  errors print their message; WSYNC_TRACEBACK=1 adds the traceback"
   lines[#lines + 1] = "  wsync.loop.await and wsync.loop.sleep work here: each input runs in a coroutine"
   lines[#lines + 1] = "  locals last one input; globals (x = 1) stay in the REPL's own environment"
   lines[#lines + 1] = "  Ctrl-C interrupts a running chunk; Ctrl-D (end of input) or os.exit() leaves"
@@ -585,6 +653,9 @@ function Session:_make_env(recipe, globals)
   end
   env.help = function()
     self:_write_result(self:_help_text())
+  end
+  env.show = function(value, depth)
+    self:_write_result(inspect.inspect(value, { depth = depth }) .. "\n")
   end
   return env
 end
@@ -689,7 +760,7 @@ function M.start(options)
         elseif type(callback_error) == "string" then
           callback_error = trim_loop_frames(callback_error)
         end
-        self:_write_error("error in a callback: " .. errors.format(callback_error, true))
+        self:_write_error("error in a callback: " .. M.error_text(callback_error))
       end
     end)
     self:_open_input(options)

@@ -226,6 +226,11 @@ local function endpoint_options(session)
   }
 end
 
+-- "signal 9" or "code 1".
+local function describe_exit(code, signal)
+  return signal ~= 0 and ("signal " .. signal) or ("code " .. code)
+end
+
 local function spawn_trainers(session)
   local recipe = session.recipe
   local program = require("wsync.util").program()
@@ -242,11 +247,25 @@ local function spawn_trainers(session)
         "--storage", recipe.trainer.storage or "one",
       },
       stdio = { nil, relay and relay.stdout or 1, relay and relay.stderr or 2 },
-      -- (In the guard's care: should this host die, it ends them too.)
+      -- A process group (and session) of its own: the terminal's Ctrl-C is
+      -- the host's to handle (the REPL interrupts a chunk, `wsync run` stops
+      -- in order), not a signal that kills the ranks under a session. (In
+      -- the guard's care all the same, by the mark in their environment:
+      -- should this host die, the guard ends them too.)
+      detached = true,
       env = require("wsync.util").environment({ require("wsync.control.guard").environment() }),
     }, function(code, signal)
       session.trainers[rank] = { code = code, signal = signal }
       handle:close()
+      -- Said at once (the session fails when its connection ends too): a
+      -- rank killed by a signal the host did not send, or one that ended
+      -- before the session did.
+      local ending = session.phase == "closing" or session.phase == "closed"
+      if not ending and not (session.killed and session.killed[rank])
+        and (signal ~= 0 or (code ~= 0 and session.stopped == nil)) then
+        say("synthetic trainer rank %d (pid %d) exited (%s) during %s", rank, pid, describe_exit(code, signal),
+          session.phase)
+      end
       changed(session)
     end)
     if relay then
@@ -456,16 +475,18 @@ function M.open(recipe, options)
 end
 
 --- Waits until every rank called publish (true), or the session cannot go
---- on (false): its steps are done, it failed (a rank was lost, a malformed
+--- on (false, and why: the session's failure; nothing when its steps are
+--- done): its steps are done, it failed (a rank was lost, a malformed
 --- message), or the ranks did not call publish in time: within
 --- `timeouts.train_step` of the last answer no rank called it, or within
 --- `timeouts.publish` of the first rank's call not every rank did. Ranks
 --- already waiting in publish get the failure: a publication needs every
 --- rank.
+---@return boolean, wsync.Error?
 function Session:wait_publish()
   self.phase = "waiting for publish"
   if steps_done(self) or self.stopped then
-    return false
+    return false, self.stopped
   end
   local world, timeouts = self.topology.world, self.timeouts
   local started, first_call = uv.now(), nil
@@ -516,7 +537,7 @@ function Session:wait_publish()
   end
   fail_session(self, err)
   self:answer(nil, self.stopped)
-  return false
+  return false, self.stopped
 end
 
 --- The trainer step the ranks publish (they must agree).
@@ -710,12 +731,16 @@ function Session:round()
   return nil, result
 end
 
---- A read-only snapshot for `wsync repl --attach` and the REPL.
+--- A read-only snapshot for `wsync repl --attach` and the REPL: each rank
+--- says whether it waits in publish, and why it was lost and how its process
+--- exited (a synthetic rank) when it was; `failure` the session's.
 function Session:state()
   local ranks = {}
   for rank, registered in pairs(self.registered) do
+    local exited = self.trainers[rank]
     ranks[#ranks + 1] = { rank = rank, device = registered.info.device.uuid, pid = registered.info.pid,
-      publishing = self.publishing[rank] ~= nil }
+      publishing = self.publishing[rank] ~= nil, lost = self.lost[rank] and self.lost[rank].reason,
+      exited = exited and describe_exit(exited.code, exited.signal) }
   end
   table.sort(ranks, function(a, b)
     return a.rank < b.rank
@@ -729,6 +754,7 @@ function Session:state()
     publication = publication and { phase = publication.phase, model_version = publication.header
       and publication.header.model_version, next_chunk = publication.next_chunk } or nil,
     publications = self.published, poisoned = poisoned and tostring(poisoned.message or poisoned),
+    failure = self.failure and tostring(self.failure),
   }
 end
 
@@ -986,7 +1012,7 @@ function M.run(recipe, options)
       session.failure = errors.new("TRAINER_FAILED", string.format("synthetic trainer rank %d %s", rank,
         session.killed and session.killed[rank] and string.format("did not exit within %g s of the session's end "
           .. "(timeouts.shutdown) and was killed", session.timeouts.shutdown) or ("exited with " ..
-          (status.signal ~= 0 and ("signal " .. status.signal) or ("code " .. status.code)))), { rank = rank })
+          describe_exit(status.code, status.signal))), { rank = rank })
     end
   end
   closing_report(session)

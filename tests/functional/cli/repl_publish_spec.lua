@@ -69,7 +69,7 @@ describe("wsync repl with a model recipe", function()
     assert.are.equal(0, result.code, result.stderr)
     local lines = {}
     for line in result.stdout:gmatch("[^\n]+") do
-      if not line:match("^wsync: ") and not line:match("^trainer rank") then
+      if not line:match("^wsync: ") and not line:match("^%[trainer %d%] ") then
         lines[#lines + 1] = line
       end
     end
@@ -142,6 +142,165 @@ local function spawn(args, stdin_text, on_line, on_exit)
   end)
   return handle
 end
+
+-- Starts `wsync repl ARGS` in a process group of its own and plays `steps`:
+-- each waits until stdout holds `expect` (after what the previous one
+-- matched) or `after` ms, then writes `write`, sends SIGINT to the whole
+-- group (`sigint = true`: what Ctrl-C in a terminal does) or closes stdin.
+-- Returns {code, stdout, stderr}.
+local function play_in_group(args, steps)
+  local stdin, stdout, stderr = uv.new_pipe(false), uv.new_pipe(false), uv.new_pipe(false)
+  local out, err, result = {}, {}, { code = -1 }
+  local open = 3
+  local function finish()
+    open = open - 1
+  end
+  local handle, pid
+  handle, pid = assert(uv.spawn(process.wsync_binary(), { args = args, stdio = { stdin, stdout, stderr },
+    detached = true }, function(code, signal)
+    result.code = signal ~= 0 and 128 + signal or code
+    handle:close()
+    finish()
+  end))
+  for _, pair in ipairs({ { stdout, out }, { stderr, err } }) do
+    pair[1]:read_start(function(_, data)
+      if data then
+        pair[2][#pair[2] + 1] = data
+      else
+        pair[1]:close()
+        finish()
+      end
+    end)
+  end
+  local timer, watchdog = uv.new_timer(), uv.new_timer()
+  watchdog:start(60000, 0, function()
+    uv.kill(-pid, "sigkill")
+  end)
+  local index, seen = 0, 1
+  local function next_step()
+    index = index + 1
+    local step = steps[index]
+    if not step then
+      return
+    end
+    if step.expect then
+      local _, last = table.concat(out):find(step.expect, seen, true)
+      if not last then
+        index = index - 1
+        timer:start(20, 0, next_step)
+        return
+      end
+      seen = last + 1
+    elseif step.after and not step.waited then
+      step.waited = true
+      index = index - 1
+      timer:start(step.after, 0, next_step)
+      return
+    end
+    if step.write then
+      stdin:write(step.write)
+    end
+    if step.sigint then
+      uv.kill(-pid, "sigint")
+    end
+    if step.close then
+      stdin:shutdown(function()
+        stdin:close()
+      end)
+    end
+    next_step()
+  end
+  next_step()
+  while open > 0 do
+    uv.run("once")
+  end
+  timer:close()
+  watchdog:close()
+  uv.run("nowait")
+  result.stdout, result.stderr = table.concat(out), table.concat(err)
+  return result
+end
+
+-- The lines of `text` that are neither the host's (`wsync: `) nor a child's.
+local function results_of(text)
+  local lines = {}
+  for line in text:gmatch("[^\n]+") do
+    if not line:match("^wsync: ") and not line:match("^%[trainer %d%] ") then
+      lines[#lines + 1] = line
+    end
+  end
+  return lines
+end
+
+describe("wsync repl with a session open", function()
+  it("keeps the session's trainers alive when Ctrl-C interrupts a running chunk", function()
+    local result = play_in_group({ "repl", "recipes/demo.lua" }, {
+      { write = "s = wsync.publish.session.open(recipe) print('OPEN')\n" },
+      { expect = "OPEN", write = "print('SLEEPING') wsync.loop.sleep(20000)\n" },
+      { expect = "SLEEPING", sigint = true },
+      { after = 500, write = table.concat({
+        "s:wait_publish()",
+        "uv.kill(s:state().ranks[1].pid, 0) == 0 and uv.kill(s:state().ranks[2].pid, 0) == 0",
+        "s:round().model_version",
+        "s:close()",
+      }, "\n") .. "\n", close = true },
+    })
+    assert.are.equal(0, result.code, result.stderr)
+    assert.are.same({ "OPEN", "SLEEPING", "true", "true", "1" }, results_of(result.stdout), result.stdout)
+    -- (The sleeping chunk is no longer waited for; the ranks, told the host
+    -- closed, say so as they leave.)
+    assert.are.equal("interrupted (no longer waiting for the running chunk)", result.stderr:match("^[^\n]*"))
+    assert.are.same({}, orphan_segments())
+  end)
+
+  it("says at once that a trainer died, and s:state() and s:wait_publish() say why", function()
+    local result = process.wsync({ "repl", "recipes/demo.lua" }, table.concat({
+      "s = wsync.publish.session.open(recipe)",
+      "s:wait_publish()",
+      "uv.kill(s:state().ranks[2].pid, 'sigkill')",
+      "wsync.loop.sleep(500)",
+      "s:state().ranks[2].lost",
+      "s:state().failure",
+      "s:wait_publish()",
+      "s:close()",
+    }, "\n") .. "\n", { timeout = 60000 })
+    assert.are.equal(0, result.code, result.stderr)
+    assert.matches("\nwsync: synthetic trainer rank 1 %(pid %d+%) exited %(signal 9%) during waiting for publish\n",
+      result.stdout)
+    local lines = results_of(result.stdout)
+    assert.are.same({ "true", "0" }, { lines[1], lines[2] })
+    assert.matches('^"agent pid %d+ closed the connection"$', lines[3])
+    assert.matches('^"%[phase waiting for publish, rank 1%] trainer rank 1 was lost during waiting for publish: ',
+      lines[4])
+    assert.matches("^false\t<TRAINER_LOST: %[phase waiting for publish, rank 1%] trainer rank 1 was lost ", lines[5])
+    assert.are.same({}, orphan_segments())
+  end)
+
+  it("prints a publication, a session and a plan as a few lines, saying how to see them whole", function()
+    local result = process.wsync({ "repl", "recipes/demo.lua" }, table.concat({
+      "s = wsync.publish.session.open(recipe)",
+      "s:wait_publish()",
+      "p = s:begin_round()",
+      "p",
+      "s",
+      "s.plan",
+      "s:close()",
+    }, "\n") .. "\n", { timeout = 60000 })
+    assert.are.equal(0, result.code, result.stderr)
+    local lines = results_of(result.stdout)
+    assert.are.equal("true", lines[1])
+    for _, name in ipairs({ "p", "s", "s.plan" }) do
+      local first = nil
+      for index, line in ipairs(lines) do
+        if line:find("show(" .. name .. ")", 1, true) then
+          first = index
+        end
+      end
+      assert.is_not_nil(first, "a hint for " .. name .. " in:\n" .. result.stdout)
+    end
+    assert.is_true(#lines <= 1 + 3 * 26, #lines .. " lines:\n" .. result.stdout)
+  end)
+end)
 
 describe("wsync repl --attach", function()
   it("reads a running host's state without disturbing it", function()

@@ -96,4 +96,31 @@ describe("wsync.cli.inspect", function()
     assert.are.equal("nil", inspect.inspect_values(nil))
     assert.are.equal("", inspect.inspect_values())
   end)
+
+  it("summarizes a table one level deep: short tables written out, the others by size, long strings cut", function()
+    local value = { 10, 20, name = "x", small = { a = 1 }, big = { { 1 }, { 2 } }, list = { 1, 2, 3, k = "v" },
+      text = ("y"):rep(80), empty = {} }
+    assert.are.equal(table.concat({
+      '{ -- 2 items, 6 fields, 99 lines in full: show(v) prints it whole',
+      "  10,",
+      "  20,",
+      "  big = { 2 items },",
+      "  empty = {},",
+      "  list = { 1, 2, 3, k = \"v\" },",
+      '  name = "x",',
+      "  small = { a = 1 },",
+      '  text = "' .. ("y"):rep(57) .. '"...,',
+      "}",
+    }, "\n"), inspect.summary(value, 99, "show(v) prints it whole"))
+  end)
+
+  it("shows at most SUMMARY_ENTRIES entries of a summary, saying how many more there are", function()
+    local list = {}
+    for index = 1, inspect.SUMMARY_ENTRIES + 5 do
+      list[index] = index
+    end
+    local text = inspect.summary(list, 30, "hint")
+    assert.matches("\n  %.%.%. 5 more\n}$", text)
+    assert.are.equal(inspect.SUMMARY_ENTRIES + 3, #text:gsub("[^\n]", "") + 1)
+  end)
 end)
