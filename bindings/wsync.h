@@ -113,8 +113,12 @@ typedef struct ws_publish_result {
   int receipts;              // TP workers that returned a valid receipt
 } ws_publish_result;
 
-/// Connects trainer rank `rank` of `world` to the control endpoint (the unix
-/// socket path the host printed). `backend` is "host" (NULL) or "cuda";
+/// Connects trainer rank `rank` of `world` to the control endpoint: the unix
+/// socket path the host printed or its recipe fixed (control.endpoint), or
+/// `tcp://ADDRESS:PORT?token=TOKEN` (without `?token=`: the token from
+/// $WSYNC_TOKEN or the file $WSYNC_TOKEN_FILE names). A NULL `endpoint` means
+/// $WSYNC_ENDPOINT, as a launcher sets it for every rank (when it is not set,
+/// the call fails naming it). `backend` is "host" (NULL) or "cuda";
 /// `device_index` < 0 means the rank's own index. Stores the agent in `*out`.
 int ws_agent_open(ws_host *host, const char *endpoint, int rank, int world,
                   const char *backend, int device_index, ws_agent **out);

@@ -156,11 +156,10 @@ int ws_agent_open(ws_host *host, const char *endpoint, int rank, int world,
     return open_failed(host, WS_ESTATE,
                        "ws_agent_open: called from inside a step callback "
                        "(wsync's loop is not reentrant)");
-  if (endpoint == NULL || world < 1 || rank < 0 || rank >= world) {
+  if (world < 1 || rank < 0 || rank >= world) {
     char message[160];
     snprintf(message, sizeof message,
-             "ws_agent_open: needs an endpoint and 0 <= rank < world (rank "
-             "%d, world %d)",
+             "ws_agent_open: needs 0 <= rank < world (rank %d, world %d)",
              rank, world);
     return open_failed(host, WS_EINVAL, message);
   }
@@ -177,8 +176,10 @@ int ws_agent_open(ws_host *host, const char *endpoint, int rank, int world,
   if (status == WS_OK) {
     lua_getfield(L, first, "open");
     lua_createtable(L, 0, 5);
-    lua_pushstring(L, endpoint);
-    lua_setfield(L, -2, "endpoint");
+    if (endpoint != NULL) { // (NULL: the agent reads $WSYNC_ENDPOINT)
+      lua_pushstring(L, endpoint);
+      lua_setfield(L, -2, "endpoint");
+    }
     lua_pushinteger(L, rank);
     lua_setfield(L, -2, "rank");
     lua_pushinteger(L, world);

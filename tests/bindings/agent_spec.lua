@@ -43,14 +43,41 @@ describe("the agent API through the FFI", function()
     return ffi.string(C.ws_host_error(host))
   end
 
-  it("refuses a rank outside the world and a missing endpoint, in the host's error", function()
+  it("refuses a rank outside the world and a missing host, in the host's error", function()
     local status, agent = open(2, 2)
     assert.are.equal(C.WS_EINVAL, status)
     assert.is_true(agent == nil)
     assert.matches("0 <= rank < world (rank 2, world 2)", host_error(), 1, true)
     local out = ffi.new("ws_agent *[1]")
-    assert.are.equal(C.WS_EINVAL, C.ws_agent_open(host, nil, 0, 1, nil, 0, out))
     assert.are.equal(C.WS_EINVAL, C.ws_agent_open(nil, endpoint, 0, 1, nil, 0, out))
+  end)
+
+  describe("without an endpoint", function()
+    pcall(ffi.cdef, "int setenv(const char *, const char *, int); int unsetenv(const char *);")
+    local saved = os.getenv("WSYNC_ENDPOINT")
+    after_each(function()
+      if saved then
+        ffi.C.setenv("WSYNC_ENDPOINT", saved, 1)
+      else
+        ffi.C.unsetenv("WSYNC_ENDPOINT")
+      end
+    end)
+
+    it("connects to $WSYNC_ENDPOINT", function()
+      ffi.C.setenv("WSYNC_ENDPOINT", endpoint, 1)
+      local out = ffi.new("ws_agent *[1]")
+      assert.are.equal(0, C.ws_agent_open(host, nil, 0, 1, nil, 0, out), host_error())
+      C.ws_agent_close(out[0])
+    end)
+
+    it("fails naming WSYNC_ENDPOINT when it is not set", function()
+      ffi.C.unsetenv("WSYNC_ENDPOINT")
+      local out = ffi.new("ws_agent *[1]")
+      assert.are.equal(C.WS_EFAILED, C.ws_agent_open(host, nil, 0, 1, nil, 0, out))
+      assert.is_true(out[0] == nil)
+      assert.matches("rank 0: no endpoint given and WSYNC_ENDPOINT is not set: set it to the host's control "
+        .. "endpoint", host_error(), 1, true)
+    end)
   end)
 
   it("fails with EFAILED and says why when nothing listens on the endpoint", function()

@@ -170,6 +170,28 @@ class TestOrder:
             wsync.Agent(str(tmp_path / "missing.sock"), 0, 1)
         assert caught.value.status == "EFAILED"
 
+    def test_the_endpoint_rank_and_world_from_a_launchers_environment(self, silent_endpoint, monkeypatch):
+        monkeypatch.setenv("WSYNC_ENDPOINT", silent_endpoint)
+        monkeypatch.setenv("RANK", "1")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with wsync.Agent() as opened:
+            assert (opened.rank, opened.world) == (1, 2)
+
+    def test_no_endpoint_anywhere_names_wsync_endpoint(self, monkeypatch):
+        monkeypatch.delenv("WSYNC_ENDPOINT", raising=False)
+        with pytest.raises(wsync.WsyncError, match="rank 0: no endpoint given and WSYNC_ENDPOINT is not set") as caught:
+            wsync.Agent(rank=0, world=1)
+        assert caught.value.status == "EFAILED"
+
+    def test_no_rank_anywhere_names_rank(self, silent_endpoint, monkeypatch):
+        monkeypatch.delenv("RANK", raising=False)
+        with pytest.raises(wsync.InvalidArgument, match=r"Agent: no rank given and \$RANK is not set"):
+            wsync.Agent(silent_endpoint, world=1)
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "two")
+        with pytest.raises(wsync.InvalidArgument, match=r"no world given and \$WORLD_SIZE is 'two', not an integer"):
+            wsync.Agent(silent_endpoint)
+
     def test_a_rank_outside_the_world(self, silent_endpoint):
         with pytest.raises(wsync.InvalidArgument, match=r"0 <= rank < world \(rank 2, world 2\)"):
             wsync.Agent(silent_endpoint, 2, 2)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -42,6 +43,19 @@ _TRAMPOLINES.add(_interrupt_check.__code__)
 _INTERRUPT_CHECK = _native.CONFIRMED_CALLBACK(_interrupt_check)
 
 
+def _from_environment(value: Optional[int], variable: str) -> int:
+    """`value`, or the integer in environment variable `variable` (a launcher's: torchrun
+    sets RANK and WORLD_SIZE) when it is None; InvalidArgument naming it otherwise."""
+    if value is not None:
+        return int(value)
+    text = os.environ.get(variable)
+    if text is None or not text.strip().isdigit():
+        name = "rank" if variable == "RANK" else "world"
+        raise InvalidArgument(f"Agent: no {name} given and ${variable} is "
+                              f"{'not set' if text is None else repr(text) + ', not an integer'}", "EINVAL", "Agent")
+    return int(text)
+
+
 def _raised_in_trampoline(traceback: Optional[TracebackType]) -> bool:
     """Whether a traceback passes through one of the agents' trampolines."""
     while traceback is not None:
@@ -69,15 +83,20 @@ class Agent:
     the rank's tensors and the memory schedule's callbacks, call ``ready()`` once, then
     ``publish()`` after every optimizer step, on every rank, with the same step.
 
+    Under a launcher (torchrun) the arguments may come from the environment: `endpoint`
+    from ``$WSYNC_ENDPOINT`` (also a C trainer's, read by libwsync), `rank` and `world`
+    from ``$RANK`` and ``$WORLD_SIZE``; a missing one is an InvalidArgument naming it.
+
     Calls block while the host's commands are served: buffers, fills, step callbacks.
     `backend` is ``"host"`` (tensors in CPU memory: numpy arrays, CPU torch tensors) or
     ``"cuda"`` (CUDA torch tensors on device `device`, by default the rank's index).
     """
 
-    def __init__(self, endpoint: str, rank: int, world: int, *, backend: str = "host",
-                 device: Optional[int] = None, host: Optional[Host] = None):
+    def __init__(self, endpoint: Optional[str] = None, rank: Optional[int] = None, world: Optional[int] = None, *,
+                 backend: str = "host", device: Optional[int] = None, host: Optional[Host] = None):
         if backend not in ("host", "cuda"):
             raise InvalidArgument(f"Agent: backend {backend!r} is neither 'host' nor 'cuda'", "EINVAL", "Agent")
+        rank, world = _from_environment(rank, "RANK"), _from_environment(world, "WORLD_SIZE")
         self.rank, self.world, self.backend = rank, world, backend
         self._own_host = host is None
         self._host = Host() if host is None else host
@@ -88,7 +107,8 @@ class Agent:
         self._callback_error: Optional[BaseException] = None
         self._cuda = False
         handle = ctypes.c_void_p()
-        status = self._lib.ws_agent_open(self._host.handle, str(endpoint).encode(), int(rank), int(world),
+        status = self._lib.ws_agent_open(self._host.handle, None if endpoint is None else str(endpoint).encode(),
+                                         int(rank), int(world),
                                          backend.encode(), -1 if device is None else int(device),
                                          ctypes.byref(handle))
         if status != 0:

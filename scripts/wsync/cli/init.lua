@@ -30,7 +30,7 @@ internal (started by wsync itself, not by hand):
        wsync runtime-worker --rank R --world N --device I
                      --weights-bytes B --kv-bytes B
                                        one TP worker of the reference runtime
-       wsync trainer --endpoint ENDPOINT --rank R --world N --model PRESET|JSON
+       wsync trainer [--endpoint ENDPOINT] --rank R --world N --model PRESET|JSON
                      [--versions N] [--backend host] [--device I]
                      [--storage one|tensor]
                                        a synthetic trainer rank (generated weights)
@@ -38,6 +38,7 @@ internal (started by wsync itself, not by hand):
                                        shards in one allocation or one per tensor;
                                        ENDPOINT is the socket path or the
                                        tcp://ADDR:PORT?token=HEX the host prints
+                                       (default: $WSYNC_ENDPOINT)
        wsync guard --host PID --mark NAME=VALUE [--grace-ms MS]
                                        ends the processes whose environment holds
                                        the mark once host PID exits or closes the
@@ -362,7 +363,7 @@ function commands.trainer(args)
   if options.storage ~= nil and options.storage ~= "one" and options.storage ~= "tensor" then
     usage_error("wsync trainer --storage takes one or tensor, not '" .. tostring(options.storage) .. "'")
   end
-  for _, name in ipairs({ "endpoint", "rank", "world", "model" }) do
+  for _, name in ipairs({ "rank", "world", "model" }) do
     if options[name] == nil then
       usage_error("wsync trainer needs --" .. name)
     end

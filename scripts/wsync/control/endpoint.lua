@@ -1,7 +1,9 @@
 --- The host's control endpoint for trainer agents: a unix socket inside a
---- fresh directory that only this user can enter (mode 0700), accepting only
---- peers of the same user id (SO_PEERCRED); and, when asked, a TCP socket for
---- trainer ranks in other network namespaces or hosts. Each connection
+--- fresh directory that only this user can enter (mode 0700), or at a path
+--- the recipe fixes (for launchers that hand it to the ranks before the host
+--- starts), accepting only peers of the same user id (SO_PEERCRED); and, when
+--- asked, a TCP socket for trainer ranks in other network namespaces or
+--- hosts, with a random token or one the recipe gives. Each connection
 --- becomes a wsync.control.peer whose requests `handlers_for(peer)` answers;
 --- `peer.via` is "unix" or "tcp".
 ---
@@ -52,14 +54,16 @@ M.REFUSAL = "refused: this session's endpoint takes connections over TCP with it
 ---@field on_lost fun(peer: wsync.Peer, reason: string, violation: boolean)?
 ---@field on_refused fun(line: string)?
 ---@field parent string?  the directory the endpoint's own directory goes in ($TMPDIR, /tmp)
+---@field path string?    the unix socket's path, instead of one in a fresh private directory
 ---@field tcp string?     also listen on TCP at "ADDRESS:PORT" (port 0: any free port)
+---@field token string?   the token TCP connections prove (default: 128 random bits)
 ---@field authentication_deadline number?  seconds (M.AUTHENTICATION_DEADLINE)
 ---@field unauthenticated_frame_limit integer?  bytes (M.UNAUTHENTICATED_FRAME_LIMIT)
 ---@field max_unauthenticated integer?  (M.MAX_UNAUTHENTICATED)
 
 ---@class wsync.Endpoint
 ---@field path string     the socket's path, handed to agents
----@field directory string
+---@field directory string?  the private directory it is in (none for a path given)
 local Endpoint = {}
 Endpoint.__index = Endpoint
 
@@ -76,25 +80,32 @@ Endpoint.__index = Endpoint
 ---@return wsync.Endpoint
 function M.listen(options)
   local parent = options.parent or os.getenv("TMPDIR") or "/tmp"
-  -- The directory's name carries this process's pid, so that a later host
-  -- can tell the leftovers of a host that died without removing them.
-  local template = string.format("%s/wsync-%d-XXXXXX", parent, uv.os_getpid())
-  -- A unix socket's path has to fit sockaddr_un (107 bytes and a NUL); a
-  -- longer one would be cut short silently, outside the private directory.
-  local length = #(template .. "/control.sock")
-  if length > M.MAX_SOCKET_PATH then
-    errors.raise("ENDPOINT", string.format("the control socket's path under %s would be %d bytes; unix sockets take "
-      .. "at most %d: set TMPDIR to a shorter directory", parent, length, M.MAX_SOCKET_PATH))
-  end
   M.remove_leftovers(parent, options.on_refused)
-  local directory, message = uv.fs_mkdtemp(template)
-  if not directory then
-    errors.raise("ENDPOINT", "cannot create a private directory for the control socket: " .. tostring(message))
+  local directory, path = nil, options.path
+  if path then
+    M.free_path(path)
+  else
+    -- The directory's name carries this process's pid, so that a later host
+    -- can tell the leftovers of a host that died without removing them.
+    local template = string.format("%s/wsync-%d-XXXXXX", parent, uv.os_getpid())
+    -- A unix socket's path has to fit sockaddr_un (107 bytes and a NUL); a
+    -- longer one would be cut short silently, outside the private directory.
+    local length = #(template .. "/control.sock")
+    if length > M.MAX_SOCKET_PATH then
+      errors.raise("ENDPOINT", string.format("the control socket's path under %s would be %d bytes; unix sockets "
+        .. "take at most %d: set TMPDIR to a shorter directory", parent, length, M.MAX_SOCKET_PATH))
+    end
+    local message
+    directory, message = uv.fs_mkdtemp(template)
+    if not directory then
+      errors.raise("ENDPOINT", "cannot create a private directory for the control socket: " .. tostring(message))
+    end
+    uv.fs_chmod(directory, tonumber("700", 8))
+    path = directory .. "/control.sock"
   end
-  uv.fs_chmod(directory, tonumber("700", 8))
   local self = setmetatable({
     directory = directory,
-    path = directory .. "/control.sock",
+    path = path,
     peers = {},
     waiting = {},      -- TCP peers that have not proved the token: {timer, why}
     waiting_count = 0,
@@ -117,6 +128,50 @@ function M.listen(options)
     self:_listen_tcp(options)
   end
   return self
+end
+
+--- Makes `path` free for a control socket (a path given by the recipe): one
+--- that a host which is gone left (nothing listens on it) is removed; a path
+--- too long for a unix socket, in a directory that does not exist, holding
+--- something other than a socket, or a socket a live host listens on is
+--- refused (ENDPOINT). Must run in a coroutine of wsync.loop.spawn.
+---@param path string
+function M.free_path(path)
+  local function refuse(why)
+    errors.raise("ENDPOINT", string.format("cannot listen on %s: %s", path, why))
+  end
+  if #path > M.MAX_SOCKET_PATH then
+    refuse(string.format("%d bytes; unix sockets take at most %d", #path, M.MAX_SOCKET_PATH))
+  end
+  local directory = path:match("^(.*)/[^/]*$") or "."
+  local parent = uv.fs_stat(directory ~= "" and directory or "/")
+  if not parent or parent.type ~= "directory" then
+    refuse(string.format("its directory %s does not exist", directory))
+  end
+  local stat = uv.fs_lstat(path)
+  if not stat then
+    return
+  end
+  if stat.type ~= "socket" then
+    refuse(string.format("a %s is there, not a socket", stat.type))
+  end
+  local probe = uv.new_pipe(false)
+  local connected, code = loop.await(function(resume)
+    probe:connect(path, function(err)
+      resume(err == nil, err)
+    end)
+  end)
+  probe:close()
+  if connected then
+    refuse("another host listens there")
+  end
+  if not tostring(code):match("ECONNREFUSED") then
+    refuse(tostring(code))
+  end
+  local removed, message = uv.fs_unlink(path)
+  if not removed then
+    refuse(string.format("the socket a host that is gone left there cannot be removed: %s", tostring(message)))
+  end
 end
 
 --- Splits "ADDRESS:PORT" ("[v6]:PORT" for IPv6). Returns address, port, or
@@ -181,10 +236,12 @@ function Endpoint:_listen_tcp(options)
     errors.raise("ENDPOINT", string.format("cannot listen on TCP %s: %s", options.tcp, tostring(err)))
   end
   local bound = self.tcp_server:getsockname()
-  self.token = random_token()
+  self.token = options.token or random_token()
   local host = bound.ip:find(":", 1, true) and ("[" .. bound.ip .. "]") or bound.ip
-  --- What a remote agent connects to: "tcp://ADDRESS:PORT?token=HEX".
-  self.tcp_endpoint = string.format("tcp://%s:%d?token=%s", host, bound.port, self.token)
+  --- Where a remote agent connects: "tcp://ADDRESS:PORT".
+  self.tcp_address = string.format("tcp://%s:%d", host, bound.port)
+  --- What a remote agent connects to: "tcp://ADDRESS:PORT?token=TOKEN".
+  self.tcp_endpoint = string.format("%s?token=%s", self.tcp_address, self.token)
 end
 
 -- Reports a refusal through options.on_refused.
@@ -373,6 +430,9 @@ function Endpoint:remove_files()
   local ok, message, code = uv.fs_unlink(self.path)
   if not ok and code ~= "ENOENT" then
     failures[#failures + 1] = string.format("cannot remove the control socket %s: %s", self.path, tostring(message))
+  end
+  if not self.directory then
+    return failures
   end
   ok, message, code = uv.fs_rmdir(self.directory)
   if not ok and code ~= "ENOENT" then

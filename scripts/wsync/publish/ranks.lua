@@ -1,6 +1,6 @@
 --- The trainer ranks of a session, as the host drives them: their
 --- registrations, commands to all of them at once, the check of what they
---- registered against the plan (once per session), their packed buffers
+--- registered against the plan (as each registers, and once all have), their packed buffers
 --- (created, exported and attached once per session), and chunk fills (a
 --- chunk's slots go to the ranks with its first fill; later fills name it).
 local errors = require("wsync.errors")
@@ -70,53 +70,70 @@ function Ranks:memory(timeout)
   return self:all("memory", empty, timeout)
 end
 
---- Checks, once per session, that what every rank registered is the plan's
---- trainer layout: every tensor present with the plan's dtype and global
---- shape, and the ranks' dim-0 rows covering it exactly once. Raises
---- PREFLIGHT naming the rank and the tensor. (Registrations do not change
---- within a session.)
+--- Checks what trainer rank `rank` registered (`tensors`: {name, dtype,
+--- shape, rows}) against the plan's trainer layout: every tensor of the
+--- layout and no other, each with the plan's dtype and global shape. Raises
+--- REGISTER naming the rank and the tensor (the host checks each rank as it
+--- registers, and fails the session with it once every rank has registered,
+--- before the runtime starts).
 ---@param plan wsync.Plan
-function Ranks:check_registration(plan)
-  if self.registration_checked == plan then
-    return
-  end
-  local function refuse(message, fields)
-    errors.raise("PREFLIGHT", message, fields)
+---@param rank integer
+---@param tensors table[]
+function M.check_tensors(plan, rank, tensors)
+  local function refuse(message, tensor)
+    errors.raise("REGISTER", message, { rank = rank, tensor = tensor, phase = "registration" })
   end
   local expected = {}
   for _, tensor in ipairs(plan.layout) do
     expected[tensor.name] = tensor
   end
+  local registered = {}
+  for _, tensor in ipairs(tensors) do
+    local want = expected[tensor.name]
+    if not want then
+      refuse(string.format("trainer rank %d registered %s, which the %s plan does not export", rank, tensor.name,
+        plan.family), tensor.name)
+    end
+    local same = tensor.dtype == want.dtype and #tensor.shape == #want.shape
+    for d = 1, #want.shape do
+      same = same and tensor.shape[d] == want.shape[d]
+    end
+    if not same then
+      refuse(string.format("trainer rank %d registered %s as %s %s; the model config says %s %s", rank,
+        tensor.name, tostring(tensor.dtype), table.concat(tensor.shape, "x"), want.dtype,
+        table.concat(want.shape, "x")), tensor.name)
+    end
+    registered[tensor.name] = true
+  end
+  for _, tensor in ipairs(plan.layout) do
+    if not registered[tensor.name] then
+      refuse(string.format("trainer rank %d did not register %s", rank, tensor.name), tensor.name)
+    end
+  end
+end
+
+--- Checks, once per session, that what every rank registered is the plan's
+--- trainer layout (M.check_tensors), and the ranks' dim-0 rows covering each
+--- tensor exactly once. Raises REGISTER naming the rank and the tensor.
+--- (Registrations do not change within a session.)
+---@param plan wsync.Plan
+function Ranks:check_registration(plan)
+  if self.registration_checked == plan then
+    return
+  end
   local covered = {}
   for index, agent in ipairs(self.agents) do
     local rank = index - 1
-    local registered = {}
+    M.check_tensors(plan, rank, agent.info.tensors)
     for _, tensor in ipairs(agent.info.tensors) do
-      local want = expected[tensor.name]
-      if not want then
-        refuse(string.format("trainer rank %d registered %s, which the %s plan does not export", rank, tensor.name,
-          plan.family), { rank = rank, tensor = tensor.name })
-      end
-      local same = tensor.dtype == want.dtype and #tensor.shape == #want.shape
-      for d = 1, #want.shape do
-        same = same and tensor.shape[d] == want.shape[d]
-      end
-      if not same then
-        refuse(string.format("trainer rank %d registered %s as %s %s; the model config says %s %s", rank,
-          tensor.name, tostring(tensor.dtype), table.concat(tensor.shape, "x"), want.dtype,
-          table.concat(want.shape, "x")), { rank = rank, tensor = tensor.name })
-      end
-      registered[tensor.name] = true
       local rows = covered[tensor.name] or {}
       covered[tensor.name] = rows
       rows[#rows + 1] = { first = tensor.rows[1], count = tensor.rows[2], rank = rank }
     end
-    for _, tensor in ipairs(plan.layout) do
-      if not registered[tensor.name] then
-        refuse(string.format("trainer rank %d did not register %s", rank, tensor.name),
-          { rank = rank, tensor = tensor.name })
-      end
-    end
+  end
+  local function refuse(message, fields)
+    fields.phase = "registration"
+    errors.raise("REGISTER", message, fields)
   end
   for _, tensor in ipairs(plan.layout) do
     local rows = covered[tensor.name]

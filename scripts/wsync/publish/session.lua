@@ -143,6 +143,14 @@ local function agent_handlers(session, peer)
       if session.stopped then
         error(session.stopped, 0)
       end
+      -- What it registered against the plan (a missing, extra or wrongly
+      -- shaped tensor): once every rank has registered, before the runtime
+      -- starts, the session fails with the lowest rank's mismatch and every
+      -- rank hears it (await_registration).
+      local fits, mismatch = pcall(ranks_module.check_tensors, session.plan, rank, payload.tensors)
+      if not fits and (session.mismatch == nil or rank < session.mismatch.rank) then
+        session.mismatch = mismatch
+      end
       session.registered[rank] = { info = payload, peer = peer }
       if session.recipe.trainer.kind ~= "synthetic" then
         say("trainer rank %d registered (pid %d, device %s): %d of %d", rank, payload.pid, payload.device.uuid,
@@ -191,15 +199,19 @@ local function agent_handlers(session, peer)
   }
 end
 
--- The endpoint's view of the session: handlers, message shapes, and what a
--- malformed message or a lost connection does.
+-- The endpoint's view of the session: where it listens (the recipe's
+-- control), handlers, message shapes, and what a malformed message or a lost
+-- connection does.
 local function endpoint_options(session)
+  local control = session.recipe.control or {}
   return {
     handlers_for = function(peer)
       return agent_handlers(session, peer)
     end,
     schemas = { requests = messages.to_host, results = messages.from_agent },
-    tcp = session.recipe.control and session.recipe.control.tcp,
+    path = control.endpoint,
+    tcp = control.tcp,
+    token = session.token,
     on_bad_request = function(peer, _, reason)
       local rank = rank_of(session, peer)
       if rank == nil then
@@ -365,10 +377,21 @@ local function listen(session)
   require("wsync.transport.shm").remove_dead_segments(function(line)
     say("%s", line)
   end)
+  -- (A token the recipe gives stays where it is: the ranks read it there
+  -- too. One the host draws is printed.)
+  local token, where, field = require("wsync.recipe").control_token(session.recipe)
+  if not token and field then
+    errors.raise("ENDPOINT", where, { field = field })
+  end
+  session.token = token
   session.endpoint = endpoint_module.listen(endpoint_options(session))
   say("control endpoint %s", session.endpoint.path)
   if session.endpoint.tcp_endpoint then
-    say("control endpoint for other hosts %s", session.endpoint.tcp_endpoint)
+    if token then
+      say("control endpoint for other hosts %s (its token is in %s)", session.endpoint.tcp_address, where)
+    else
+      say("control endpoint for other hosts %s", session.endpoint.tcp_endpoint)
+    end
   end
   if session.recipe.trainer.kind == "synthetic" then
     spawn_trainers(session)
@@ -393,12 +416,18 @@ local function await_registration(session)
   if session.stopped then
     error(session.stopped, 0)
   end
+  if session.mismatch then
+    error(session.mismatch, 0)
+  end
   if count(session.registered) ~= world then
     errors.raise("STARTUP", string.format("%d of %d trainer ranks registered within %g s "
       .. "(timeouts.registration)%s", count(session.registered), world, timeouts.registration,
       count(session.trainers) > 0 and " (a trainer process exited)" or ""))
   end
   session.ranks = ranks_module.new(session.registered, world, session.transport.GATHER)
+  -- (Each rank's tensors were checked as it registered; now the ranks' rows
+  -- together.)
+  session.ranks:check_registration(session.plan)
   local common = nil
   for rank = 0, world - 1 do
     local names = {}
@@ -889,6 +918,10 @@ function M.close(session)
     session.rollout:close()
   end
   if session.endpoint then
+    -- (A rank's request woken by the failure answers it in this turn of the
+    -- loop, perhaps after this: let it, so that the rank hears why, not only
+    -- that the connection closed.)
+    loop.sleep(0)
     for _, failure in ipairs(session.endpoint:close()) do
       say("%s", failure)
     end

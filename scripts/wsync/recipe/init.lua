@@ -158,12 +158,31 @@ M.schema = schema.record({
       },
       default = {},
     }),
-    -- The control endpoint: besides its unix socket, a TCP socket at
-    -- "ADDRESS:PORT" (port 0: any) for trainer ranks in other network
-    -- namespaces, whose connections first prove the session's token
-    -- (wsync.control.endpoint).
+    -- The control endpoint: its unix socket (`endpoint`: at that path,
+    -- instead of one in a fresh private directory, for a launcher that hands
+    -- it to the ranks), and a TCP socket at "ADDRESS:PORT" (port 0: any) for
+    -- trainer ranks in other network namespaces, whose connections first
+    -- prove the session's token: 128 random bits the host prints, or the one
+    -- in the environment variable `token_env` or the file `token_file`
+    -- (wsync.control.endpoint, M.control_token).
     control = schema.record({
-      fields = { tcp = schema.string({ pattern = "^%[?[%w%.:%-]+%]?:%d+$" }) },
+      fields = {
+        endpoint = schema.string({ pattern = "^[^%z]+$" }),
+        tcp = schema.string({ pattern = "^%[?[%w%.:%-]+%]?:%d+$" }),
+        token_env = schema.string({ pattern = "^[%a_][%w_]*$" }),
+        token_file = schema.string({}),
+      },
+      check = function(control)
+        for _, field in ipairs({ "token_env", "token_file" }) do
+          if control[field] ~= nil and control.tcp == nil then
+            return false, "gives the token of the TCP endpoint; this recipe has no control.tcp", field
+          end
+        end
+        if control.token_env ~= nil and control.token_file ~= nil then
+          return false, "give the token in one place: token_env or token_file", "token_file"
+        end
+        return true
+      end,
     }),
     bootstrap = schema.list({ item = schema.any({}), default = {} }),
     schedule = schema.list({ item = schema.any({}) }),
@@ -840,6 +859,46 @@ function M.check(recipe, options)
   return nil
 end
 
+--- The shortest token a recipe may give its TCP endpoint, in characters.
+M.MIN_TOKEN = 16
+
+--- The token of a recipe's TCP control endpoint when the recipe says where
+--- it is (`control.token_env`: an environment variable, `control.token_file`:
+--- a file, relative to the working directory, its whitespace around it
+--- ignored), and where that is ("$NAME", "the file PATH"); nil when it gives
+--- none (the host draws one). Nil, a message and the field when the token
+--- is not there, or shorter than M.MIN_TOKEN, or has characters other than
+--- letters, digits and `-._~` (it travels in an endpoint's URL).
+---@param recipe table  validated
+---@return string? token, string where_or_message, string? field
+function M.control_token(recipe)
+  local control = recipe.control or {}
+  local token, where, field
+  if control.token_env then
+    field, where = "control.token_env", "$" .. control.token_env
+    token = os.getenv(control.token_env)
+    if token == nil or token == "" then
+      return nil, string.format("the environment variable %s, which holds the TCP endpoint's token, is not set",
+        control.token_env), field
+    end
+  elseif control.token_file then
+    field, where = "control.token_file", "the file " .. control.token_file
+    local text, message = require("wsync.util").read_file(control.token_file)
+    if not text then
+      return nil, string.format("cannot read the TCP endpoint's token from %s: %s", control.token_file,
+        tostring(message)), field
+    end
+    token = text:match("^%s*(.-)%s*$")
+  else
+    return nil, nil
+  end
+  if #token < M.MIN_TOKEN or not token:match("^[%w%-%._~]+$") then
+    return nil, string.format("the token in %s must be at least %d characters of letters, digits and -._~ (it has "
+      .. "%d); e.g. openssl rand -hex 16", where, M.MIN_TOKEN, #token), field
+  end
+  return token, where
+end
+
 --- The rollout runtimes this build has: the backends each one's TP workers
 --- hold weights on, and whether it generates. A runtime added to the build
 --- is added here (and to wsync.runtime.spawn): `check` and `run` refuse any
@@ -960,6 +1019,15 @@ function M.check_serve(recipe)
   local message, field = M.unserved(recipe)
   if message then
     refuse(recipe, field, message)
+  end
+  local token, why, token_field = M.control_token(recipe)
+  if not token and token_field then
+    refuse(recipe, token_field, why)
+  end
+  local path = recipe.control and recipe.control.endpoint
+  if path and #path > require("wsync.control.endpoint").MAX_SOCKET_PATH then
+    refuse(recipe, "control.endpoint", string.format("%s is %d bytes; a unix socket's path takes at most %d", path,
+      #path, require("wsync.control.endpoint").MAX_SOCKET_PATH))
   end
 
   local world, tp = recipe.trainer.ranks, recipe.runtime.tp

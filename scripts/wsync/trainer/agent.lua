@@ -36,20 +36,63 @@ local function check(condition, message, level)
 end
 
 ---@class wsync.AgentOptions
----@field endpoint string
+---@field endpoint string?  default: $WSYNC_ENDPOINT
 ---@field rank integer
 ---@field world integer
 ---@field backend string?
 ---@field device_index integer?
 ---@field timeout number?
 
---- Connects to the host's control endpoint. Must run in a spawned coroutine.
+--- The endpoint a rank connects to when it is given none: $WSYNC_ENDPOINT
+--- (a launcher sets it for every rank).
+M.ENDPOINT_VARIABLE = "WSYNC_ENDPOINT"
+
+--- Where a rank finds the token of a TCP endpoint that does not carry one
+--- (`tcp://ADDRESS:PORT`, a recipe's control.token_env or token_file): the
+--- token itself, or a file that holds it.
+M.TOKEN_VARIABLE, M.TOKEN_FILE_VARIABLE = "WSYNC_TOKEN", "WSYNC_TOKEN_FILE"
+
+-- The token of a TCP endpoint without one, from $WSYNC_TOKEN or the file
+-- $WSYNC_TOKEN_FILE names; raises AGENT_CONNECT naming them when neither is.
+local function token_from_environment(rank, endpoint)
+  local token = os.getenv(M.TOKEN_VARIABLE)
+  if token and token ~= "" then
+    return token
+  end
+  local path = os.getenv(M.TOKEN_FILE_VARIABLE)
+  if path and path ~= "" then
+    local text, message = require("wsync.util").read_file(path)
+    if not text then
+      errors.raise("AGENT_CONNECT", string.format("rank %d: cannot read the token of %s from %s (%s): %s", rank,
+        endpoint, path, M.TOKEN_FILE_VARIABLE, tostring(message)), { rank = rank })
+    end
+    return text:match("^%s*(.-)%s*$")
+  end
+  errors.raise("AGENT_CONNECT", string.format("rank %d: %s carries no token, and neither %s nor %s is set: give "
+    .. "the host's token (its recipe's control.token_env or control.token_file says where it is)", rank, endpoint,
+    M.TOKEN_VARIABLE, M.TOKEN_FILE_VARIABLE), { rank = rank })
+end
+
+--- Connects to the host's control endpoint: `options.endpoint`, or
+--- $WSYNC_ENDPOINT. A unix socket path, or `tcp://ADDRESS:PORT?token=TOKEN`
+--- (`tcp://ADDRESS:PORT`: the token from $WSYNC_TOKEN or the file
+--- $WSYNC_TOKEN_FILE names). Must run in a spawned coroutine.
 ---@param options wsync.AgentOptions
 ---@return wsync.Agent
 function M.connect(options)
-  check(type(options.endpoint) == "string", "agent.connect: endpoint (socket path) required", 2)
+  check(options.endpoint == nil or type(options.endpoint) == "string",
+    "agent.connect: endpoint must be a socket path or tcp://ADDRESS:PORT", 2)
   check(type(options.rank) == "number" and type(options.world) == "number" and options.rank >= 0
     and options.rank < options.world, "agent.connect: rank must be in [0, world)", 2)
+  local endpoint = options.endpoint
+  if endpoint == nil then
+    endpoint = os.getenv(M.ENDPOINT_VARIABLE)
+    if endpoint == nil or endpoint == "" then
+      errors.raise("AGENT_CONNECT", string.format("rank %d: no endpoint given and %s is not set: set it to the "
+        .. "host's control endpoint (the socket path `wsync run` prints, or its recipe's control.endpoint)",
+        options.rank, M.ENDPOINT_VARIABLE), { rank = options.rank })
+    end
+  end
   local self = setmetatable({
     rank = options.rank,
     world = options.world,
@@ -68,15 +111,21 @@ function M.connect(options)
     digests = manifest_module.digest_cache(),
   }, Agent)
   self.transport = transport_module.for_backend(self.backend)
-  -- A unix socket path, or "tcp://ADDRESS:PORT?token=HEX" for a host in
+  self.endpoint = endpoint
+  -- A unix socket path, or "tcp://ADDRESS:PORT?token=TOKEN" for a host in
   -- another network namespace (the token is the connection's first request).
-  local address, port, token = options.endpoint:match("^tcp://%[?([^%]/]-)%]?:(%d+)%?token=(%x+)$")
-  local pipe = address and uv.new_tcp() or uv.new_pipe(false)
-  if options.endpoint:match("^tcp://") and not address then
-    pipe:close()
-    errors.raise("AGENT_CONNECT", string.format("rank %d: %s is not tcp://ADDRESS:PORT?token=HEX (the host prints "
-      .. "it)", self.rank, options.endpoint), { rank = self.rank })
+  local address, port, token = endpoint:match("^tcp://%[?([^%]/]-)%]?:(%d+)%?token=([%w%-%._~]+)$")
+  if not address then
+    address, port = endpoint:match("^tcp://%[?([^%]/]-)%]?:(%d+)$")
   end
+  if endpoint:match("^tcp://") and not address then
+    errors.raise("AGENT_CONNECT", string.format("rank %d: %s is not tcp://ADDRESS:PORT?token=TOKEN (the host "
+      .. "prints it)", self.rank, endpoint), { rank = self.rank })
+  end
+  if address and not token then
+    token = token_from_environment(self.rank, endpoint)
+  end
+  local pipe = address and uv.new_tcp() or uv.new_pipe(false)
   local connected, message = loop.await(function(resume)
     local function done(err)
       resume(err == nil, err)
@@ -84,19 +133,19 @@ function M.connect(options)
     if address then
       pipe:connect(address, tonumber(port), done)
     else
-      pipe:connect(options.endpoint, done)
+      pipe:connect(endpoint, done)
     end
   end)
   if not connected then
     pipe:close()
-    errors.raise("AGENT_CONNECT", string.format("rank %d cannot connect to %s: %s", self.rank, options.endpoint,
-      tostring(message)), { rank = self.rank })
+    errors.raise("AGENT_CONNECT", string.format("rank %d cannot connect to %s: %s", self.rank,
+      endpoint:gsub("%?token=.*$", ""), tostring(message)), { rank = self.rank })
   end
   self.pipe = pipe
   -- How errors name the host: its endpoint without the token, and its pid
   -- when the endpoint is a host's own socket (wsync-<pid>-XXXXXX/).
-  local host_pid = options.endpoint:match("/wsync%-(%d+)%-%w+/[^/]*$")
-  self.host_name = string.format("the wsync host at %s%s", options.endpoint:gsub("%?token=%x+$", ""),
+  local host_pid = endpoint:match("/wsync%-(%d+)%-%w+/[^/]*$")
+  self.host_name = string.format("the wsync host at %s%s", endpoint:gsub("%?token=.*$", ""),
     host_pid and (" (pid " .. host_pid .. ")") or "")
   self.peer = peer_module.new(pipe, {
     name = "host",

@@ -172,7 +172,7 @@ function M.set_abandon_handler(handler)
 end
 
 ---@class wsync.AgentOpenOptions
----@field endpoint string
+---@field endpoint string?  default: $WSYNC_ENDPOINT
 ---@field rank integer
 ---@field world integer
 ---@field backend string?
@@ -188,7 +188,7 @@ function M.open(options)
     return failure(agent, "EFAILED")
   end
   agent:unref()
-  return setmetatable({ agent = agent, rank = options.rank, endpoint = options.endpoint, state = "registering" },
+  return setmetatable({ agent = agent, rank = options.rank, endpoint = agent.endpoint, state = "registering" },
     Handle)
 end
 
