@@ -123,6 +123,115 @@ function M.memory_usage()
   }
 end
 
+-- JSON: sorted keys ---------------------------------------------------------------
+
+--- The JSON null: a field that is there without a value (a report's slot
+--- that nothing filled yet). The same value as lua-cjson's `cjson.null`.
+M.json_null = require("cjson").null
+
+local array_marker = {}
+
+--- Marks `list` as a JSON array, so that it is `[]` when empty (an empty
+--- table is `{}` otherwise). Returns `list`.
+---@generic T: table
+---@param list T
+---@return T
+function M.json_array(list)
+  return setmetatable(list, array_marker)
+end
+
+local JSON_ESCAPES = { ['"'] = '\\"', ["\\"] = "\\\\", ["\b"] = "\\b", ["\f"] = "\\f", ["\n"] = "\\n",
+  ["\r"] = "\\r", ["\t"] = "\\t" }
+
+local function json_string(text)
+  return '"' .. text:gsub('[%c"\\]', function(c)
+    return JSON_ESCAPES[c] or string.format("\\u%04x", c:byte())
+  end) .. '"'
+end
+
+-- True when `value`'s keys are 1..n (n >= 1), or it is marked an array.
+local function is_array(value)
+  if getmetatable(value) == array_marker then
+    return true
+  end
+  local n = #value
+  if n == 0 then
+    return false
+  end
+  local keys = 0
+  for _ in pairs(value) do
+    keys = keys + 1
+  end
+  return keys == n
+end
+
+local function encode(value, out, depth)
+  local kind = type(value)
+  if value == nil or value == M.json_null then
+    out[#out + 1] = "null"
+  elseif kind == "boolean" then
+    out[#out + 1] = value and "true" or "false"
+  elseif kind == "number" then
+    if value ~= value or value == math.huge or value == -math.huge then
+      error("json: cannot encode " .. tostring(value), 0)
+    end
+    if value == math.floor(value) and math.abs(value) < 2 ^ 53 then
+      out[#out + 1] = string.format("%d", value)
+    else
+      out[#out + 1] = string.format("%.14g", value)
+    end
+  elseif kind == "string" then
+    out[#out + 1] = json_string(value)
+  elseif kind == "table" then
+    if depth > 100 then
+      error("json: nested more than 100 tables deep (a cycle?)", 0)
+    end
+    if is_array(value) then
+      out[#out + 1] = "["
+      for index = 1, #value do
+        if index > 1 then
+          out[#out + 1] = ","
+        end
+        encode(value[index], out, depth + 1)
+      end
+      out[#out + 1] = "]"
+      return
+    end
+    for key in pairs(value) do
+      if type(key) ~= "string" then
+        error("json: an object key must be a string, not " .. type(key) .. " (" .. tostring(key) .. ")", 0)
+      end
+    end
+    local keys = M.sorted_keys(value)
+    out[#out + 1] = "{"
+    for index, key in ipairs(keys) do
+      if index > 1 then
+        out[#out + 1] = ","
+      end
+      out[#out + 1] = json_string(key)
+      out[#out + 1] = ":"
+      encode(value[key], out, depth + 1)
+    end
+    out[#out + 1] = "}"
+  else
+    error("json: cannot encode a " .. kind, 0)
+  end
+end
+
+--- JSON text of `value` that is the same for the same value: every object's
+--- keys sorted (lua-cjson keeps a table's own order, which changes from run
+--- to run). A table whose keys are 1..n is an array (M.json_array marks an
+--- empty one), M.json_null is null; integral numbers below 2^53 are written
+--- as integers, others with 14 significant digits. Raises on NaN, infinities,
+--- functions and keys that are neither strings nor array indices.
+---@param value any
+---@return string
+function M.json(value)
+  local out = {}
+  encode(value, out, 0)
+  return table.concat(out)
+end
+
 local function executable(path)
   return path ~= nil and uv.fs_access(path, "X") and (uv.fs_stat(path) or {}).type == "file"
 end

@@ -1,3 +1,4 @@
+-- wsync.util.json: the same text for the same value (sorted keys).
 -- wsync.util.program: the wsync binary a host starts its roles with, in the
 -- wsync binary itself and in a process that embeds libwsync (faked here by
 -- giving wsync._core another image).
@@ -50,5 +51,50 @@ describe("wsync.util.program", function()
     end
     assert.is_false(ok)
     assert.matches("WSYNC_PROGRAM=/nonexistent/wsync is not an executable file", err.message, 1, true)
+  end)
+end)
+
+describe("wsync.util.json", function()
+  local cjson = require("cjson")
+
+  it("sorts every object's keys, at every depth", function()
+    assert.are.equal('{"a":{"x":1,"y":2},"b":[{"c":3,"d":4}],"z":true}',
+      util.json({ z = true, b = { { d = 4, c = 3 } }, a = { y = 2, x = 1 } }))
+  end)
+
+  it("gives the same text for tables built in different orders", function()
+    local first, second = {}, {}
+    for i = 1, 50 do
+      first["key" .. i] = i
+    end
+    for i = 50, 1, -1 do
+      second["key" .. i] = i
+    end
+    assert.are.equal(util.json(first), util.json(second))
+  end)
+
+  it("writes null slots, empty arrays, integers and fractions", function()
+    assert.are.equal('{"big":1e+300,"bytes":null,"empty":{},"list":[],"n":405248,"s":0.0123}',
+      util.json({ bytes = util.json_null, empty = {}, list = util.json_array({}), n = 405248, s = 0.0123,
+        big = 1e300 }))
+  end)
+
+  it("escapes what JSON needs escaped, and lua-cjson reads it back", function()
+    local text = 'quote " backslash \\ newline \n tab \t bell \a'
+    local encoded = util.json({ text = text })
+    assert.are.equal(text, cjson.decode(encoded).text)
+    assert.is_nil(encoded:find("\n", 1, true))
+  end)
+
+  it("refuses what JSON cannot hold", function()
+    assert.has_error(function()
+      util.json({ value = 0 / 0 })
+    end, "json: cannot encode nan")
+    assert.has_error(function()
+      util.json({ [true] = 1 })
+    end)
+    assert.has_error(function()
+      util.json({ print })
+    end, "json: cannot encode a function")
   end)
 end)
