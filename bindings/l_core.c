@@ -1,10 +1,12 @@
-// `wsync._core`: version, status table, build features, the ffi cdef and the
-// core's function table.
+// `wsync._core`: version, status table, build features (the commit, the build
+// type, CUDA and NCCL), the ffi cdef and the core's function table.
 #define _GNU_SOURCE // dladdr
+#include "build_info.h"
 #include "core_api.h"
 #include "device.h"
 #include "lua_util.h"
 #include "modules.h"
+#include "nccl_comm.h"
 #include "scripts.h"
 #include "status.h"
 
@@ -46,6 +48,18 @@ int luaopen_wsync_core(lua_State *L) {
   lua_setfield(L, -2, "status");
   lua_pushboolean(L, ws_device_cuda_built());
   lua_setfield(L, -2, "cuda_built");
+  lua_pushboolean(L, ws_nccl_built());
+  lua_setfield(L, -2, "nccl_built");
+  lua_pushstring(L, ws_build_commit);
+  lua_setfield(L, -2, "commit");
+  lua_pushstring(L, WSYNC_BUILD_TYPE);
+  lua_setfield(L, -2, "build_type");
+#ifdef WSYNC_CUDA_VERSION
+  lua_pushstring(L, WSYNC_CUDA_VERSION); // the toolkit the cuda backend was built with
+#else
+  lua_pushnil(L);
+#endif
+  lua_setfield(L, -2, "cuda_version");
   lua_pushstring(L, ws_ffi_cdef);
   lua_setfield(L, -2, "cdef");
   lua_pushlightuserdata(L, (void *)&ws_core_functions);

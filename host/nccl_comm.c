@@ -150,6 +150,8 @@ static int nccl_failure(int result, const char *call, const char *format,
                  has_last ? ": " : "", has_last ? last : "");
 }
 
+int ws_nccl_built(void) { return 1; }
+
 int ws_nccl_load(void) {
   ws_clear_error();
   pthread_once(&load_once, load_library);
@@ -510,6 +512,8 @@ int ws_nccl_comm_abort(ws_nccl_comm *comm) { return end_comm(comm, 1); }
 static int not_built(void) {
   return ws_fail(WS_ENODEV, "nccl: this wsync was built without CUDA");
 }
+
+int ws_nccl_built(void) { return 0; }
 
 int ws_nccl_load(void) {
   ws_clear_error();

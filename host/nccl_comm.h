@@ -34,6 +34,10 @@ typedef struct ws_nccl_broadcast {
   int32_t root;
 } ws_nccl_broadcast;
 
+/// Returns 1 when this build carries the NCCL path (with the cuda backend;
+/// NCCL itself is loaded at run time), 0 otherwise.
+int ws_nccl_built(void);
+
 /// Loads NCCL once per process; later calls answer the first outcome.
 int ws_nccl_load(void);
 

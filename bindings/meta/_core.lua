@@ -7,6 +7,10 @@
 ---@field version string          wsync version ("0.1.0")
 ---@field status table<string, integer>  status codes by name (OK = 0, EINVAL = -1, ...)
 ---@field cuda_built boolean      the binary carries the cuda backend
+---@field cuda_version string?    the CUDA toolkit it was built with (nil without the cuda backend)
+---@field nccl_built boolean      the binary carries the NCCL path (loaded at run time)
+---@field commit string           the commit it was built from ("-dirty": changed files; "unknown" outside git)
+---@field build_type string       CMake's build type ("RelWithDebInfo", ...)
 ---@field cdef string             the C core's declarations for ffi.cdef (with the type ws_core_api)
 ---@field api lightuserdata       the core's function table (`const ws_core_api *` once cast)
 ---@field image string?           the file holding this code: the wsync binary, or libwsync.so when embedded

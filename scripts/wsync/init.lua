@@ -17,6 +17,17 @@ M.script_source = host.script_root() or "embedded"
 --- True when this binary carries the cuda backend (a GPU may still be absent).
 M.cuda_built = core.cuda_built
 
+--- What this binary is, as `wsync --version`, `--json` outputs and run
+--- reports name it: the version, the commit it was built from ("-dirty" when
+--- files differed from it, "unknown" outside a git checkout), CMake's build
+--- type, whether it carries the cuda backend (and the CUDA toolkit it was
+--- built with; null without) and NCCL's path (NCCL is loaded at run time).
+---@type {version: string, commit: string, build_type: string, cuda: boolean, cuda_toolkit: any, nccl: boolean}
+M.build = {
+  version = core.version, commit = core.commit, build_type = core.build_type, cuda = core.cuda_built,
+  cuda_toolkit = core.cuda_version or require("cjson").null, nccl = core.nccl_built,
+}
+
 --- The folders of wsync's modules (shared/DESIGN.md section 2). One that has
 --- no init.lua of its own is a namespace: `wsync.publish.session` loads
 --- `wsync.publish.session` on first use.

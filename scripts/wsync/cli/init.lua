@@ -57,6 +57,24 @@ exit codes:
   130  interrupted (Ctrl-C)
 ]]
 
+--- What `wsync --version` prints: the version, the commit and build type,
+--- and whether CUDA and NCCL are built in.
+---@return string
+function M.version_text()
+  local build = require("wsync").build
+  return table.concat({
+    "wsync " .. build.version,
+    "commit  " .. build.commit,
+    "build   " .. build.build_type,
+    "cuda    " .. (build.cuda and string.format("built in (CUDA toolkit %s; the driver is loaded when the cuda "
+      .. "backend is used)", tostring(build.cuda_toolkit)) or "not built in (no CUDA toolkit at build time): the host "
+      .. "backend only"),
+    "nccl    " .. (build.nccl and "built in (libnccl.so.2, or $WSYNC_NCCL_LIBRARY, is loaded when several ranks "
+      .. "publish on cuda)" or "not built in (it comes with the cuda backend)"),
+    "",
+  }, "\n")
+end
+
 local function usage_error(message)
   errors.raise("USAGE", message .. " (see wsync --help)")
 end
@@ -417,7 +435,7 @@ function M.main(argv)
     elseif first == "--help" or first == "-h" or first == "help" then
       return commands.help()
     elseif first == "--version" or first == "-v" then
-      io.stdout:write("wsync ", require("wsync").version, "\n")
+      io.stdout:write(M.version_text())
       return 0
     elseif first == "-e" then
       if not argv[2] then

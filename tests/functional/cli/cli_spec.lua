@@ -28,12 +28,34 @@ local function scratch(files)
 end
 
 describe("wsync --version and --help", function()
-  it("prints the version", function()
+  it("prints the version, the commit, the build type and whether CUDA and NCCL are built in", function()
+    local cuda = require("wsync._core").cuda_built
     for _, flag in ipairs({ "--version", "-v" }) do
       local result = process.wsync({ flag })
       assert.are.equal(0, result.code, result.stderr)
-      assert.are.equal("wsync " .. project_version() .. "\n", result.stdout)
       assert.are.equal("", result.stderr)
+      local lines = {}
+      for line in result.stdout:gmatch("([^\n]*)\n") do
+        lines[#lines + 1] = line
+      end
+      assert.are.equal(5, #lines, result.stdout)
+      assert.are.equal("wsync " .. project_version(), lines[1])
+      -- (Built from this checkout: one of its commits, with "-dirty" when
+      -- files differed from it then; "unknown" outside a checkout.)
+      local git = uv.fs_access("/usr/bin/git", "X") and process.run({ program = "/usr/bin/git",
+        args = { "rev-parse", "--show-toplevel" } })
+      if git and git.code == 0 then
+        local commit = lines[2]:match("^commit  (%x+)$") or lines[2]:match("^commit  (%x+)%-dirty$")
+        assert.is_not_nil(commit, lines[2])
+        assert.are.equal(12, #commit)
+        local known = process.run({ program = "/usr/bin/git", args = { "cat-file", "-e", commit .. "^{commit}" } })
+        assert.are.equal(0, known.code, "git does not know commit " .. commit .. ": " .. known.stderr)
+      else
+        assert.are.equal("commit  unknown", lines[2])
+      end
+      assert.matches("^build   %a+$", lines[3])
+      assert.matches(cuda and "^cuda    built in %(CUDA toolkit [%d.]+;" or "^cuda    not built in", lines[4])
+      assert.matches(cuda and "^nccl    built in" or "^nccl    not built in", lines[5])
     end
   end)
 
