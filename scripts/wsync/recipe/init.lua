@@ -915,6 +915,35 @@ M.RUNTIMES = {
     end },
 }
 
+-- What the CUDA runtime's error names mean for a person, when it cannot
+-- count the GPUs.
+local CUDA_COUNT_ERRORS = {
+  cudaErrorInsufficientDriver = "no NVIDIA driver is loaded, or one too old for the CUDA %s runtime this wsync was "
+    .. "built with",
+  cudaErrorNoDevice = "the NVIDIA driver sees no GPU (CUDA_VISIBLE_DEVICES may hide them)",
+}
+
+--- Why the cuda backend cannot run here, in plain words: this build has no
+--- CUDA, or this machine no usable GPU (and why, with CUDA's own words after
+--- it). `reason` is what counting the devices answered (nil: it counted 0).
+---@param reason string?
+---@return string
+function M.no_gpu(reason)
+  local build = require("wsync").build
+  if not build.cuda then
+    return "backend 'cuda': this wsync was built without CUDA (no CUDA toolkit when it was built): it runs the host "
+      .. "backend only"
+  end
+  local name = reason and reason:match("(cudaError%w+)")
+  local plain = name and CUDA_COUNT_ERRORS[name]
+  if plain then
+    return string.format("backend 'cuda': this machine has no usable GPU: %s (CUDA says %s)",
+      string.format(plain, tostring(build.cuda_toolkit)), name)
+  end
+  return string.format("backend 'cuda': this machine has no usable GPU (%s)", tostring(reason
+    or "the CUDA runtime sees 0 devices"))
+end
+
 --- Why this build or machine cannot serve a model recipe: its runtime kind,
 --- that runtime on its backend, no usable GPU (or fewer than the ranks) for
 --- the cuda backend, or a schedule step the runtime cannot run. The message
@@ -950,8 +979,7 @@ function M.unserved(recipe)
     -- allocates nothing).
     local count, reason = require("wsync.native.device").count("cuda")
     if not count or count == 0 then
-      return string.format("backend 'cuda': no usable CUDA device here (%s)",
-        tostring(reason or "the CUDA runtime sees 0 devices")), "backend"
+      return M.no_gpu(reason), "backend"
     end
     if recipe.trainer.ranks > count then
       return string.format("%d trainer ranks need %d GPUs, one each; this machine has %d", recipe.trainer.ranks,
@@ -1018,7 +1046,7 @@ M.FILES_OF_A_RUN = 5
 function M.check_serve(recipe)
   local message, field = M.unserved(recipe)
   if message then
-    refuse(recipe, field, message)
+    refuse(recipe, field, message .. "; `wsync check --plan-only` checks its plan and schedule without running it")
   end
   local token, why, token_field = M.control_token(recipe)
   if not token and token_field then

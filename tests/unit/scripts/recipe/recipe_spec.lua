@@ -603,12 +603,36 @@ describe("recipe.unserved", function()
         assert.is_nil(message)
       else
         assert.are.equal("backend", field)
-        assert.matches("^backend 'cuda': no usable CUDA device here", message)
+        assert.matches("^backend 'cuda': this machine has no usable GPU", message)
       end
       return
     end
     assert.are.equal("backend", field)
     assert.are.equal("backend 'cuda': this build's reference runtime holds weights on the host backend only", message)
+  end)
+
+  it("says plainly why the cuda backend cannot run here, CUDA's own words after", function()
+    local build = require("wsync").build
+    local cuda, toolkit = build.cuda, build.cuda_toolkit
+    build.cuda, build.cuda_toolkit = true, "13.0.88"
+    local reasons = {
+      recipe.no_gpu("cuda backend: cudaGetDeviceCount: cudaErrorInsufficientDriver (CUDA driver version is "
+        .. "insufficient for CUDA runtime version)"),
+      recipe.no_gpu("cuda backend: cudaGetDeviceCount: cudaErrorNoDevice (no CUDA-capable device is detected)"),
+      recipe.no_gpu(nil),
+    }
+    build.cuda = false
+    reasons[4] = recipe.no_gpu("nccl: this wsync was built without CUDA")
+    build.cuda, build.cuda_toolkit = cuda, toolkit
+    assert.are.same({
+      "backend 'cuda': this machine has no usable GPU: no NVIDIA driver is loaded, or one too old for the CUDA "
+        .. "13.0.88 runtime this wsync was built with (CUDA says cudaErrorInsufficientDriver)",
+      "backend 'cuda': this machine has no usable GPU: the NVIDIA driver sees no GPU (CUDA_VISIBLE_DEVICES may hide "
+        .. "them) (CUDA says cudaErrorNoDevice)",
+      "backend 'cuda': this machine has no usable GPU (the CUDA runtime sees 0 devices)",
+      "backend 'cuda': this wsync was built without CUDA (no CUDA toolkit when it was built): it runs the host "
+        .. "backend only",
+    }, reasons)
   end)
 
   it("refuses the cuda backend where no CUDA device is usable, naming the backend", function()
