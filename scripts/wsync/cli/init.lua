@@ -152,7 +152,25 @@ function commands.run(args)
   return 0
 end
 
-function commands.check(args)
+-- Runs command `fn(args)` for `--json`: its failure is a JSON object on
+-- stdout ({ok = false, error = {code, message, file, line, field, ...}, text,
+-- exit_code, wsync}) instead of text on stderr, with the same exit code.
+local function json_failures(fn, args)
+  local ok, result = pcall(fn, args)
+  if ok then
+    return result
+  end
+  if errors.is_exit(result) then
+    error(result, 0)
+  end
+  local err = errors.is(result) and result or errors.new("LUA_ERROR", tostring(result))
+  local code = errors.exit_code(err)
+  io.stdout:write(require("wsync.util").json({ ok = false, error = errors.fields(err), text = tostring(err),
+    exit_code = code, wsync = require("wsync").build }), "\n")
+  return code
+end
+
+local function check(args)
   local json, plan_only = false, false
   local words = {}
   for _, word in ipairs(args) do
@@ -200,7 +218,8 @@ function commands.check(args)
     summary.not_runnable = unserved
   end
   if json then
-    io.stdout:write(require("cjson").encode(summary), "\n")
+    summary.wsync = require("wsync").build
+    io.stdout:write(require("wsync.util").json(summary), "\n")
     return 0
   end
   io.stdout:write(string.format("%s: %s: recipe %s, backend %s\n", path, plan_only and "plan ok" or "ok", recipe.name,
@@ -245,6 +264,15 @@ function commands.check(args)
     end
   end
   return 0
+end
+
+function commands.check(args)
+  for _, word in ipairs(args) do
+    if word == "--json" then
+      return json_failures(check, args)
+    end
+  end
+  return check(args)
 end
 
 function commands.repl(args)

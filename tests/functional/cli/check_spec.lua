@@ -65,6 +65,46 @@ describe("wsync check", function()
     assert.matches("\n +bootstrap%[1%] +sleep 1 +%d+ %(", out)
   end)
 
+  it("--json is the same text on every run: keys sorted at every depth, with the wsync version and commit",
+    function()
+      local first = check({ "check", "recipes/demo.lua", "--json" })
+      assert.are.equal(0, first.code, first.stderr)
+      assert.are.equal(first.stdout, check({ "check", "recipes/demo.lua", "--json" }).stdout)
+      assert.are.equal(require("wsync.util").json(cjson.decode(first.stdout)) .. "\n", first.stdout)
+      -- (Keys in order, checked on the text itself: each object's keys as they come.)
+      local keys = {}
+      for key in first.stdout:gmatch('[{,]"([%w_]+)":') do
+        keys[#keys + 1] = key
+      end
+      assert.are.equal("backend", keys[1])
+      assert.are.equal("wsync", keys[#keys - 6]) -- (then the six keys of the build)
+      local build = cjson.decode(first.stdout).wsync
+      assert.are.same(require("wsync").build.version, build.version)
+      assert.are.same({ "build_type", "commit", "cuda", "cuda_toolkit", "nccl", "version" },
+        { unpack(keys, #keys - 5) })
+    end)
+
+  it("--json: a usage error and a recipe that cannot load are JSON objects on stdout, with their exit codes",
+    function()
+      for _, case in ipairs({
+        { args = { "check", "--json" }, exit = 2, code = "USAGE", says = "wsync check needs a recipe file" },
+        { args = { "check", "/nonexistent/recipe.lua", "--json" }, exit = 3, code = "RECIPE_INVALID",
+          says = "cannot open the recipe" },
+        { args = { "check", RECIPES .. "/syntax_error.lua", "--json" }, exit = 3, code = "RECIPE_INVALID",
+          says = "syntax_error.lua:" },
+      }) do
+        local result = check(case.args)
+        assert.are.equal(case.exit, result.code, result.stdout .. result.stderr)
+        assert.are.equal("", result.stderr)
+        local failure = cjson.decode(result.stdout)
+        assert.is_false(failure.ok)
+        assert.are.equal(case.exit, failure.exit_code)
+        assert.are.equal(case.code, failure.error.code)
+        assert.matches(case.says, failure.text, 1, true)
+        assert.are.equal(require("wsync").version, failure.wsync.version)
+      end
+    end)
+
   it("checks the demo recipe", function()
     local result = check({ "check", "recipes/demo.lua", "--json" })
     assert.are.equal(0, result.code, result.stderr)
@@ -92,12 +132,25 @@ describe("wsync check", function()
   it("exits 3 naming the step, both byte counts and file:line when the schedule is over budget", function()
     local path = RECIPES .. "/publish_over_budget.lua"
     local line = fixtures.bad_line(path)
-    local result = check({ "check", path, "--json" })
+    local result = check({ "check", path })
     assert.are.equal(3, result.code)
     assert.are.equal("", result.stdout)
     assert.are.equal(string.format("wsync: %s:%d: schedule[5] (wake kv_cache) needs 1534272 bytes (1.46 MiB) on "
       .. "each device; the budget is 1468006 bytes (1.40 MiB) (schedule[5] is inherited from recipes/demo.lua:%d)\n",
       path, line, recipe.field_line("recipes/demo.lua", "schedule")), result.stderr)
+    -- With --json the same error is a JSON object on stdout, with the same
+    -- exit code, and nothing on stderr.
+    local json = check({ "check", path, "--json" })
+    assert.are.equal(3, json.code)
+    assert.are.equal("", json.stderr)
+    local failure = cjson.decode(json.stdout)
+    assert.is_false(failure.ok)
+    assert.are.equal(3, failure.exit_code)
+    assert.are.equal(result.stderr, "wsync: " .. failure.text .. "\n")
+    assert.are.same({ code = "RECIPE_INVALID", file = path, line = line, field = "schedule[5]",
+      message = failure.error.message }, failure.error)
+    assert.matches("^schedule%[5%] %(wake kv_cache%) needs 1534272 bytes", failure.error.message)
+    assert.are.equal(require("wsync").version, failure.wsync.version)
   end)
 
   it("exits 3 naming file:line and the field of a model config the plan refuses", function()
@@ -171,7 +224,12 @@ describe("wsync check and wsync run agree", function()
     local json_first = cjson.decode(check({ "check", path, "--plan-only", "--json" }).stdout)
     local says = json_first.not_runnable
     assert.matches("^backend 'cuda': ", says)
-    local refused = string.format("wsync: %s:%d: %s\n", path, line, says)
+    -- In plain words (CUDA's own error name after them), and refused with a
+    -- pointer to --plan-only.
+    assert.is_truthy(says:find("this wsync was built without CUDA", 1, true)
+      or says:find("this machine has no usable GPU", 1, true), says)
+    local refused = string.format("wsync: %s:%d: %s; `wsync check --plan-only` checks its plan and schedule without "
+      .. "running it\n", path, line, says)
     local checked = check({ "check", path })
     assert.are.equal(3, checked.code, checked.stderr)
     assert.are.equal("", checked.stdout)
