@@ -259,6 +259,37 @@ function M.every(ms, fn)
   return timer
 end
 
+--- How long a wait runs before it says what it waits for, in seconds
+--- ($WSYNC_PROGRESS_AFTER; default 5, 0 never): then again each time its
+--- length doubled (M.progress).
+M.PROGRESS_AFTER = tonumber(os.getenv("WSYNC_PROGRESS_AFTER")) or 5
+
+--- Calls `fn(seconds)` once a wait that starts now has run M.PROGRESS_AFTER
+--- seconds, then each time its length doubled (5, 10, 20, 40 s...), with the
+--- seconds it has run, until `M.cancel(timer)`. From a libuv callback: `fn`
+--- must not raise. The timer does not keep the loop alive: it watches work
+--- that does. Returns the timer (nil when M.PROGRESS_AFTER is 0).
+---@param fn fun(seconds: number)
+---@return userdata?
+function M.progress(fn)
+  if M.PROGRESS_AFTER <= 0 then
+    return nil
+  end
+  uv.update_time()
+  local started, next_at = uv.now(), M.PROGRESS_AFTER * 1000
+  local timer = uv.new_timer()
+  local function arm()
+    timer:start(math.max(0, math.floor(next_at - (uv.now() - started))), 0, function()
+      next_at = next_at * 2
+      arm()
+      fn((uv.now() - started) / 1000)
+    end)
+  end
+  arm()
+  timer:unref()
+  return timer
+end
+
 --- Stops and closes a timer from M.after or M.every (or any handle) unless it
 --- already closed. Safe to call twice, and with nil.
 ---@param timer userdata?

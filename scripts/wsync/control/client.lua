@@ -85,6 +85,7 @@ end
 ---@field handshake string?
 ---@field results table?
 ---@field output string?  a prefix: the process's stdout and stderr come through this one, each line with it
+---@field on_slow fun(client: wsync.RuntimeClient, cmd: string, seconds: number, deadline: number)?
 
 --- Spawns `options.argv` (program first) with a private control channel on its
 --- fd 3 and performs the startup handshake (`info`). Must run inside a
@@ -93,6 +94,9 @@ end
 --- `name_pid` adds the process's pid to its name in every message ("TP
 --- worker 1 (pid 4242)"); `results` gives the shapes of the results, by
 --- command (wsync.control.messages): a result that does not fit breaks the client.
+--- `on_slow` is called while a command waits for its answer, after 5 s and
+--- then each time the wait doubled (the handshake included), so that the
+--- host can say what it waits for; it must not raise.
 ---@param options wsync.RuntimeClientOptions
 ---@return wsync.RuntimeClient
 function M.spawn(options)
@@ -176,6 +180,11 @@ function M.spawn(options)
     end,
   })
   self.inflight = inflight_module.new(self.channel)
+  if options.on_slow then
+    self.inflight:watch(function(pending, waited)
+      options.on_slow(self, pending.cmd, waited, pending.seconds)
+    end)
+  end
 
   local handshake = options.handshake or "info"
   local ok, result = self:_call(handshake, {}, timeouts.startup)

@@ -12,6 +12,7 @@ local M = {}
 ---@class wsync.Pending
 ---@field id integer
 ---@field cmd string
+---@field seconds number  how long it may wait for its answer
 ---@field resume fun(ok: boolean, value: any)?
 
 ---@class wsync.Inflight
@@ -41,8 +42,13 @@ function Inflight:send(cmd, payload, seconds, on_timeout)
   if not sent then
     return nil, reason
   end
-  local pending = { id = id, cmd = cmd }
+  local pending = { id = id, cmd = cmd, seconds = seconds }
   self.pending = pending
+  if self.on_slow then
+    self.progress = loop.progress(function(waited)
+      self.on_slow(pending, waited)
+    end)
+  end
   self.timer = self.timer or uv.new_timer() -- one timer, re-armed per request
   -- (libuv times timers from the time cached at the loop's last tick, stale
   -- after a long callback: the timeout counts from now.)
@@ -51,6 +57,15 @@ function Inflight:send(cmd, payload, seconds, on_timeout)
     on_timeout(pending)
   end)
   return pending
+end
+
+--- Calls `on_slow(pending, seconds)` while a request waits for its answer
+--- (wsync.loop.progress: after 5 s, then each time the wait doubled), so
+--- that its owner can say what it waits for; nil stops. From a libuv
+--- callback: it must not raise.
+---@param on_slow fun(pending: wsync.Pending, seconds: number)?
+function Inflight:watch(on_slow)
+  self.on_slow = on_slow
 end
 
 --- Waits, inside a coroutine of wsync.loop.spawn, until `pending` is resumed
@@ -87,11 +102,15 @@ function Inflight:settle()
   if self.timer then
     self.timer:stop()
   end
+  loop.cancel(self.progress)
+  self.progress = nil
   self.pending = nil
 end
 
 --- Settles and closes the timer. The owner resumes any waiting caller.
 function Inflight:close()
+  loop.cancel(self.progress)
+  self.progress = nil
   self.pending = nil
   if self.timer and not self.timer:is_closing() then
     self.timer:close()

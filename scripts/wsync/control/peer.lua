@@ -78,6 +78,16 @@ function M.new(stream, options)
   return self
 end
 
+--- Calls `on_slow(cmd, seconds, deadline)` while a request of this end
+--- waits for the other's answer: after 5 s, then each time the wait doubled
+--- (wsync.control.inflight's watch). From a libuv callback: it must not raise.
+---@param on_slow fun(cmd: string, seconds: number, deadline: number)
+function Peer:watch(on_slow)
+  self.inflight:watch(function(pending, seconds)
+    on_slow(pending.cmd, seconds, pending.seconds)
+  end)
+end
+
 function Peer:_end(reason, violation)
   if self.closed then
     return

@@ -20,6 +20,8 @@ local M = {}
 ---@field program string?
 ---@field env string[]?
 ---@field output string?  the prefix of its lines, relayed by this process (wsync.output)
+---@field on_slow fun(client: wsync.RuntimeClient, cmd: string, seconds: number, deadline: number)?  says what a
+---  command waits for (wsync.control.client.spawn)
 
 --- The devices of a runtime's TP workers, in rank order, as its `--devices`
 --- argument: options.devices, or 0 .. tp-1.
@@ -76,6 +78,7 @@ function M.spawn(options)
     grace_ms = options.grace_ms,
     output = options.output,
     results = require("wsync.control.messages").from_runtime,
+    on_slow = options.on_slow,
   })
 end
 

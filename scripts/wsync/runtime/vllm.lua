@@ -200,6 +200,7 @@ function M.spawn(options, spawn_client)
     grace_ms = options.grace_ms,
     output = options.output,
     results = require("wsync.control.messages").from_runtime,
+    on_slow = options.on_slow,
   })
 end
 
