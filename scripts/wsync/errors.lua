@@ -80,6 +80,25 @@ function M.is_exit(value)
   return meta and meta.__name == "wsync exit" or false
 end
 
+-- The errors already printed for a person: weak keys, nothing kept alive.
+local reported = setmetatable({}, { __mode = "k" })
+
+--- Marks error object `err` as printed already (a run's verdict said it),
+--- so that the command line does not print it a second time as it exits.
+---@param err any
+function M.set_reported(err)
+  if type(err) == "table" then
+    reported[err] = true
+  end
+end
+
+--- True when `err` was printed already (M.set_reported).
+---@param err any
+---@return boolean
+function M.was_reported(err)
+  return type(err) == "table" and reported[err] == true
+end
+
 --- True when `value` is a wsync error object.
 function M.is(value)
   return getmetatable(value) == Error

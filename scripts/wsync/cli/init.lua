@@ -7,19 +7,27 @@ local M = {}
 M.usage = [[
 usage: wsync FILE.lua [ARGS...]        run a Lua file in the host (ARGS in `arg`)
        wsync -e CODE [ARGS...]         run a Lua chunk
-       wsync run RECIPE [KEY=VALUE...] run a recipe: its publications (a model
-                                       recipe) or its run function, with params
+       wsync run RECIPE [KEY=VALUE...] [--report FILE.json]
+                                       run a recipe: its publications (a model
+                                       recipe) or its run function, with params;
+                                       --report writes the run report (every
+                                       round's steps and phases, timed; JSON),
+                                       also when the run fails (run has no
+                                       --json: the report is its JSON output)
        wsync check RECIPE [KEY=VALUE...] [--json] [--plan-only]
                                        load and validate a recipe and print its
                                        plan; allocate and start nothing; refuse
                                        what `run` would refuse (--plan-only: the
                                        plan and schedule alone, for a recipe
-                                       meant for another machine or build)
+                                       meant for another machine or build;
+                                       --json: one JSON object, sorted keys,
+                                       errors included, on stdout)
        wsync repl [RECIPE]             interactive Lua with wsync loaded; with a
                                        model recipe, step through publications
        wsync repl --attach ENDPOINT    read a running host's live state (read-only)
        wsync test [BUSTED ARGS...]     run busted specs inside the host
-       wsync --version                 print the version
+       wsync --version                 print the version, the commit, the build
+                                       type, and whether CUDA and NCCL are in
        wsync --help                    print this help
 
 internal (started by wsync itself, not by hand):
@@ -124,31 +132,72 @@ function M.exec_file(path, args)
 end
 
 --- Loads, validates and runs a recipe with `key=value` overrides.
+--- `options.report` names the run report's file (JSON, wsync.publish.report):
+--- written as the run goes, and also when the run fails or its recipe is
+--- refused; a file that cannot be written is refused before anything runs.
 ---@param path string
 ---@param words string[]
-function M.exec_recipe(path, words)
-  local recipe_module = require("wsync.recipe")
-  local recipe = recipe_module.load(path, recipe_module.parse_overrides(words or {}))
-  -- Refused as `check` refuses it (exit 3, file:line and field) before
-  -- anything starts: nothing to run, a plan or schedule that cannot work,
-  -- what this build or machine cannot serve.
-  recipe_module.check(recipe)
-  if recipe.model then
-    run_on_loop(function()
-      require("wsync.publish.session").run(recipe)
-    end)
-    return
+---@param options {report: string?}?
+function M.exec_recipe(path, words, options)
+  local started, report_file = require("luv").hrtime() / 1e9, nil
+  if options and options.report then
+    local file, reason = io.open(options.report, "w")
+    if not file then
+      usage_error(string.format("cannot write the run report: %s", tostring(reason)))
+    end
+    report_file = file
   end
-  run_on_loop(recipe.run, { recipe = recipe, params = recipe.params })
+  local recipe = nil
+  local ok, err = pcall(function()
+    local recipe_module = require("wsync.recipe")
+    recipe = recipe_module.load(path, recipe_module.parse_overrides(words or {}))
+    -- Refused as `check` refuses it (exit 3, file:line and field) before
+    -- anything starts: nothing to run, a plan or schedule that cannot work,
+    -- what this build or machine cannot serve.
+    recipe_module.check(recipe)
+    if recipe.model then
+      run_on_loop(function()
+        require("wsync.publish.session").run(recipe, { report_file = report_file })
+      end)
+      return
+    end
+    run_on_loop(recipe.run, { recipe = recipe, params = recipe.params })
+  end)
+  if report_file and io.type(report_file) == "file" then
+    -- (No session took the file: the recipe was refused, or it has no model.)
+    require("wsync.publish.report").write_unopened(report_file, { recipe = recipe, path = path },
+      not ok and err or nil, started)
+  end
+  if not ok then
+    error(err, 0)
+  end
 end
 
 local commands = {}
 
 function commands.run(args)
-  if not args[1] then
+  local words, report = {}, nil
+  local i = 1
+  while i <= #args do
+    local word = args[i]
+    if word == "--report" then
+      report = args[i + 1] or usage_error("--report needs a file: the run report, JSON")
+      i = i + 2
+    elseif word:match("^%-%-report=") then
+      report = word:sub(#"--report=" + 1)
+      i = i + 1
+    elseif word == "--json" then
+      usage_error("wsync run prints its progress and closing report for people; its machine-readable output is "
+        .. "the run report: wsync run RECIPE --report FILE.json (written also when the run fails)")
+    else
+      words[#words + 1] = word
+      i = i + 1
+    end
+  end
+  if not words[1] then
     usage_error("wsync run needs a recipe file")
   end
-  M.exec_recipe(args[1], { unpack(args, 2) })
+  M.exec_recipe(words[1], { unpack(words, 2) }, { report = report })
   return 0
 end
 
@@ -488,6 +537,10 @@ function M.main(argv)
   -- The exit sentinel (os.exit) is not ours to handle: pass it to the host.
   if errors.is_exit(result) then
     error(result, 0)
+  end
+  -- An error the run printed already (its verdict) is not printed again.
+  if errors.was_reported(result) then
+    return errors.exit_code(result)
   end
   -- A Lua error is a bug or a script error: show where. A wsync error says
   -- what to change; its traceback is noise unless asked for.

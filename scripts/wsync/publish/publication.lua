@@ -168,11 +168,17 @@ function Publication:_note(k, side, started, copy)
   end
 end
 
+-- (A fill or load that fails counts its time too: the report shows where the
+-- seconds went.)
 function Publication:_fill(k, gate)
   local started = now()
-  local reports = self.ranks:fill(self.plan, k, M.buffer_of(self.plan, k), self.timeouts.fill, gate)
-  local copy = fill_copy_seconds(reports)
+  local ok, reports = pcall(self.ranks.fill, self.ranks, self.plan, k, M.buffer_of(self.plan, k), self.timeouts.fill,
+    gate)
   self.timings.fill = (self.timings.fill or 0) + (now() - started)
+  if not ok then
+    error(reports, 0)
+  end
+  local copy = fill_copy_seconds(reports)
   self.timings.fill_copy = self.timings.fill_copy + copy
   self:_note(k, "fill", started, copy)
   self.fills[k] = reports
@@ -182,8 +188,12 @@ end
 function Publication:_load(k, gate)
   local started = now()
   local tensors = self.plan.direct and self.ranks:direct_tensors(self.plan, k) or nil
-  local answer = self.rollout:load_chunk(self.plan, k, M.buffer_of(self.plan, k), tensors, gate)
+  local ok, answer = pcall(self.rollout.load_chunk, self.rollout, self.plan, k, M.buffer_of(self.plan, k), tensors,
+    gate)
   self.timings.load = (self.timings.load or 0) + (now() - started)
+  if not ok then
+    error(answer, 0)
+  end
   self.timings.load_copy = self.timings.load_copy + (tonumber(answer.copy_seconds) or 0)
   self:_note(k, "load", started, tonumber(answer.copy_seconds) or 0)
   self.loads[k] = answer
@@ -540,22 +550,46 @@ function Publication:release()
   return self:report()
 end
 
---- The publication's report (after release). `timings` holds each phase's
---- seconds, and `fill_copy` / `load_copy`: the seconds the copies themselves
---- took (the slowest rank's per chunk, the runtime's slowest TP worker's).
+--- Which of the publication's phases run at once ({phases, within, why}),
+--- as its chunks move: none when they move one at a time (M.serial).
+---@return table[]
+function Publication:overlaps()
+  if M.serial then
+    return {}
+  end
+  if self.plan.gated and self.rollout.ordered then
+    return { { phases = { "fill", "load" }, within = "chunks", why = "every fill and load is queued at once; the "
+      .. "device runs fill 1, load 1, fill 2, ... in turn (buffers.order = \"device\")" } }
+  end
+  return {
+    { phases = { "fill", "load" }, within = "chunks", why = self.plan.direct and "the runtime reads the trainer's "
+      .. "storage: no load waits for a fill" or "chunk k+1 fills while chunk k loads" },
+    { phases = { "verify", "load" }, within = "chunks", why = "the ranks' manifests are checked while the last "
+      .. "chunk loads" },
+  }
+end
+
+--- The publication's report (after release; of a failed one, what it
+--- reached: no receipts, `committed` false, the phases it ran). `timings`
+--- holds each phase's seconds, and `fill_copy` / `load_copy`: the seconds the
+--- copies themselves took (the slowest rank's per chunk, the runtime's
+--- slowest TP worker's); `overlaps` which phases run at once.
 function Publication:report()
   local plan = self.plan
   self.timings.total = now() - self.started
+  local header = self.header or {}
   return {
-    model_version = self.header.model_version,
-    publication_id = self.header.publication_id,
+    model_version = header.model_version,
+    publication_id = header.publication_id,
     step = self.step,
     manifest = plan.manifest,
     bytes = plan.bytes,
     chunks = #plan.chunks,
     timings = self.timings,
     gbps = plan.bytes / self.timings.total / 1e9,
-    receipts = self.result.receipts,
+    receipts = self.result and self.result.receipts,
+    committed = self.phase == "done",
+    overlaps = self:overlaps(),
     trace = self.trace,
   }
 end

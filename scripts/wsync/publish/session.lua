@@ -13,6 +13,7 @@ local output = require("wsync.output")
 local plan_module = require("wsync.plan")
 local publication_module = require("wsync.publish.publication")
 local ranks_module = require("wsync.publish.ranks")
+local report_module = require("wsync.publish.report")
 local rollout_module = require("wsync.publish.rollout")
 local transport_module = require("wsync.transport")
 local versions_module = require("wsync.publish.versions")
@@ -45,9 +46,40 @@ local function wait_until(session, predicate)
 end
 
 -- Waits until `predicate()` holds or `seconds` have passed; returns whether
--- it holds.
-local function wait_for(session, seconds, predicate)
-  return session.condition:wait_for(seconds, predicate)
+-- it holds. `what()`, when given, says what it waits for ("trainer ranks to
+-- register: 1 of 2 (rank 1 missing)", "(timeouts.registration)"): printed
+-- once the wait ran 5 s, then each time its length doubled.
+local function wait_for(session, seconds, predicate, what)
+  local progress = what and loop.progress(function(waited)
+    local waiting_for, deadline = what()
+    say("waiting for %s: %.0f s so far, deadline %g s %s", waiting_for, waited, seconds, deadline)
+  end)
+  local held = session.condition:wait_for(seconds, predicate)
+  loop.cancel(progress)
+  return held
+end
+
+-- Where the session is, for a line that says what it waits for: "phase
+-- chunks of model version 3, round 3", "phase runtime start".
+local function where(session)
+  local publication = session.publication
+  if session.phase == "publish" and publication then
+    return string.format("phase %s of model version %s, round %d", publication.phase,
+      publication.header and tostring(publication.header.model_version) or "(not yet numbered)", session.rounds + 1)
+  end
+  return "phase " .. session.phase .. (session.in_round and string.format(", round %d", session.rounds + 1) or "")
+end
+
+-- The ranks of 0 .. world - 1 for which `has(rank)` is false, as text:
+-- "rank 1", "ranks 0, 3".
+local function ranks_without(session, has)
+  local missing = {}
+  for rank = 0, session.topology.world - 1 do
+    if not has(rank) then
+      missing[#missing + 1] = tostring(rank)
+    end
+  end
+  return string.format("rank%s %s", #missing > 1 and "s" or "", table.concat(missing, ", "))
 end
 
 local function count(table_value)
@@ -185,7 +217,7 @@ local function agent_handlers(session, peer)
         errors.raise("PUBLISH_TWICE", string.format("rank %d called publish again before its answer", rank),
           { rank = rank })
       end
-      local waiter = { step = payload.step }
+      local waiter = { step = payload.step, called = uv.hrtime() / 1e9 }
       session.publishing[rank] = waiter
       changed(session)
       wait_until(session, function()
@@ -206,6 +238,13 @@ local function endpoint_options(session)
   local control = session.recipe.control or {}
   return {
     handlers_for = function(peer)
+      -- (A rank that does not answer is named while the host waits.)
+      peer:watch(function(cmd, waited, deadline)
+        local rank = rank_of(session, peer)
+        say("waiting for %s to answer %s: %.0f s so far, deadline %g s (%s)", rank and string.format("trainer rank %d "
+          .. "(pid %s)", rank, tostring(session.registered[rank].info.pid)) or peer.name, cmd, waited, deadline,
+          where(session))
+      end)
       return agent_handlers(session, peer)
     end,
     schemas = { requests = messages.to_host, results = messages.from_agent },
@@ -295,8 +334,8 @@ local function spawn_trainers(session)
   end
 end
 
-local function run_step(session, step)
-  session.phase = schedule_module.describe(step)
+-- What schedule step `step` does.
+local function perform(session, step)
   if step.kind == "trainer" then
     session.ranks:all("callback", function()
       return { name = step.name }
@@ -317,6 +356,15 @@ local function run_step(session, step)
   elseif step.kind == "resume" then
     session.rollout:request("resume", {})
   end
+end
+
+-- Runs schedule step `step`, timed as a step of the round in progress (of
+-- the opening for a bootstrap step: wsync.publish.report).
+local function run_step(session, step)
+  session.phase = schedule_module.describe(step)
+  report_module.timed(session.round_report or session.report.opening, session.phase, step.kind, function()
+    perform(session, step)
+  end, { where = step.where })
 end
 
 local function describe_publication(report)
@@ -346,6 +394,12 @@ local function spawn_rollout(session)
     engine = recipe.runtime.vllm,
     python = recipe.runtime.python,
     output = "[runtime] ",
+    -- (A runtime that does not answer, its startup handshake included, is
+    -- named while the host waits.)
+    on_slow = function(client, cmd, waited, deadline)
+      say("waiting for the %s (pid %d) to answer %s%s: %.0f s so far, deadline %g s (%s)", client.name, client.pid,
+        cmd, client.startup_info == nil and " (its startup handshake)" or "", waited, deadline, where(session))
+    end,
   }
   local replicas = session.topology.replicas or 1
   if replicas > 1 then
@@ -379,16 +433,16 @@ local function listen(session)
   end)
   -- (A token the recipe gives stays where it is: the ranks read it there
   -- too. One the host draws is printed.)
-  local token, where, field = require("wsync.recipe").control_token(session.recipe)
+  local token, token_place, field = require("wsync.recipe").control_token(session.recipe)
   if not token and field then
-    errors.raise("ENDPOINT", where, { field = field })
+    errors.raise("ENDPOINT", token_place, { field = field })
   end
   session.token = token
   session.endpoint = endpoint_module.listen(endpoint_options(session))
   say("control endpoint %s", session.endpoint.path)
   if session.endpoint.tcp_endpoint then
     if token then
-      say("control endpoint for other hosts %s (its token is in %s)", session.endpoint.tcp_address, where)
+      say("control endpoint for other hosts %s (its token is in %s)", session.endpoint.tcp_address, token_place)
     else
       say("control endpoint for other hosts %s", session.endpoint.tcp_endpoint)
     end
@@ -412,6 +466,11 @@ local function await_registration(session)
   session.phase = "registration"
   wait_for(session, timeouts.registration, function()
     return count(session.registered) == world or count(session.trainers) > 0 or session.stopped ~= nil
+  end, function()
+    return string.format("the trainer ranks to register: %d of %d so far (%s missing)", count(session.registered),
+      world, ranks_without(session, function(rank)
+        return session.registered[rank] ~= nil
+      end)), "(timeouts.registration)"
   end)
   if session.stopped then
     error(session.stopped, 0)
@@ -447,7 +506,9 @@ local function start_rollout(session)
   say("%d trainer ranks registered; starting the %s runtime (%s) on their devices in rank order",
     session.topology.world, recipe.runtime.kind, runtime_shape(session.topology))
   session.phase = "runtime start"
-  session.rollout = spawn_rollout(session)
+  session.rollout = report_module.timed(session.report.opening, "runtime start", "start", function()
+    return spawn_rollout(session)
+  end)
   for _, step in ipairs(session.bootstrap) do
     run_step(session, step)
   end
@@ -465,12 +526,16 @@ end
 ---@param options {on_open: fun(session: table)?, on_listen: fun(path: string)?}?  on_open sees the session
 ---  before anything starts; on_listen gets the control endpoint's path once it listens
 function M.open(recipe, options)
+  local started = uv.hrtime() / 1e9
   local plan, topology, memory_report, bootstrap, steps = prepare_module.prepare(recipe)
+  local report = report_module.new({ recipe = recipe, plan = plan, topology = topology }, started)
+  report_module.add_step(report.opening, { name = "plan", kind = "plan", seconds = uv.hrtime() / 1e9 - started })
   local session = setmetatable({
     recipe = recipe, plan = plan, topology = topology, timeouts = timeouts_module.with(recipe.timeouts),
     phase = "opening",
     transport = transport_module.for_backend(recipe.backend), versions = versions_module.new(),
-    registered = {}, publishing = {}, reports = {}, published = 0, rounds = 0, condition = loop.condition(),
+    registered = {}, publishing = {}, report = report, reports = report.rounds, rounds = 0,
+    condition = loop.condition(),
     trainers = {},
     trainer_handles = {}, trainer_pids = {}, lost = {}, memory_report = memory_report,
     bootstrap = bootstrap, steps = steps, trainer_resident = { actor = true, optimizer = true },
@@ -485,16 +550,22 @@ function M.open(recipe, options)
   say("schedule checked: predicted peak %s per device at %s", format_bytes(memory_report.peak),
     memory_report.peak_step)
   local ok, err = pcall(function()
-    listen(session)
-    await_registration(session)
+    report_module.timed(report.opening, "listen", "open", function()
+      listen(session)
+    end)
+    report_module.timed(report.opening, "registration", "wait", function()
+      await_registration(session)
+    end)
     start_rollout(session)
     if session.stopped then -- a rank lost, or a malformed message, meanwhile
       error(session.stopped, 0)
     end
     session.ready = true
+    session.ready_at = uv.hrtime() / 1e9
     session.phase = "ready"
     changed(session)
   end)
+  report:end_opening()
   if not ok then
     fail_session(session, err)
     M.close(session)
@@ -518,6 +589,9 @@ function Session:wait_publish()
     return false, self.stopped
   end
   local world, timeouts = self.topology.world, self.timeouts
+  -- (The round's waits count from the last answer, or from when the session
+  -- was ready: the training step.)
+  local since = self.answered_at or self.ready_at or uv.hrtime() / 1e9
   local started, first_call = uv.now(), nil
   local expired = nil
   local timer = nil
@@ -527,6 +601,11 @@ function Session:wait_publish()
       changed(self)
     end)
   end
+  -- (What it waits for, said after 5 s and each time the wait doubled.)
+  local progress = loop.progress(function(waited)
+    say("waiting for the trainer ranks' next publish (the training step; no rank called it yet): %.0f s so far, "
+      .. "deadline %g s (timeouts.train_step)", waited, timeouts.train_step)
+  end)
   arm(timeouts.train_step)
   wait_until(self, function()
     if count(self.publishing) == world or self.stopped or lost_error(self) then
@@ -536,6 +615,15 @@ function Session:wait_publish()
     if next(self.publishing) and not first_call then
       first_call = now
       arm(timeouts.publish)
+      loop.cancel(progress)
+      progress = loop.progress(function(waited)
+        say("waiting for trainer %s to call publish (%s did): %.0f s so far, deadline %g s (timeouts.publish)",
+          ranks_without(self, function(rank)
+            return self.publishing[rank] ~= nil
+          end), ranks_without(self, function(rank)
+            return self.publishing[rank] == nil
+          end), waited, timeouts.publish)
+      end)
     end
     if first_call and now - first_call >= timeouts.publish * 1000 then
       expired = "publish"
@@ -545,7 +633,10 @@ function Session:wait_publish()
     return expired ~= nil
   end)
   loop.cancel(timer)
+  loop.cancel(progress)
+  local waits = self:_waits(since)
   if count(self.publishing) == world and not self.stopped then
+    self.waits = waits
     return true
   end
   local err = self.stopped or lost_error(self)
@@ -561,12 +652,34 @@ function Session:wait_publish()
       timeouts.publish), { phase = "publish", rank = tonumber(missing[1]) })
   elseif not err then
     err = errors.new("PUBLISH_TIMEOUT", string.format("no trainer rank called publish within %g s of %s "
-      .. "(timeouts.train_step)", timeouts.train_step, self.published > 0 and "the last publication" or
+      .. "(timeouts.train_step)", timeouts.train_step, self.report.published > 0 and "the last publication" or
       "the session's start"), { phase = "training" })
   end
   fail_session(self, err)
+  -- (The wait that failed is a round of the report: its seconds are the run's.)
+  local round = self.report:begin_round(self.rounds + 1, waits)
+  round.steps[#round.steps].outcome = "failed"
+  self.report:end_round(round, self.stopped)
   self:answer(nil, self.stopped)
   return false, self.stopped
+end
+
+-- The waits before a round, from `since` (seconds of uv.hrtime) until now:
+-- `train_step` to the first rank's call of publish, `publish_wait` from then
+-- to the last rank's (none yet: it runs to now).
+function Session:_waits(since)
+  local first, last = nil, nil
+  for _, waiter in pairs(self.publishing) do
+    first = math.min(first or waiter.called, waiter.called)
+    last = math.max(last or waiter.called, waiter.called)
+  end
+  local now = uv.hrtime() / 1e9
+  if not first then
+    return { started = since, train_step = now - since }
+  end
+  first = math.max(first, since)
+  return { started = since, train_step = first - since, publish_wait = (count(self.publishing) == self.topology.world
+    and math.max(last, first) or now) - first }
 end
 
 --- The trainer step the ranks publish (they must agree).
@@ -588,6 +701,10 @@ end
 --- a poisoned runtime when the recipe says so.
 ---@return wsync.Publication
 function Session:begin_round()
+  -- (The round's report, with the waits for the ranks before it.)
+  self.round_report = self.report:begin_round(self.rounds + 1, self.waits
+    or self:_waits(self.answered_at or self.ready_at or uv.hrtime() / 1e9))
+  self.waits = nil
   local poisoned = self.rollout.poisoned
   if poisoned then
     if not self.recipe.runtime.respawn then
@@ -595,13 +712,17 @@ function Session:begin_round()
         .. "it: " .. tostring(poisoned.message or poisoned))
     end
     say("respawning the runtime after the failed publication")
-    self.rollout = spawn_rollout(self)
+    self.rollout = report_module.timed(self.round_report, "runtime respawn", "start", function()
+      return spawn_rollout(self)
+    end)
   end
   self.in_round = true
   local step = self:publishing_step()
+  self.round_report.step = step
   for index, schedule_step in ipairs(self.steps) do
     if schedule_step.kind == "publish" then
       self.after_publish = index + 1
+      self.publish_where = schedule_step.where
       break
     end
     run_step(self, schedule_step)
@@ -656,52 +777,52 @@ end
 ---@param publication wsync.Publication
 function Session:end_round(publication)
   local report = publication:report()
+  local round = self.round_report
+  -- Committed: it is in the report even if a later step of the round fails.
+  self.report:add_publication(round, report, "ok", self.publish_where)
   local mode = require("wsync.recipe").verify_mode(self.recipe)
-  if mode == "values" then
-    local started = uv.hrtime()
-    report.verified = check_values(self)
-    report.timings.resident_check = (uv.hrtime() - started) / 1e9
-  elseif mode == "synthetic" then
-    local started = uv.hrtime()
-    if self.transport.check_synthetic then
-      -- On the device: every resident slice against the synthetic values
-      -- of the step (reading 61 GB back to the host is not a check one runs).
-      local reported = self.rollout:request("resident_check", { step = publication.step })
-      report.verified = verify.check_on_device(publication.step, reported.workers)
-    else
-      report.verified = check_replicas(self, self.rollout:request("resident_checksums", {}), function(workers)
+  if mode then
+    round.verified = report_module.timed(round, "resident_check", "check", function()
+      if mode == "values" then
+        return check_values(self)
+      elseif self.transport.check_synthetic then
+        -- On the device: every resident slice against the synthetic values
+        -- of the step (reading 61 GB back to the host is not a check one runs).
+        local reported = self.rollout:request("resident_check", { step = publication.step })
+        return verify.check_on_device(publication.step, reported.workers)
+      end
+      return check_replicas(self, self.rollout:request("resident_checksums", {}), function(workers)
         return verify.check(self.plan, self.topology.tp, publication.step, workers)
       end)
-    end
-    report.timings.resident_check = (uv.hrtime() - started) / 1e9
+    end)
+    report.verified = round.verified
   end
   say("published %s", describe_publication(report))
-  -- Committed: it is in the report even if a later step of the round fails.
-  self:_record(report)
   for index = self.after_publish, #self.steps do
     run_step(self, self.steps[index])
   end
   self:answer({ model_version = report.model_version, publication_id = report.publication_id,
     receipts = #report.receipts, manifest = report.manifest })
-  return report
+  return round
 end
 
---- How many publication reports a session keeps (the newest): a long run
---- must not grow with its publication count. `published` counts them all.
-M.KEPT_REPORTS = 32
-
--- Keeps `report` (dropping the oldest beyond M.KEPT_REPORTS) and counts it.
-function Session:_record(report)
-  self.published = self.published + 1
-  self.reports[#self.reports + 1] = report
-  if #self.reports > M.KEPT_REPORTS then
-    table.remove(self.reports, 1)
-  end
-end
+--- How many rounds a session keeps in its `reports` (the newest): a long run
+--- must not grow with its publication count (wsync.publish.report).
+M.KEPT_REPORTS = report_module.KEPT_ROUNDS
 
 --- Answers every rank waiting in publish with `result` or `err`; the round
 --- in progress, if any, has ended (a step of the session's trainer.steps).
 function Session:answer(result, err)
+  -- The round in progress ends: reported, and in the ranks' answer.
+  local round = self.round_report
+  if round then
+    self.round_report = nil
+    self.report:end_round(round, err)
+    if result then
+      result.report = report_module.round_json(round)
+    end
+  end
+  self.answered_at = uv.hrtime() / 1e9
   for rank = 0, self.topology.world - 1 do
     local waiter = self.publishing[rank]
     if waiter then
@@ -734,7 +855,11 @@ function Session:round()
   if not errors.is(result) then
     result = errors.new("PUBLISH_FAILED", tostring(result), { cause = "LUA_ERROR" })
   end
-  say("publication failed: %s", tostring(result))
+  local round = self.round_report
+  if round and self.publication and not round.timings then
+    -- (The publication failed: its report, as far as it went.)
+    self.report:add_publication(round, self.publication:report(), "failed", self.publish_where)
+  end
   -- Whatever failed (a schedule step, a check after the commit, a bug), the
   -- runtime's state is no longer known: fail-stop.
   if not self.rollout.poisoned then
@@ -755,6 +880,16 @@ function Session:round()
   end
   if not result.respawn then
     self.stopped = self.stopped or result
+  end
+  -- The failure is printed once: in full here when the session goes on with
+  -- a new runtime, in the verdict when it stops.
+  local what = string.format("round %d%s failed", self.rounds + 1, round and round.model_version
+    and string.format(" (model version %d)", round.model_version) or "")
+  if result.respawn then
+    say("%s; the runtime is respawned for the next round: %s", what, tostring(result))
+  else
+    say("%s%s%s: stopping the session, fail-stop (the verdict says why)", what, result.phase and (" in "
+      .. result.phase) or "", result.rank and (", rank " .. result.rank) or "")
   end
   self:answer(nil, result)
   return nil, result
@@ -782,7 +917,7 @@ function Session:state()
     runtime = rollout and rollout:state() or nil,
     publication = publication and { phase = publication.phase, model_version = publication.header
       and publication.header.model_version, next_chunk = publication.next_chunk } or nil,
-    publications = self.published, poisoned = poisoned and tostring(poisoned.message or poisoned),
+    publications = self.report.published, poisoned = poisoned and tostring(poisoned.message or poisoned),
     failure = self.failure and tostring(self.failure),
   }
 end
@@ -854,6 +989,13 @@ function M.abort(session, signal_name)
   -- once every killed trainer is gone or a zombie.
   wait_gone(session.trainer_pids, ABORT_WAIT_MS)
   remove_buffers(session)
+  -- (The run report's file is completed: the round in progress, failed.)
+  local interrupted = errors.new("INTERRUPTED", signal_name .. ": the run was stopped")
+  if session.round_report then
+    session.report:end_round(session.round_report, interrupted)
+    session.round_report = nil
+  end
+  session.report:finish(interrupted)
   if session.endpoint then
     -- Not close(): that would fail the requests in flight and wake the
     -- coroutines waiting on them; the process exits instead.
@@ -869,6 +1011,12 @@ end
 --- themselves: a synthetic rank exits, an external one disconnects. A rank
 --- that was lost need not leave: M.close kills what is left.
 function Session:finish()
+  report_module.timed(self.report:begin_closing(), "ranks leave", "wait", function()
+    self:_finish()
+  end)
+end
+
+function Session:_finish()
   self.phase = "ending"
   if self.stopped then
     self:answer(nil, self.stopped)
@@ -882,17 +1030,24 @@ function Session:finish()
       end
     end
   end
+  local function gone(rank)
+    local registered, handle, lost = self.registered[rank], self.trainer_handles[rank], self.lost[rank]
+    if handle and not self.trainers[rank] and not (self.stopped and lost and lost.before_stop) then
+      return false
+    end
+    return not (registered and not handle and not registered.peer.closed)
+  end
   local left = wait_for(self, self.timeouts.shutdown, function()
     for rank = 0, self.topology.world - 1 do
-      local registered, handle, lost = self.registered[rank], self.trainer_handles[rank], self.lost[rank]
-      if handle and not self.trainers[rank] and not (self.stopped and lost and lost.before_stop) then
-        return false
-      end
-      if registered and not handle and not registered.peer.closed then
+      if not gone(rank) then
         return false
       end
     end
     return true
+  end, function()
+    return string.format("trainer %s to leave after the session's end", ranks_without(self, function(rank)
+      return gone(rank)
+    end)), "(timeouts.shutdown)"
   end)
   if not left then
     -- M.close does not wait again: it closes the connections that are still
@@ -914,8 +1069,11 @@ end
 function M.close(session)
   session.phase = "closing"
   M.open_sessions[session] = nil
+  local closing = session.report:begin_closing()
   if session.rollout then
-    session.rollout:close()
+    report_module.timed(closing, "runtime shutdown", "close", function()
+      session.rollout:close()
+    end)
   end
   if session.endpoint then
     -- (A rank's request woken by the failure answers it in this turn of the
@@ -938,6 +1096,7 @@ function M.close(session)
     end
     return true
   end
+  local exit_started = uv.hrtime() / 1e9
   if not session.lingering then
     wait_for(session, 2, function()
       return all_exited(true)
@@ -954,6 +1113,10 @@ function M.close(session)
   if not wait_for(session, 10, all_exited) then
     say("synthetic trainer processes did not end 10 s after SIGKILL")
   end
+  if next(session.trainer_handles) then
+    report_module.add_step(closing, { name = "trainers exit", kind = "wait", seconds = uv.hrtime() / 1e9
+      - exit_started })
+  end
   -- A rank killed mid-publication never unlinks its packed buffers. Synthetic
   -- ranks have exited by now and external ones are disconnected: a name still
   -- there is a leftover.
@@ -961,6 +1124,7 @@ function M.close(session)
   -- The last lines of the processes that ended, before anything the host
   -- says after the session.
   output.drain(2)
+  session.report:end_closing()
   session.phase = "closed"
 end
 Session.close = M.close
@@ -970,16 +1134,25 @@ local function closing_report(session)
     session.plan.family, session.topology.world, runtime_shape(session.topology), session.recipe.runtime.kind)
   say("  plan: %d canonical tensors, %s, %d chunks (%s), manifest %s", #session.plan.canonical,
     format_bytes(session.plan.bytes), #session.plan.chunks, buffers_shape(session), session.plan.manifest)
-  say("  %-8s %-5s %-10s %-9s %-9s %-9s %-9s %-9s %-9s %s", "version", "step", "bytes", "total ms", "init ms",
-    "fill ms", "load ms", "finish ms", "GB/s", "receipts")
-  for _, report in ipairs(session.reports) do
-    local t = report.timings
-    say("  %-8d %-5d %-10d %-9.1f %-9.1f %-9.1f %-9.1f %-9.1f %-9.3f %d/%d ok%s", report.model_version,
-      report.step, report.bytes, t.total * 1e3, t.init * 1e3, t.fill * 1e3, t.load * 1e3, t.finish * 1e3,
-      report.gbps, #report.receipts, #report.receipts, report.verified and ", verified" or "")
+  for _, line in ipairs(session.report:text_lines()) do
+    say("  %s", line)
   end
-  if #session.reports > 0 then
-    local receipt = session.reports[#session.reports].receipts[1]
+  if next(session.trainer_handles) then
+    local ends = {}
+    for rank = 0, session.topology.world - 1 do
+      local status = session.trainers[rank]
+      ends[#ends + 1] = string.format("rank %d %s", rank, not status and "still running"
+        or session.killed and session.killed[rank] and "killed" or status.signal ~= 0 and ("ended by signal "
+        .. status.signal) or ("exited with code " .. status.code))
+    end
+    say("  synthetic trainer processes: %s", table.concat(ends, ", "))
+  end
+  local last = nil
+  for _, round in ipairs(session.reports) do
+    last = round.committed and round or last
+  end
+  if last then
+    local receipt = last.receipts[1]
     say("  last receipt (TP rank 0): publication %s, version %d, device %s, %d resident tensors, manifest %s",
       receipt.publication_id, receipt.model_version, receipt.uuid, receipt.resident_tensors, receipt.manifest)
   end
@@ -988,9 +1161,11 @@ end
 --- Runs a model recipe to the end. Returns the session's reports; raises the
 --- first failure after everything was closed.
 ---@param recipe table
----@param options {signals: boolean?, on_open: fun(session: table)?, on_listen: fun(path: string)?}?
+---@param options {signals: boolean?, on_open: fun(session: table)?, on_listen: fun(path: string)?,
+---  report_file: file*?}?
 ---  signals = false installs no SIGINT/SIGTERM handler (an embedding host's session); on_open and
----  on_listen as in M.open
+---  on_listen as in M.open; report_file: the run report's file (wsync.publish.report), written as the
+---  run goes and closed at its end, also when it fails
 function M.run(recipe, options)
   options = options or {}
   -- Ctrl-C or SIGTERM: fail-stop, leaving nothing behind, exit 128 + signal
@@ -1017,6 +1192,9 @@ function M.run(recipe, options)
   end
   local open_ok, session = pcall(M.open, recipe, { on_open = function(created)
     opened = created
+    if options.report_file then
+      created.report:write_to(options.report_file)
+    end
     if options.on_open then
       options.on_open(created)
     end
@@ -1024,7 +1202,12 @@ function M.run(recipe, options)
   if not open_ok then
     -- (open closed everything it had started.)
     stop_signals()
+    if opened then
+      closing_report(opened)
+      opened.report:finish(session)
+    end
     say("verdict: FAILED: %s", tostring(session))
+    errors.set_reported(session) -- (the verdict says it: once)
     error(session, 0)
   end
   local ok, err = pcall(function()
@@ -1049,11 +1232,13 @@ function M.run(recipe, options)
     end
   end
   closing_report(session)
+  session.report:finish(session.failure)
   if session.failure then
     say("verdict: FAILED: %s", tostring(session.failure))
+    errors.set_reported(session.failure) -- (the verdict says it: once)
     error(session.failure, 0)
   end
-  say("verdict: OK: %d model versions published%s", session.published,
+  say("verdict: OK: %d model versions published%s", session.report.published,
     session.recipe.verify and (", every resident TP slice verified" .. (session.recipe.verify == "values"
       and " against the trainer's values" or "")) or "")
   return session.reports

@@ -26,8 +26,25 @@ local M = {}
 ---@class wsync.Agent
 ---@field rank integer
 ---@field world integer
+---@field host_pid integer?  the host's pid, when the endpoint is its own socket
 local Agent = {}
 Agent.__index = Agent
+
+--- True when this process is a child of the host it publishes to (the
+--- host's synthetic trainer ranks): the host prints the session's failure in
+--- its verdict, so the rank need not print it again.
+---@return boolean
+function Agent:started_by_host()
+  local parent = uv.os_getppid()
+  if self.host_pid then
+    return self.host_pid == parent
+  end
+  -- (An endpoint the recipe named, control.endpoint or control.tcp: the
+  -- host that started this rank marked it for its guard with its own pid,
+  -- WSYNC_GUARD_MARK=<host pid>-<random>.)
+  local mark = os.getenv(require("wsync.control.guard").VARIABLE) or ""
+  return tonumber(mark:match("^(%d+)%-")) == parent
+end
 
 local function check(condition, message, level)
   if not condition then
@@ -145,6 +162,7 @@ function M.connect(options)
   -- How errors name the host: its endpoint without the token, and its pid
   -- when the endpoint is a host's own socket (wsync-<pid>-XXXXXX/).
   local host_pid = endpoint:match("/wsync%-(%d+)%-%w+/[^/]*$")
+  self.host_pid = tonumber(host_pid)
   self.host_name = string.format("the wsync host at %s%s", endpoint:gsub("%?token=.*$", ""),
     host_pid and (" (pid " .. host_pid .. ")") or "")
   self.peer = peer_module.new(pipe, {

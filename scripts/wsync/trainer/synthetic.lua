@@ -244,8 +244,9 @@ function M.main(options)
         io.stdout:write(string.format("trainer rank %d: published model version %d (publication %s)\n",
           options.rank, result.model_version, result.publication_id))
       elseif type(result) == "table" and result.respawn then
+        -- (A host that started this rank printed the failure itself.)
         io.stderr:write(string.format("wsync: trainer rank %d: step %d not published (the host respawns the "
-          .. "runtime): %s\n", options.rank, version, tostring(result)))
+          .. "runtime)%s\n", options.rank, version, agent:started_by_host() and "" or (": " .. tostring(result))))
       else
         error(result, 0)
       end
@@ -256,6 +257,11 @@ function M.main(options)
     memory:close()
   end
   if not ok then
+    -- The session's failure, from the host that started this rank: its
+    -- verdict says it, once; this rank only exits non-zero.
+    if errors.is(err) and err.remote and agent:started_by_host() then
+      errors.set_reported(err)
+    end
     error(err, 0)
   end
 end

@@ -5,9 +5,9 @@
 -- expert, two ranks claim one device, the runtime speaks another protocol
 -- version, and a recipe whose plan or schedule cannot work.
 --
--- For every case: a non-zero exit; the error names the phase and the cause;
--- every surviving trainer rank prints the very error the host's verdict
--- gives (each process prints `wsync: <error>` on stderr as it exits); no
+-- For every case: a non-zero exit; the error names the phase and the cause,
+-- printed once (in the verdict: not again on stderr by the host or by the
+-- synthetic ranks it started, each surviving one exiting non-zero); no
 -- model version was committed (no "published model version" line from the
 -- host or from a rank); and nothing is left: no process of the run, no
 -- /dev/shm/wsync-* segment of one of its processes, no socket.
