@@ -184,6 +184,13 @@ int ws_agent_ready(ws_agent *agent);
 /// (NULL accepted). On failure the error text is the same on every rank.
 int ws_agent_publish(ws_agent *agent, int64_t step, ws_publish_result *result);
 
+/// Returns the report of this agent's last successful ws_agent_publish, as
+/// JSON (its round: the schedule's steps and the waits for the ranks, each
+/// with its seconds; the publication's phases in `timings`, its bytes, the
+/// receipts; sorted keys, wsync.publish.report), or an empty string before
+/// the first. Valid until the next ws_agent_publish or ws_agent_close.
+const char *ws_agent_report(const ws_agent *agent);
+
 /// Returns the last error text of this agent, or an empty string.
 const char *ws_agent_error(const ws_agent *agent);
 

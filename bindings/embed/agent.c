@@ -36,6 +36,7 @@ struct ws_agent {
   ws_host_link *link; // the rank's own host; cleared when it closes
   int handle;       // registry reference to the wsync.trainer.agent_api handle
   char error[8192]; // last error text
+  char *report;     // the last publish's round report (JSON), or NULL
 };
 
 // A step callback of either kind: `confirmed` when it reports through
@@ -430,8 +431,23 @@ int ws_agent_publish(ws_agent *agent, int64_t step, ws_publish_result *result) {
     copy_string_field(L, first, "manifest", result->manifest,
                       sizeof result->manifest);
   }
+  if (status == WS_OK) {
+    lua_getfield(L, first, "report");
+    size_t length = 0;
+    const char *report = lua_tolstring(L, -1, &length);
+    char *copy = report != NULL ? malloc(length + 1) : NULL;
+    if (copy != NULL) {
+      memcpy(copy, report, length + 1);
+      free(agent->report);
+      agent->report = copy;
+    }
+  }
   lua_settop(L, top);
   return status;
+}
+
+const char *ws_agent_report(const ws_agent *agent) {
+  return agent != NULL && agent->report != NULL ? agent->report : "";
 }
 
 const char *ws_agent_error(const ws_agent *agent) {
@@ -444,6 +460,7 @@ void ws_agent_close(ws_agent *agent) {
   ws_host *host = ws_host_link_get(agent->link);
   if (host == NULL) { // its host is closed: nothing left but the memory
     ws_host_link_release(agent->link);
+    free(agent->report);
     free(agent);
     return;
   }
@@ -458,5 +475,6 @@ void ws_agent_close(ws_agent *agent) {
   lua_settop(L, top);
   luaL_unref(L, LUA_REGISTRYINDEX, agent->handle);
   ws_host_link_release(agent->link);
+  free(agent->report);
   free(agent);
 }

@@ -20,11 +20,21 @@ def failure(rank) -> dict[str, str]:
     return dict(zip(keys, match.groups()))
 
 
+def verdict(host) -> str:
+    """The host's failed verdict: the one place it prints the session's failure (not again on
+    stderr)."""
+    match = re.search(r"\nwsync: verdict: FAILED: (.*)\n", host.out)
+    assert match, "no failed verdict: " + host.describe()
+    assert match.group(1) not in host.err and host.out.count(match.group(1)) == 1, \
+        "the failure is printed more than once: " + host.describe()
+    return match.group(1)
+
+
 def test_a_wrong_global_shape_is_refused_at_registration(marked):
     name = "model.layers.1.self_attn.o_proj.weight"
     host, ranks = run_session(marked, RECIPE, world=2, versions=1, rank_args={0: ["--wrong-shape", name]})
     assert host.popen.returncode == 1, host.describe()
-    assert f"rank 0 registered {name} as bfloat16 65x64; the model config says bfloat16 64x64" in host.err, \
+    assert f"rank 0 registered {name} as bfloat16 65x64; the model config says bfloat16 64x64" in verdict(host), \
         host.describe()
     for rank in ranks:
         assert rank.popen.returncode == 1, rank.describe()
@@ -37,7 +47,7 @@ def test_a_missing_tensor_is_named(marked):
     name = "model.layers.0.mlp.gate.weight"
     host, ranks = run_session(marked, RECIPE, world=2, versions=1, rank_args={1: ["--skip", name]})
     assert host.popen.returncode == 1, host.describe()
-    assert name in host.err and "rank 1" in host.err, host.describe()
+    assert name in verdict(host) and "rank 1" in verdict(host), host.describe()
     for rank in ranks:
         assert rank.popen.returncode == 1, rank.describe()
         assert name in failure(rank)["text"], rank.describe()
@@ -48,7 +58,7 @@ def test_a_callback_that_raises_fails_the_step_on_every_rank(marked):
     host, ranks = run_session(marked, RECIPE, world=2, versions=2, rank_args={1: ["--fail-callback",
                                                                                   "offload_optimizer"]})
     assert host.popen.returncode == 1, host.describe()
-    assert "callback 'offload_optimizer' failed" in host.err and "rank 1" in host.err, host.describe()
+    assert "callback 'offload_optimizer' failed" in verdict(host) and "rank 1" in verdict(host), host.describe()
     failing, other = failure(ranks[1]), failure(ranks[0])
     assert failing["code"] == "CALLBACK_FAILED" and failing["rank"] == "1", ranks[1].describe()
     # The Python exception is the WsyncError's cause on the rank whose callback raised it.

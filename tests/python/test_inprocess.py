@@ -4,6 +4,7 @@ on tests/fixtures/recipes/external_one_rank.lua (one rank, TP1, host backend, ev
 resident slice checked after each of the three publications)."""
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -159,3 +160,78 @@ def test_keyword_overrides_set_the_recipes_fields(tmp_path):
     assert "wsync: verdict: OK: 1 model versions published\n" in result.stdout, output
     assert "refused: " in result.stdout and "has no field 'trainer.stpes' (trainer's fields: kind, ranks, steps, " \
         "storage)" in result.stdout, output
+
+
+REPORTING_TRAINER = textwrap.dedent("""
+    import json
+    import numpy as np
+    import synthetic
+    import wsync
+
+    shards = {name: np.zeros(shape, dtype=np.uint16) for name, shape in synthetic.layout()}
+    offloads = []
+
+    def offload_optimizer():
+        offloads.append(1)
+        if len(offloads) == 2:
+            raise RuntimeError("no host memory for the optimizer")
+
+    with wsync.Host(RECIPE) as host:
+        agent = host.agent(rank=0, world=1)
+        for name, shard in shards.items():
+            agent.register_tensor(name, shard, dtype="bfloat16")
+        agent.register_callback("offload_optimizer", offload_optimizer)
+        for step in ("onload_optimizer", "offload_actor", "onload_actor"):
+            agent.register_callback(step, lambda: None)
+        agent.ready()
+        for name, shard in shards.items():
+            synthetic.fill(shard, name, shard.shape, 0, 1)
+        publication = agent.publish(1)
+        print("PUBLICATION " + json.dumps({"bytes": publication.bytes, "seconds": publication.seconds,
+                                           "timings": publication.timings, "report": publication.report}))
+        try:
+            agent.publish(2)
+        except wsync.WsyncError as err:
+            print("REPORTS " + json.dumps(host.reports()))
+            raise SystemExit(0)
+""")
+
+
+def test_a_publication_and_host_reports_account_for_the_round_failed_ones_included(tmp_path):
+    """Agent.publish() returns the publication's bytes and phase timings and its whole round
+    (every step timed, the waits for the ranks first); Host.reports() lists every round, the
+    one that failed in a schedule step included, in the same structure."""
+    result = run_trainer(REPORTING_TRAINER, RECIPE, tmp_path)
+    output = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, output
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in result.stdout.splitlines()
+             if line.startswith(("PUBLICATION ", "REPORTS "))}
+    publication = json.loads(lines["PUBLICATION"])
+    assert publication["bytes"] == 405248, output
+    assert publication["seconds"] > 0
+    phases = ("preflight", "init", "start", "chunks", "fill", "load", "verify", "finish", "release")
+    assert all(publication["timings"][phase] >= 0 for phase in phases), publication["timings"]
+    assert publication["timings"]["total"] == publication["seconds"]
+    report = publication["report"]
+    assert report["outcome"] == "ok" and report["error"] is None and report["model_version"] == 1
+    assert [step["name"] for step in report["steps"]] == [
+        "train_step", "publish_wait", "offload_optimizer", "wake weights", "publish", "resident_check",
+        "offload_actor", "wake kv_cache", "sleep 2", "onload_actor", "onload_optimizer"], report["steps"]
+    assert all(set(step) == {"name", "kind", "where", "seconds", "bytes", "device_memory", "outcome"}
+               for step in report["steps"])
+    assert all(step["device_memory"] is None and step["outcome"] == "ok" for step in report["steps"])
+    assert next(step for step in report["steps"] if step["name"] == "publish")["bytes"] == 405248
+    # The round's steps add up to nearly all of it (the rest: the host's own bookkeeping).
+    assert sum(step["seconds"] for step in report["steps"]) <= report["seconds"]
+    assert {"phases": ["fill", "load"], "within": "chunks", "why": "chunk k+1 fills while chunk k loads"} in \
+        report["overlaps"]
+
+    reports = json.loads(lines["REPORTS"])
+    assert [r["round"] for r in reports] == [1, 2]
+    assert reports[0]["steps"] == report["steps"] and reports[0]["outcome"] == "ok"
+    failed = reports[1]
+    assert failed["outcome"] == "failed", failed
+    assert failed["error"]["code"] == "CALLBACK_FAILED" and "offload_optimizer" in failed["error"]["message"]
+    assert failed["model_version"] is None and failed["committed"] is False and failed["timings"]["total"] is None
+    assert [(s["name"], s["outcome"]) for s in failed["steps"]] == [
+        ("train_step", "ok"), ("publish_wait", "ok"), ("offload_optimizer", "failed")], failed["steps"]

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import CodeType, TracebackType
 from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
@@ -67,12 +68,25 @@ def _raised_in_trampoline(traceback: Optional[TracebackType]) -> bool:
 
 @dataclass(frozen=True)
 class Publication:
-    """What a publication returns to every rank."""
+    """What a publication returns to every rank: the committed version, and where its
+    round's time went.
+
+    ``report`` is the round as the host reports it (``wsync run --report``, ``Host.reports()``:
+    the same keys): ``steps``, each ``{name, kind, where, seconds, bytes, device_memory,
+    outcome}`` in order (``train_step`` and ``publish_wait``: the waits for the ranks; the
+    schedule's steps; ``publish``; ``resident_check``), ``timings`` (the publication's
+    phases, seconds), ``overlaps`` (which phases run at once), ``seconds`` (the whole round,
+    from the last answer to this one), ``receipts``. ``seconds``, ``bytes`` and ``timings``
+    are the publication's own, taken from it."""
 
     model_version: int   # the version the rollout runtime committed
     publication_id: str  # 32 hex digits
     manifest: str        # SHA-256 of the structural records, 64 hex digits
     receipts: int        # TP workers that returned a valid receipt
+    bytes: int = 0       # what the publication moved: the model's bytes
+    seconds: float = 0.0  # the publication, from its preflight to its commit
+    timings: Mapping[str, Optional[float]] = field(default_factory=dict)  # seconds of each phase
+    report: Mapping[str, Any] = field(default_factory=dict)  # the whole round (see above)
 
 
 class Agent:
@@ -309,8 +323,12 @@ class Agent:
         result = _native.PublishResult()
         self._run("publish", self._lib.ws_agent_publish, handle, -1 if step is None else int(step),
                   ctypes.byref(result))
+        text = _native.text(self._lib.ws_agent_report(handle))
+        report = json.loads(text) if text else {}
+        timings = report.get("timings") or {}
         return Publication(int(result.model_version), result.publication_id.decode(), result.manifest.decode(),
-                           int(result.receipts))
+                           int(result.receipts), bytes=int(report.get("bytes") or 0),
+                           seconds=float(timings.get("total") or 0.0), timings=timings, report=report)
 
     def close(self) -> None:
         """Leaves the host, unmaps every buffer the agent mapped; closes the agent's own host.

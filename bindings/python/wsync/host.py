@@ -129,10 +129,17 @@ class Host:
         return self._rollout("info", {})
 
     def reports(self) -> list[dict[str, Any]]:
-        """The session's publication reports so far: ``model_version``, ``step``, ``bytes``,
-        ``gbps`` and ``timings`` (seconds of each phase: ``total``, ``init``, ``fill``,
-        ``load``, ``finish``; ``fill_copy`` and ``load_copy`` the copies alone) and ``receipts``
-        (the TP workers' receipts, as the runtime gave them)."""
+        """The session's rounds so far (the newest 32), FAILED ones included, as ``wsync run
+        --report`` writes them: ``round``, ``step``, ``outcome`` (``"ok"`` or ``"failed"``) and
+        ``error``, ``seconds`` (the round, from the last answer to its own), ``steps`` (in
+        order, each ``{name, kind, where, seconds, bytes, device_memory, outcome}``: the waits
+        for the ranks ``train_step`` and ``publish_wait``, the schedule's steps, ``publish``,
+        ``resident_check``), and the publication's: ``model_version``, ``committed``,
+        ``bytes``, ``gbps``, ``timings`` (seconds of each phase: ``preflight``, ``init``,
+        ``start``, ``chunks``, ``fill``, ``load``, ``verify``, ``finish``, ``release``,
+        ``total``; ``fill_copy`` and ``load_copy`` the copies alone; null for a phase not
+        reached), ``overlaps`` (which phases run at once) and ``receipts`` (the TP workers'
+        receipts, as the runtime gave them)."""
         return json.loads(self.eval("return require('wsync.cli.embedded').reports()"))
 
     def _rollout(self, cmd: str, payload: dict[str, Any]) -> dict[str, Any]:

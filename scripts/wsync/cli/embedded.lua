@@ -187,20 +187,19 @@ function M.rollout(cmd, payload_text)
   return cjson.encode(result)
 end
 
---- The started session's publication reports so far (the newest it keeps),
---- as JSON: [{model_version, step, bytes, gbps, timings = {total, init, fill,
---- load, finish, fill_copy, load_copy, ...} in seconds, receipts = the TP
---- workers' receipts as the runtime gave them}].
+--- The started session's rounds so far (the newest it keeps), FAILED ones
+--- included, as JSON with sorted keys: the run report's rounds
+--- (wsync.publish.report.round_json: steps, timings, receipts, outcome).
 ---@return string
 function M.reports()
   local state = started
   local session = state and state.session
-  local out = {}
-  for index, report in ipairs(session and session.reports or {}) do
-    out[index] = { model_version = report.model_version, step = report.step, bytes = report.bytes,
-      gbps = report.gbps, timings = report.timings, receipts = report.receipts }
+  local report_module, util = require("wsync.publish.report"), require("wsync.util")
+  local out = util.json_array({})
+  for index, round in ipairs(session and session.reports or {}) do
+    out[index] = report_module.round_json(round)
   end
-  return #out > 0 and require("cjson").encode(out) or "[]"
+  return util.json(out)
 end
 
 --- Runs a Lua chunk outside the loop (it must not wait on it) and returns

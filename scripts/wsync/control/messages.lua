@@ -108,9 +108,9 @@ M.from_host = {
     publication_id = schema.string({ pattern = "^" .. string.rep("%x", 32) .. "$", required = true }),
     receipts = schema.number({ integer = true, min = 1, required = true }),
     manifest = schema.string({ pattern = "^" .. string.rep("%x", 64) .. "$", required = true }),
-    -- (the round's report: its steps and the publication's phases, timed;
-    -- wsync.publish.report.round_json)
-    report = schema.map({ item = schema.any({}) }),
+    -- (the round's report as JSON text: its steps and the publication's
+    -- phases, timed; wsync.publish.report.round_json)
+    report = schema.string({}),
   }),
 }
 

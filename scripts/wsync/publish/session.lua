@@ -819,7 +819,8 @@ function Session:answer(result, err)
     self.round_report = nil
     self.report:end_round(round, err)
     if result then
-      result.report = report_module.round_json(round)
+      -- (As JSON text: the ranks pass it on as it is, sorted keys and all.)
+      result.report = require("wsync.util").json(report_module.round_json(round))
     end
   end
   self.answered_at = uv.hrtime() / 1e9

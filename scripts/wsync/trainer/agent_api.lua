@@ -303,7 +303,8 @@ end
 
 --- Joins a collective publication of trainer step `step` (nil: the host's
 --- next model version). Returns {model_version, publication_id, manifest,
---- receipts}.
+--- receipts, report}: `report` the round's report as JSON
+--- (wsync.publish.report.round_json; "" from a host that sends none).
 ---@param step integer?
 ---@return table|nil, string?, string?
 function Handle:publish(step)
@@ -323,6 +324,7 @@ function Handle:publish(step)
     publication_id = result.publication_id,
     manifest = result.manifest,
     receipts = result.receipts,
+    report = result.report or "",
   }
 end
 

@@ -177,7 +177,11 @@ describe("wsync check", function()
     assert.are.equal(2, process.wsync({ "check", "--json" }).code)
     local result = process.wsync({ "check", "recipes/smoke.lua", "--json", "nope=1" })
     assert.are.equal(2, result.code)
-    assert.are.equal("", result.stdout)
+    -- (With --json the usage error is a JSON object on stdout.)
+    assert.are.equal("", result.stderr)
+    local failure = require("cjson").decode(result.stdout)
+    assert.are.equal("USAGE", failure.error.code)
+    assert.matches("has no parameter or field 'nope'", failure.error.message, 1, true)
   end)
 
   for _, entry in ipairs(fixtures.broken) do

@@ -38,7 +38,8 @@ describe("wsync.trainer.agent_api", function()
                 errors.raise(err.code, "trainer rank 0: " .. err.message, { phase = "callback", rank = 0 })
               end
             end
-            return { model_version = payload.step, publication_id = PUBLICATION_ID, manifest = MANIFEST, receipts = 2 }
+            return { model_version = payload.step, publication_id = PUBLICATION_ID, manifest = MANIFEST, receipts = 2,
+              report = '{"round":1,"steps":[]}' }
           end,
         }
       end,
@@ -69,8 +70,9 @@ describe("wsync.trainer.agent_api", function()
     assert.are.same({ "offload_actor" }, registered.callbacks)
     assert.are.same({ { name = "w", dtype = "bfloat16", shape = { 4, 2 }, rows = { 0, 4 } } }, registered.tensors)
     callback_first = "offload_actor"
-    assert.are.same({ model_version = 7, publication_id = PUBLICATION_ID, manifest = MANIFEST, receipts = 2 },
-      handle:publish(7))
+    -- (The round's report as the host sent it: JSON text, passed on as it is.)
+    assert.are.same({ model_version = 7, publication_id = PUBLICATION_ID, manifest = MANIFEST, receipts = 2,
+      report = '{"round":1,"steps":[]}' }, handle:publish(7))
     assert.are.equal(1, calls)
     assert.is_true(handle:close())
     assert.is_true(handle:close(), "close twice")
