@@ -39,15 +39,17 @@ function M.says_any(text, candidates)
   return false
 end
 
---- Runs `wsync run options.recipe` with `options.env` and checks what every
---- case shares; `survivors`: the trainer ranks alive to print the error;
+--- Runs `wsync run options.recipe` with `options.words` (KEY=VALUE) and
+--- `options.env` and checks what every case shares; `survivors`: the
+--- trainer ranks alive to hear the error (each exits with code 1);
 --- `published`: versions committed before the fault (default none);
 --- `timings` (a list) gets {label, wall}. Returns the host's error (the
 --- verdict after "FAILED: ") and the run's result.
----@param options {recipe: string, env: string[]?, survivors: integer, label: string, published: integer?,
----  timings: table[]?}
+---@param options {recipe: string, words: string[]?, env: string[]?, survivors: integer, label: string,
+---  published: integer?, timings: table[]?}
 function M.run_failing(options)
-  local result = leftovers.run({ "run", options.recipe }, { env = options.env, timeout = 30000 })
+  local result = leftovers.run({ "run", options.recipe, unpack(options.words or {}) },
+    { env = options.env, timeout = 30000 })
   if options.timings then
     options.timings[#options.timings + 1] = { label = options.label, wall = result.wall }
   end

@@ -528,7 +528,7 @@ function Report:text_lines()
     return summary.totals[a] > summary.totals[b]
   end)
   for _, name in ipairs(total_names) do
-    parts[#parts + 1] = string.format("%s %.2f", name, summary.totals[name])
+    parts[#parts + 1] = string.format("%s %.3f s", name, summary.totals[name])
   end
   lines[#lines + 1] = string.format("time: %.2f s in all, %.1f%% of it in the steps below", summary.seconds,
     summary.seconds > 0 and 100 * summary.accounted_seconds / summary.seconds or 100)

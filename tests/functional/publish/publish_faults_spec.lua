@@ -106,6 +106,24 @@ describe("publication faults", function()
       assert.matches("^%[phase start%] publication of model version 1 failed in start: reference runtime broken "
         .. "during start_update: peer speaks protocol %d+, this side speaks %d+$", failure)
     end)
+
+    -- A socket path the recipe fixes names no host pid, as the host's own
+    -- does: the synthetic ranks know the host that started them by its
+    -- guard's mark, and do not repeat its failure either.
+    it("crash@load_chunk#2 with control.endpoint=PATH: the failure is printed once too", function()
+      local directory = assert(uv.fs_mkdtemp((os.getenv("TMPDIR") or "/tmp") .. "/wsync-endpoint-XXXXXX"))
+      local path = directory .. "/wsync.sock"
+      local ok, err = pcall(function()
+        local failure, result = run_failing({ env = { "WSYNC_RUNTIME_FAULT=crash@load_chunk#2" },
+          words = { "control.endpoint=" .. path }, survivors = 2, label = "crash@load_chunk#2, control.endpoint" })
+        assert.matches("\nwsync: control endpoint " .. escape(path) .. "\n", result.stdout)
+        assert.matches("reference runtime broken during load_chunk: ", failure, 1, true)
+        assert.is_nil(uv.fs_stat(path), "the host removed its socket")
+      end)
+      os.remove(path)
+      uv.fs_rmdir(directory)
+      assert(ok, err)
+    end)
   end)
 
   describe("in a trainer rank", function()

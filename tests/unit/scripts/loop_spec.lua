@@ -194,6 +194,44 @@ describe("wsync.loop", function()
     assert.is_false(uv.loop_alive())
   end)
 
+  describe("progress", function()
+    local after = loop.PROGRESS_AFTER
+
+    after_each(function()
+      loop.PROGRESS_AFTER = after
+    end)
+
+    it("calls back once a wait ran PROGRESS_AFTER, then each time it doubled, until cancelled", function()
+      loop.PROGRESS_AFTER = 0.02
+      local seen = {}
+      loop.spawn(function()
+        local timer = loop.progress(function(seconds)
+          seen[#seen + 1] = seconds
+        end)
+        loop.sleep(170) -- (20, 40, 80 and 160 ms)
+        loop.cancel(timer)
+        loop.sleep(200) -- (nothing more: 320 ms would be next)
+      end)
+      loop.run()
+      assert.are.equal(4, #seen, table.concat(seen, ", "))
+      for index, seconds in ipairs(seen) do
+        local expected = 0.02 * 2 ^ (index - 1)
+        assert.is_true(seconds >= expected and seconds < expected + 0.05, string.format("call %d at %.3f s, not %.3f",
+          index, seconds, expected))
+      end
+    end)
+
+    it("never calls back with PROGRESS_AFTER 0, and keeps no loop alive", function()
+      loop.PROGRESS_AFTER = 0
+      assert.is_nil(loop.progress(error))
+      loop.PROGRESS_AFTER = 0.01
+      local timer = loop.progress(error)
+      loop.run() -- (returns at once: the timer does not keep the loop running)
+      assert.is_false(timer:is_closing())
+      loop.cancel(timer)
+    end)
+  end)
+
   describe("all", function()
     it("runs the tasks at once, returns results by index and the lowest failure", function()
       local results, failed, failure, order = nil, nil, nil, {}

@@ -62,6 +62,7 @@ describe("wsync.control.client", function()
       timeouts = options.timeouts or { startup = 10, default = 10 },
       grace_ms = GRACE_MS,
       results = options.results,
+      on_slow = options.on_slow,
     })
     spawned[#spawned + 1] = client
     return client
@@ -106,6 +107,30 @@ describe("wsync.control.client", function()
     assert.is_false(again_ok)
     assert.are.equal(err, again, "after close, still the original cause")
   end
+
+  it("says what a command waits for while it waits: after PROGRESS_AFTER, then each time the wait doubled",
+    function()
+      local after = loop.PROGRESS_AFTER
+      loop.PROGRESS_AFTER = 0.05
+      local slow = {}
+      local ok, err = pcall(run_async, function()
+        local client = standin({ {}, { delay_ms = 280 }, {} }, { on_slow = function(client, cmd, seconds, deadline)
+          slow[#slow + 1] = { client = client, cmd = cmd, seconds = seconds, deadline = deadline }
+        end, timeouts = { startup = 10, default = 10, sleep = 7 } })
+        client:request("sleep", {}) -- (answered after 280 ms: said at 50, 100 and 200 ms)
+        client:request("echo", {}) -- (answered at once: nothing said)
+        assert.is_true(client:close())
+      end)
+      loop.PROGRESS_AFTER = after
+      assert(ok, err)
+      assert.are.equal(3, #slow)
+      for index, call in ipairs(slow) do
+        assert.are.equal("sleep", call.cmd)
+        assert.are.equal(7, call.deadline)
+        assert.are.equal("stand-in", call.client.name)
+        assert.is_true(call.seconds >= 0.05 * 2 ^ (index - 1), tostring(call.seconds))
+      end
+    end)
 
   describe("spawn", function()
     it("performs the handshake and keeps its answer", function()
