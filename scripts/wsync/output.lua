@@ -72,17 +72,19 @@ function Relay:_read(pipe, sink)
       local position = 1
       while true do
         local newline = text:find("\n", position, true)
-        if not newline then
+        -- (A line longer than M.MAX_LINE is cut, whether its end came in
+        -- this read or is still to come.)
+        if (newline or #text + 1) - position > M.MAX_LINE then
+          lines[#lines + 1] = self.prefix .. text:sub(position, position + M.MAX_LINE - 1) .. "\n"
+          position = position + M.MAX_LINE
+        elseif newline then
+          lines[#lines + 1] = self.prefix .. text:sub(position, newline)
+          position = newline + 1
+        else
           break
         end
-        lines[#lines + 1] = self.prefix .. text:sub(position, newline)
-        position = newline + 1
       end
       partial = text:sub(position)
-      while #partial >= M.MAX_LINE do
-        lines[#lines + 1] = self.prefix .. partial:sub(1, M.MAX_LINE) .. "\n"
-        partial = partial:sub(M.MAX_LINE + 1)
-      end
       if #lines > 0 then
         emit(sink, table.concat(lines))
       end

@@ -78,8 +78,10 @@ describe("wsync.output", function()
       local output = require("wsync.output")
       output.MAX_LINE = 100
       local relay = output.new("[child] ")
+      -- (The x line comes in pieces, its end apart; the y line in one
+      -- write with its end: both are cut.)
       local script = "printf 'one '; sleep 0.1; printf 'line\\ntwo\\n'; printf 'err\\n' >&2; "
-        .. "head -c 250 /dev/zero | tr '\\0' x; printf '\\nlast'"
+        .. "head -c 250 /dev/zero | tr '\\0' x; sleep 0.1; printf '\\n%s\\nlast' $(head -c 250 /dev/zero | tr '\\0' y)"
       local handle = uv.spawn("/bin/sh", { args = { "-c", script }, stdio = { nil, relay.stdout, relay.stderr } },
         function() end)
       relay:start()
@@ -91,7 +93,9 @@ describe("wsync.output", function()
     local result = process.wsync({ "-e", code })
     assert.are.equal(0, result.code, result.stderr)
     assert.are.equal("[child] err\n", result.stderr)
-    assert.are.equal("[child] one line\n[child] two\n[child] " .. ("x"):rep(100) .. "\n[child] " .. ("x"):rep(100)
-      .. "\n[child] " .. ("x"):rep(50) .. "\n[child] last\n", result.stdout)
+    local function cut(letter)
+      return "[child] " .. letter:rep(100) .. "\n[child] " .. letter:rep(100) .. "\n[child] " .. letter:rep(50) .. "\n"
+    end
+    assert.are.equal("[child] one line\n[child] two\n" .. cut("x") .. cut("y") .. "[child] last\n", result.stdout)
   end)
 end)
