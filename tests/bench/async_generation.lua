@@ -38,6 +38,7 @@ loop.spawn(function()
     recipe.trainer.ranks, recipe.trainer.steps = replicas, rounds
     recipe.runtime.replicas = replicas
     recipe.verify = false
+    recipe.rollout = nil -- (it submits and polls its own requests)
     recipe_module.check(recipe)
     local session = require("wsync.publish.session").open(recipe)
     session:wait_publish()

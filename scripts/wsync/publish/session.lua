@@ -515,6 +515,45 @@ local function start_rollout(session)
   if #session.bootstrap > 0 then
     say("bootstrap done: rollout weights %s", session.rollout:request("info").state.weights)
   end
+  local stream = session.recipe.rollout
+  if stream then
+    local requests = {}
+    for i = 1, stream.stream do
+      requests[i] = { prompt = { i }, max_tokens = stream.max_tokens }
+    end
+    session.rollout:request("submit", { requests = requests })
+    say("%d requests stream in the rollout runtime (rollout.stream); each round says what they produced", stream.stream)
+  end
+end
+
+-- The last three of `spans` as "v1 tokens 1-2 (kv recomputed), v2 3-4 ...".
+local function describe_spans(spans)
+  local words = {}
+  spans = spans or {}
+  for index = math.max(1, #spans - 2), #spans do
+    local span = spans[index]
+    words[#words + 1] = string.format("v%d tokens %d-%d%s", span.version, span.first_token, span.last_token,
+      span.kv and (" (kv " .. span.kv .. ")") or "")
+  end
+  return (#spans > 3 and "..., " or "") .. table.concat(words, ", ")
+end
+
+-- After a round of a session that streams requests (rollout.stream): what
+-- they produced since the last round, and the versions that produced them.
+local function say_stream(session, round)
+  if not session.recipe.rollout then
+    return
+  end
+  local polled = session.rollout:request("poll", {})
+  local tokens, requests, first = 0, 0, nil
+  for _, replica in ipairs(polled.replicas or { polled }) do
+    for _, request in ipairs(replica.requests or {}) do
+      tokens, requests = tokens + #request.tokens, requests + 1
+      first = first or request
+    end
+  end
+  say("round %d: %d streaming requests produced %d tokens since the last round%s", round, requests, tokens,
+    first and string.format("; request %d's versions: %s", first.id, describe_spans(first.spans)) or "")
 end
 
 --- Opens a session: checks the plan and schedule, opens the endpoint,
@@ -801,6 +840,7 @@ function Session:end_round(publication)
   for index = self.after_publish, #self.steps do
     run_step(self, self.steps[index])
   end
+  say_stream(self, round.round)
   self:answer({ model_version = report.model_version, publication_id = report.publication_id,
     receipts = #report.receipts, manifest = report.manifest })
   return round

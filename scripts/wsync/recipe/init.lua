@@ -184,6 +184,16 @@ M.schema = schema.record({
         return true
       end,
     }),
+    -- Requests the session keeps streaming in the rollout runtime from the
+    -- bootstrap on, `stream` of them, `max_tokens` each: every round then
+    -- says what they produced and under which model versions (the
+    -- asynchronous RL demo, recipes/demo_async.lua).
+    rollout = schema.record({
+      fields = {
+        stream = schema.number({ integer = true, min = 1, max = 1024, required = true }),
+        max_tokens = schema.number({ integer = true, min = 1, max = 65536, default = 65536 }),
+      },
+    }),
     bootstrap = schema.list({ item = schema.any({}), default = {} }),
     schedule = schema.list({ item = schema.any({}) }),
     timeouts = schema.record({ fields = timeout_fields, default = {} }),

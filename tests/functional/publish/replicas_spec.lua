@@ -52,6 +52,15 @@ describe("wsync run with several rollout replicas", function()
     assert.matches("2 trainer ranks -> 2 x TP1 reference runtime", result.stdout, 1, true)
     assert.matches("verdict: OK: 10 model versions published, every resident TP slice verified", result.stdout, 1,
       true)
+    -- What it demonstrates: requests streaming across the publications, each
+    -- round's tokens and the versions that produced them, the pauses timed.
+    assert.matches("4 requests stream in the rollout runtime (rollout.stream)", result.stdout, 1, true)
+    for round = 1, 10 do
+      assert.matches("round " .. round .. ": 4 streaming requests produced %d+ tokens since the last round; request "
+        .. "%d+'s versions: [^\n]*v%d+ tokens %d+%-%d+", result.stdout)
+    end
+    assert.matches("(kv recomputed)", result.stdout, 1, true)
+    assert.matches("pause keep (kv recompute)", result.stdout, 1, true)
   end)
 
   it("pauses every replica around each publication while they generate (two phases)", function()

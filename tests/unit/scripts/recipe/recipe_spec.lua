@@ -26,6 +26,17 @@ describe("recipe.load", function()
     assert.is_function(loaded.run)
   end)
 
+  it("takes the requests a session keeps streaming (rollout.stream), and refuses none or too many", function()
+    local loaded = recipe.load("recipes/demo_async.lua")
+    assert.are.same({ stream = 4, max_tokens = 65536 }, loaded.rollout)
+    for _, stream in ipairs({ "0", "1025", "2.5" }) do
+      local overrides = recipe.parse_overrides({ "rollout.stream=" .. stream })
+      local err = error_of(recipe.load, "recipes/demo_async.lua", overrides)
+      assert.are.equal("RECIPE_INVALID", err.code)
+      assert.are.equal("rollout.stream", err.field, err.message)
+    end
+  end)
+
   it("loads recipes/smoke.lua", function()
     local loaded = recipe.load("recipes/smoke.lua")
     assert.are.equal("smoke", loaded.name)
