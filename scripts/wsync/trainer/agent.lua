@@ -342,7 +342,7 @@ function Agent:_host_lost(err, call)
     return err
   end
   local cause = tostring(self.peer.cause or err.message)
-  local gone = cause == "host closed the connection" and "is gone (it closed the connection)"
+  local gone = cause == "host closed the connection" and "closed the connection (it ended the session, or is gone)"
     or cause:match("^timeout") and ("did not answer in time (" .. cause .. ")")
     or ("is gone (" .. cause:gsub("^host: ", "") .. ")")
   return errors.new("HOST_LOST", string.format("rank %d: %s %s during %s; this rank's session has ended", self.rank,
