@@ -80,7 +80,7 @@ describe("wsync run", function()
     assert.are.equal("", result.stdout)
     assert.are.equal("wsync: recipe recipes/smoke.lua has no parameter or field 'colour' "
       .. "(parameters: buffer_bytes, greeting, ranks; fields: backend, bootstrap, buffers, control, description, "
-      .. "memory, model, name, params, run, runtime, schedule, timeouts, trainer, verify)\n", result.stderr)
+      .. "memory, model, name, params, rollout, run, runtime, schedule, timeouts, trainer, verify)\n", result.stderr)
   end)
 
   it("overrides any field of a model recipe by its dotted path", function()
