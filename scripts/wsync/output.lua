@@ -121,6 +121,17 @@ function Relay:start()
   self:_read(self.stderr, io.stderr)
 end
 
+--- After the spawn of its child: starts relaying when the child started
+--- (`started`), closes the pipes otherwise.
+---@param started boolean
+function Relay:spawned(started)
+  if started then
+    self:start()
+  else
+    self:close()
+  end
+end
+
 --- Closes the pipes of a relay that was never started (the spawn failed).
 function Relay:close()
   for _, pipe in ipairs({ self.stdout, self.stderr }) do

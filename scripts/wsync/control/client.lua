@@ -144,11 +144,7 @@ function M.spawn(options)
     self:_on_exit(code, signal)
   end)
   if relay then
-    if handle then
-      relay:start()
-    else
-      relay:close()
-    end
+    relay:spawned(handle ~= nil)
   end
   if not handle then
     control:close()

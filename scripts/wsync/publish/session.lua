@@ -320,11 +320,7 @@ local function spawn_trainers(session)
       changed(session)
     end)
     if relay then
-      if handle then
-        relay:start()
-      else
-        relay:close()
-      end
+      relay:spawned(handle ~= nil)
     end
     if not handle then
       errors.raise("TRAINER_START", string.format("cannot start synthetic trainer rank %d: %s", rank, tostring(pid)))

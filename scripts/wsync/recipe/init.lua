@@ -963,14 +963,7 @@ end
 function M.unserved(recipe)
   local kind, backend = recipe.runtime.kind, recipe.backend
   local runtime = M.RUNTIMES[kind]
-  local function sorted_keys(map)
-    local keys = {}
-    for key in pairs(map) do
-      keys[#keys + 1] = key
-    end
-    table.sort(keys)
-    return keys
-  end
+  local sorted_keys = require("wsync.util").sorted_keys
   if not runtime then
     local has = {}
     for _, name in ipairs(sorted_keys(M.RUNTIMES)) do
