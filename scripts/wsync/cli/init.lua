@@ -273,12 +273,7 @@ local function check(args)
   end
   io.stdout:write(string.format("%s: %s: recipe %s, backend %s\n", path, plan_only and "plan ok" or "ok", recipe.name,
     recipe.backend))
-  local keys = {}
-  for key in pairs(recipe.params) do
-    keys[#keys + 1] = key
-  end
-  table.sort(keys)
-  for _, key in ipairs(keys) do
+  for _, key in ipairs(require("wsync.util").sorted_keys(recipe.params)) do
     io.stdout:write(string.format("  param %s = %s\n", key, tostring(recipe.params[key])))
   end
   if plan then

@@ -20,13 +20,8 @@ M.families = {
 function M.family(family)
   local module = M.families[family]
   if not module then
-    local names = {}
-    for name in pairs(M.families) do
-      names[#names + 1] = name
-    end
-    table.sort(names)
     errors.raise("MODEL_UNSUPPORTED", string.format("unknown model family '%s' (known: %s)", tostring(family),
-      table.concat(names, ", ")))
+      table.concat(require("wsync.util").sorted_keys(M.families), ", ")))
   end
   return require(module)
 end

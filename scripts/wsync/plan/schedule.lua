@@ -170,11 +170,7 @@ local function apply(state, step, sizes, callbacks)
   if step.kind == "trainer" then
     local effect = M.TRAINER_EFFECTS[step.name]
     if callbacks and not callbacks[step.name] then
-      local known = {}
-      for name in pairs(callbacks) do
-        known[#known + 1] = name
-      end
-      table.sort(known)
+      local known = require("wsync.util").sorted_keys(callbacks)
       refuse(string.format("not a callback that every trainer rank has (they have: %s)",
         #known > 0 and table.concat(known, ", ") or "none"))
     end

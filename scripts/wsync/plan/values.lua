@@ -24,12 +24,7 @@ end
 
 -- Canonical names of a loader plan's copies, sorted (a stable order).
 local function sorted_canonicals(loader)
-  local list = {}
-  for name in pairs(loader.copies) do
-    list[#list + 1] = name
-  end
-  table.sort(list)
-  return list
+  return require("wsync.util").sorted_keys(loader.copies)
 end
 
 local function term_op(copy, slot, first, pitch, bias, lo, hi)

@@ -65,12 +65,7 @@ function M.check(plan, tp, step, reported)
   for rank = 0, tp - 1 do
     local expected = M.expected(plan, tp, rank, step)
     local got = reported[rank + 1] and reported[rank + 1].tensors or {}
-    local names = {}
-    for name in pairs(expected) do
-      names[#names + 1] = name
-    end
-    table.sort(names)
-    for _, name in ipairs(names) do
+    for _, name in ipairs(require("wsync.util").sorted_keys(expected)) do
       if got[name] ~= expected[name] then
         errors.raise("VERIFY_RESIDENT", string.format("TP worker %d holds %s with SHA-256 %s; step %d's values "
           .. "give %s", rank, name, tostring(got[name]), step, expected[name]),

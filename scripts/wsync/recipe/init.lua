@@ -603,12 +603,7 @@ end
 
 -- The names of a record's fields, sorted, as a message lists them.
 local function field_names(record)
-  local names = {}
-  for name in pairs(record.fields) do
-    names[#names + 1] = name
-  end
-  table.sort(names)
-  return table.concat(names, ", ")
+  return table.concat(require("wsync.util").sorted_keys(record.fields), ", ")
 end
 
 -- A value written on the command line as Lua reads a table: `{...}` in an
@@ -713,13 +708,9 @@ end
 -- neither, listing what there is.
 local function apply_fields(raw, path, overrides)
   local params = type(raw.params) == "table" and raw.params or {}
-  local keys = {}
-  for key in pairs(overrides) do
-    keys[#keys + 1] = key
-  end
-  table.sort(keys)
+  local sorted_keys = require("wsync.util").sorted_keys
   local for_params = {}
-  for _, key in ipairs(keys) do
+  for _, key in ipairs(sorted_keys(overrides)) do
     local text = overrides[key]
     local param = key:match("^params%.([^.]+)$") or (params[key] ~= nil and key) or nil
     if param then
@@ -729,7 +720,7 @@ local function apply_fields(raw, path, overrides)
       if not spec then
         local names = {}
         for name in pairs(params) do
-          names[#names + 1] = tostring(name)
+          names[#names + 1] = tostring(name) -- (not yet validated: any key)
         end
         table.sort(names)
         local message = parent == "" and string.format("recipe %s has no parameter or field '%s' (parameters: %s; "
@@ -1160,11 +1151,7 @@ end
 ---@param recipe table
 ---@param overrides table<string, string>
 function M.apply_overrides(recipe, overrides)
-  local keys = {}
-  for key in pairs(recipe.params) do
-    keys[#keys + 1] = key
-  end
-  table.sort(keys)
+  local keys = require("wsync.util").sorted_keys(recipe.params)
   for key, text in pairs(overrides) do
     local default = recipe.params[key]
     if default == nil then

@@ -21,13 +21,8 @@ M.BY_BACKEND = { host = "wsync.transport.shm", cuda = "wsync.transport.cuda_ipc"
 function M.for_backend(backend)
   local name = M.BY_BACKEND[backend]
   if not name then
-    local have = {}
-    for known in pairs(M.BY_BACKEND) do
-      have[#have + 1] = known
-    end
-    table.sort(have)
     errors.raise("TRANSPORT", string.format("no transport for the %s backend in this build (it has: %s)",
-      tostring(backend), table.concat(have, ", ")))
+      tostring(backend), table.concat(require("wsync.util").sorted_keys(M.BY_BACKEND), ", ")))
   end
   return require(name)
 end
