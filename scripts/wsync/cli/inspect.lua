@@ -70,6 +70,18 @@ local function array_length(t)
   return count
 end
 
+-- The keys of `value` outside its array part (1..`count`), sorted.
+local function named_keys(value, count)
+  local keys = {}
+  for key in next, value do
+    if not (type(key) == "number" and key >= 1 and key <= count and key % 1 == 0) then
+      keys[#keys + 1] = key
+    end
+  end
+  table.sort(keys, key_less)
+  return keys
+end
+
 local render
 
 -- True when `value` will be written as an expanded table (not as `{}`,
@@ -112,14 +124,7 @@ function render(value, state, level)
     nested = nested or expands(item, state, level + 1)
     items[#items + 1] = render(item, state, level + 1)
   end
-  local keys = {}
-  for key in next, value do
-    if not (type(key) == "number" and key >= 1 and key <= count and key % 1 == 0) then
-      keys[#keys + 1] = key
-    end
-  end
-  table.sort(keys, key_less)
-  for _, key in ipairs(keys) do
+  for _, key in ipairs(named_keys(value, count)) do
     local item = rawget(value, key)
     nested = nested or expands(item, state, level + 1) or expands(key, state, level + 1)
     items[#items + 1] = render_key(key, state, level + 1) .. " = " .. render(item, state, level + 1)
@@ -189,14 +194,7 @@ function M.summary(value, lines, hint)
   for index = 1, count do
     keys[index] = index
   end
-  local named = {}
-  for key in next, value do
-    if not (type(key) == "number" and key >= 1 and key <= count and key % 1 == 0) then
-      named[#named + 1] = key
-    end
-  end
-  table.sort(named, key_less)
-  for _, key in ipairs(named) do
+  for _, key in ipairs(named_keys(value, count)) do
     keys[#keys + 1] = key
   end
   local out = { string.format("{ -- %s, %d lines in full: %s", size_of(value):match("^{ (.*) }$"), lines, hint) }
