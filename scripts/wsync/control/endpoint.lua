@@ -206,16 +206,6 @@ function M.token_matches(token, given)
   return differ == 0
 end
 
--- A random 128-bit token in hex, from the kernel.
-local function random_token()
-  local file = assert(io.open("/dev/urandom", "rb"))
-  local bytes = file:read(16)
-  file:close()
-  return (bytes:gsub(".", function(c)
-    return string.format("%02x", c:byte())
-  end))
-end
-
 function Endpoint:_listen_tcp(options)
   local address, port = M.parse_address(options.tcp)
   if not address then
@@ -236,7 +226,7 @@ function Endpoint:_listen_tcp(options)
     errors.raise("ENDPOINT", string.format("cannot listen on TCP %s: %s", options.tcp, tostring(err)))
   end
   local bound = self.tcp_server:getsockname()
-  self.token = options.token or random_token()
+  self.token = options.token or require("wsync.util").random_hex(16) -- (128 random bits)
   local host = bound.ip:find(":", 1, true) and ("[" .. bound.ip .. "]") or bound.ip
   --- Where a remote agent connects: "tcp://ADDRESS:PORT".
   self.tcp_address = string.format("tcp://%s:%d", host, bound.port)

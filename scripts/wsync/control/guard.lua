@@ -47,18 +47,16 @@ local guard = nil
 -- The sessions the guard ends too ({[sid] = true}): the runtimes' own.
 local watched = {}
 
-local function random_hex(bytes)
-  local file = assert(io.open("/dev/urandom", "rb"))
-  local data = file:read(bytes)
-  file:close()
-  return (data:gsub(".", function(c)
-    return string.format("%02x", c:byte())
-  end))
-end
-
 local function say(format, ...)
   io.stderr:write("wsync guard: " .. string.format(format, ...) .. "\n")
   io.stderr:flush()
+end
+
+-- Tells the guard a line, when it runs.
+local function tell(line)
+  if guard and not guard.stdin:is_closing() then
+    guard.stdin:try_write(line)
+  end
 end
 
 local start
@@ -114,16 +112,9 @@ function start(entry)
   loop.keep(record.stdin)
   guard = record
   for session in pairs(watched) do
-    record.stdin:try_write(string.format("watch %d\n", session))
+    tell(string.format("watch %d\n", session))
   end
   return record
-end
-
--- Tells the guard a line, when it runs.
-local function tell(line)
-  if guard and not guard.stdin:is_closing() then
-    guard.stdin:try_write(line)
-  end
 end
 
 --- Puts session `session` in the guard's care too: a process tree that
@@ -153,7 +144,7 @@ end
 ---@return string
 function M.environment()
   if not guard then
-    start(string.format("%s=%d-%s", M.VARIABLE, uv.os_getpid(), random_hex(16)))
+    start(string.format("%s=%d-%s", M.VARIABLE, uv.os_getpid(), require("wsync.util").random_hex(16)))
     loop.at_close(M.stop)
   end
   return guard.entry

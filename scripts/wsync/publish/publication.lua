@@ -329,13 +329,6 @@ end
 
 -- The whole publication ------------------------------------------------------------------
 
-local function random_id()
-  local bytes = uv.random(16)
-  return (bytes:gsub(".", function(c)
-    return string.format("%02x", c:byte())
-  end))
-end
-
 -- The phase each phase needs completed before it: the REPL may call them in
 -- any order, and a step out of order is refused before it does anything.
 local NEEDS = { init = "preflight", start = "init", chunks = "start", verify = "chunks", finish = "verify",
@@ -401,7 +394,7 @@ function Publication:preflight()
   local _, uuids = self.ranks:devices()
   local tp = self.topology.tp
   self.header = {
-    protocol = protocol.VERSION, transport = self.transport, publication_id = random_id(),
+    protocol = protocol.VERSION, transport = self.transport, publication_id = require("wsync.util").random_hex(16),
     model_version = self.versions:next(), tp_world = tp, manifest = self.plan.manifest,
     uuids = uuids, resident_tensors = rollout_module.resident_counts(self.plan, tp), step = self.step,
   }

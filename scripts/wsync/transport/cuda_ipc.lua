@@ -50,11 +50,7 @@ local function cuda()
   return module
 end
 
-local function hex(bytes)
-  return (bytes:gsub(".", function(c)
-    return string.format("%02x", c:byte())
-  end))
-end
+local hex = require("wsync.util").hex
 
 local function unhex(text)
   return (text:gsub("%x%x", function(pair)
