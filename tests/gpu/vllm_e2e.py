@@ -19,8 +19,11 @@ before the first publication (vLLM's dummy weights) the mean difference from the
 must be at least 0.2 nat, and the trainer's embeddings and head are scaled so that its
 distribution is far from uniform.
 
-Also checked: the version stamped on each generation moves with each publication, and the
-first publication of the direct mode checks the loader plan against vLLM's own loader.
+Also checked: the version stamped on each generation moves with each publication; the
+first publication of the direct mode checks the loader plan against vLLM's own loader; and
+the prefix cache: the sequence generated twice before a publication reads its full blocks
+from the cache the second time, and generated after it reads none (no block computed under
+the old weights is served).
 
     python3 tests/gpu/vllm_e2e.py [--load direct|native|direct-sleep]
 (direct-sleep: vLLM sleeps at level 1 at bootstrap and at level 2 before each publication,
@@ -61,6 +64,14 @@ def vllm_logprobs(host: wsync.Host, tokens: list[int]) -> tuple[int, list[float]
     if output["model_version"] != result["model_version"]:
         raise AssertionError(f"an output stamped {output['model_version']} in a result of {result['model_version']}")
     return result["model_version"], [float(value) for value in output["prompt_logprobs"][1:]]
+
+
+def cached_tokens(host: wsync.Host, tokens: list[int], twice: bool = False) -> int:
+    """How many of ``tokens`` vLLM took from its prefix cache for a one-token generation
+    (the second of two when ``twice``: the first fills the cache)."""
+    for _ in range(2 if twice else 1):
+        output = host.generate([tokens], max_tokens=1, temperature=0.0)["outputs"][0]
+    return int(output["cached_tokens"])
 
 
 def float32_copy(model: torch.nn.Module, reference: torch.nn.Module) -> torch.nn.Module:
@@ -111,7 +122,17 @@ def main() -> int:
                                 f"{BEFORE_DELTA})")
         for step in range(1, STEPS + 1):
             loss = trainer.step()
+            if load != "direct-sleep" or step > 1:
+                cached_before = cached_tokens(host, sequence, twice=True)
             publication = agent.publish(step)
+            if load != "direct-sleep" or step > 1:
+                cached_after = cached_tokens(host, sequence)
+                print(f"vllm_e2e: step {step}: prefix cache: the sequence's second run before the publication took "
+                      f"{cached_before} tokens from it, its first run after {cached_after}", flush=True)
+                if cached_before < len(sequence) // 16 * 16 - 16 or cached_after != 0:
+                    failures.append(f"step {step}: prefix cache hits {cached_before} before the publication (want the "
+                                    f"sequence's full blocks) and {cached_after} after it (want 0: blocks of the old "
+                                    "weights must not be read)")
             version, got = vllm_logprobs(host, sequence)
             ours = trainer_logprobs(model, sequence)
             exact = trainer_logprobs(float32_copy(model, reference), sequence)

@@ -49,7 +49,8 @@ TRAINER = textwrap.dedent(READY + """
         print("trainer: runtime", host.runtime_info()["runtime"], flush=True)
         reports = host.reports()
         print("trainer: reports", [r["model_version"] for r in reports],
-              all(r["timings"]["total"] >= r["timings"]["load"] > 0 for r in reports), flush=True)
+              all(r["timings"]["total"] >= r["timings"]["load"] > 0 for r in reports),
+              all(r["timings"]["finish"] >= r["timings"]["commit"] >= 0 for r in reports), flush=True)
         print("trainer: distinct", len({tuple(tokens) for tokens in seen}), flush=True)
     print("trainer: host closed", flush=True)
 """)
@@ -65,7 +66,7 @@ def test_a_trainer_publishes_into_the_vllm_runtime_and_generates_between(tmp_pat
     assert rows == [f'trainer: {{"published": {v}, "stamped": {v}, "outputs": [{v}, {v}], "tokens": [4, 4]}}'
                     for v in (1, 2, 3)], output
     assert "trainer: runtime vllm" in result.stdout, output
-    assert "trainer: reports [1, 2, 3] True" in result.stdout, output
+    assert "trainer: reports [1, 2, 3] True True" in result.stdout, output  # (commit: the runtime's, within finish)
     assert "trainer: distinct 3" in result.stdout, output  # what it generates moves with the version
     assert "resident weights verified" in result.stdout, output
     assert "wsync: verdict: OK: 3 model versions published" in result.stdout, output

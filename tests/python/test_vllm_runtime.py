@@ -141,6 +141,16 @@ class TestRuntime:
         assert after["outputs"][0]["token_ids"] != before["outputs"][0]["token_ids"]
         assert runtime.info()["prefix_cache_resets"] == 1
 
+    def test_an_idle_engine_commits_by_salt_and_requests_in_flight_get_vllms_reset(self, runtime):
+        finished = publish(runtime)
+        assert finished["prefix_cache"] == "salted" and finished["commit_seconds"] >= 0
+        assert runtime.engine.commits[-1] == {"model_version": 1, "preempt": False, "in_flight": False}
+        runtime.submit({"requests": [{"prompt": [1, 2], "max_tokens": 64}]})
+        runtime.pause({"mode": "keep"})
+        finished = publish(runtime)
+        assert finished["prefix_cache"] == "reset"
+        assert runtime.engine.commits[-1] == {"model_version": 2, "preempt": True, "in_flight": True}
+
     def test_init_says_ordered_only_when_every_worker_mapped_its_gate(self, runtime):
         payload = {"tp": 2, "transport": "shm", "buffers": [["a"], ["b"]]}
         assert runtime.init_weights(payload)["ordered"] is False

@@ -56,6 +56,7 @@ class Engine:
         self.version = 0
         self.streaming: dict[int, dict[str, Any]] = {}
         self.holding, self.recomputed = False, 0
+        self.commits: list[dict[str, Any]] = []
 
     def _check_workers(self) -> None:
         for rank, worker in enumerate(self.processes):
@@ -148,10 +149,14 @@ class Engine:
         self._check_workers()
         return [loader.resident_values({}) for loader in self.loaders]
 
-    def commit(self, model_version: int, preempt: bool = False) -> None:
+    def commit(self, model_version: int, preempt: bool = False, in_flight: bool = False) -> str:
+        # (As vLLM's engine: later requests hash apart under the new version; requests still
+        # in the engine need the reset, held ones preempted.)
         self.version = model_version
+        self.commits.append({"model_version": model_version, "preempt": preempt, "in_flight": in_flight})
         if preempt:
             self.recomputed += len(self.streaming)
+        return "reset" if preempt or in_flight else "salted"
 
     # Streaming (wsync.vllm.streams) ---------------------------------------------------
 

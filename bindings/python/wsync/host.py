@@ -137,8 +137,8 @@ class Host:
         ``resident_check``), and the publication's: ``model_version``, ``committed``,
         ``bytes``, ``gbps``, ``timings`` (seconds of each phase: ``preflight``, ``init``,
         ``start``, ``chunks``, ``fill``, ``load``, ``verify``, ``finish``, ``release``,
-        ``total``; ``fill_copy`` and ``load_copy`` the copies alone; null for a phase not
-        reached), ``overlaps`` (which phases run at once) and ``receipts`` (the TP workers'
+        ``total``; ``fill_copy`` and ``load_copy`` the copies alone; ``commit`` the runtime's
+        own commit within ``finish`` where it says; null for a phase not reached), ``overlaps`` (which phases run at once) and ``receipts`` (the TP workers'
         receipts, as the runtime gave them)."""
         return json.loads(self.eval("return require('wsync.cli.embedded').reports()"))
 

@@ -506,6 +506,22 @@ function Publication:verify()
   return self.consumed
 end
 
+-- The runtime's own time to commit the version (the vllm runtime's prefix
+-- cache; the slowest replica's), or nil when it does not say.
+local function commit_seconds(result)
+  if result.replicas then
+    local slowest = nil
+    for _, answer in ipairs(result.replicas) do
+      local seconds = tonumber(answer.commit_seconds)
+      if seconds and (slowest == nil or seconds > slowest) then
+        slowest = seconds
+      end
+    end
+    return slowest
+  end
+  return tonumber(result.commit_seconds)
+end
+
 --- The runtime validates the workers' receipts and commits; the host
 --- validates them again. With `release`, the runtime also releases (the
 --- buffer policy, Publication:release) in the same answer (`released`), and
@@ -523,6 +539,7 @@ function Publication:finish(release)
     -- (With several replicas: each one's answer, against its part of the
     -- header; the version counts as committed only once all finished.)
     self.rollout:check_finish(header, result)
+    self.timings.commit = commit_seconds(result)
     return result
   end)
   return self.result.receipts

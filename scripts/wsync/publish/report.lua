@@ -17,7 +17,8 @@
 ---   generate, pause, resume), named as `wsync check` names them;
 --- - `publish`: the publication, whose own phases are the round's `timings`
 ---   (preflight, init, start, chunks, fill, load, verify, finish, release,
----   total; fill_copy and load_copy: the copies alone), and which ones of
+---   total; fill_copy and load_copy: the copies alone; commit: the
+---   runtime's own commit within finish, when it says), and which ones of
 ---   them run at once (`overlaps`: fill and load of consecutive chunks do);
 --- - `resident_check`: the check of every resident slice (`verify`);
 --- - every schedule step after "publish";
@@ -248,7 +249,7 @@ function M.round_json(round)
   for _, phase in ipairs(M.PHASES) do
     timings[phase] = or_null(round.timings and round.timings[phase])
   end
-  for _, extra in ipairs({ "total", "fill_copy", "load_copy" }) do
+  for _, extra in ipairs({ "total", "fill_copy", "load_copy", "commit" }) do
     timings[extra] = or_null(round.timings and round.timings[extra])
   end
   local error_json = null

@@ -83,6 +83,7 @@ describe("wsync run --report", function()
         "release", "total", "fill_copy", "load_copy" }) do
         assert.is_number(round.timings[phase], phase)
       end
+      assert.are.equal(cjson.null, round.timings.commit) -- (the reference runtime does not time its commit)
       assert.are.equal("fill", round.overlaps[1].phases[1])
       assert.are.equal(2, #round.receipts)
       assert.are.same({ tensors = 42, workers = 2 }, round.verified)

@@ -148,9 +148,13 @@ class VllmEngine:
         self._state = {"weights": "awake", "kv_cache": "reserved"}
         self._closed = False
         self._faults = _faults()
-        # Per weight command: [calls, seconds in collective_rpc (or the channel), the slowest
-        # worker's seconds].
-        self._timing: dict[str, list[float]] = {}
+        # Per weight command, each call's (seconds in collective_rpc or the channel, the
+        # slowest worker's seconds).
+        self._timing: dict[str, list[tuple[float, float]]] = {}
+        self._salt = "wsync-v0"  # (the committed version's cache salt: commit)
+        # (Set by the runtime's command line: when the direct loader is checked against
+        # vLLM's own; how weight commands reach the workers, "socket" or "rpc".)
+        self.check, self.channel = "first", "socket"
         self._channels: Any = None
         self._channel_dir: Optional[str] = None
 
@@ -202,7 +206,7 @@ class VllmEngine:
     def _command(self, cmd: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
         timeout = _inner(self.timeouts.get(cmd, self.timeouts.get("default", 60)))
         started = time.perf_counter()
-        if getattr(self, "channel", "rpc") == "socket":
+        if self.channel == "socket":
             if self._channels is None:
                 self._open_channels()
             answers = self._channels.call(cmd, json.dumps(payload), timeout, self._dead)
@@ -219,22 +223,24 @@ class VllmEngine:
                 raise Failure(error.get("code", "WORKER_FAILED"), f"TP worker {rank}: {error.get('message')}",
                               fatal=error.get("fatal", True), rank=rank)
             results.append(answer["result"])
-        timing = self._timing.setdefault(cmd, [0, 0.0, 0.0])
-        timing[0] += 1
-        timing[1] += seconds
-        timing[2] += slowest
+        self._timing.setdefault(cmd, []).append((seconds, slowest))
         return results
 
     def timing_summary(self) -> str:
-        """Per weight command: calls, mean ms in collective_rpc (or the channel) and in the
-        slowest worker (the difference is the trip between this process and its workers)."""
-        way = "the channel" if getattr(self, "channel", "rpc") == "socket" else "collective_rpc"
-        parts = [f"{cmd} x{int(calls)}: {total / calls * 1e3:.2f} ms per call in {way}, "
-                 f"{worker / calls * 1e3:.2f} in the workers" for cmd, (calls, total, worker) in self._timing.items()]
+        """Per weight command: calls, median ms in collective_rpc (or the channel) and in the
+        slowest worker (the difference is the trip between this process and its workers),
+        and the first call's, which plans and maps."""
+        way = "the channel" if self.channel == "socket" else "collective_rpc"
+        parts = []
+        for cmd, calls in self._timing.items():
+            trips, workers = sorted(call[0] for call in calls), sorted(call[1] for call in calls)
+            parts.append(f"{cmd} x{len(calls)}: median {trips[len(trips) // 2] * 1e3:.2f} ms per call in {way}, "
+                         f"{workers[len(workers) // 2] * 1e3:.2f} in the workers (first {calls[0][0] * 1e3:.2f}, "
+                         f"{calls[0][1] * 1e3:.2f})")
         return "; ".join(parts) or "no weight commands"
 
     def init_weights(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
-        return self._command("init_weights", dict(payload, load=self.load, check=getattr(self, "check", "first")))
+        return self._command("init_weights", dict(payload, load=self.load, check=self.check))
 
     def start_update(self, header: dict[str, Any]) -> None:
         self._command("start_update", {"header": header})
@@ -257,9 +263,18 @@ class VllmEngine:
                           "load = \"direct\" only")
         return self._command("resident_values", {})
 
-    def commit(self, model_version: int, preempt: bool = False) -> None:
-        # (With requests held across the publication, vLLM drops the prefix cache only when
-        # it preempts them: their KV cache is recomputed under the new weights at resume.)
+    def commit(self, model_version: int, preempt: bool = False, in_flight: bool = False) -> str:
+        """Serves ``model_version`` from now on: every request added later carries its cache
+        salt, so none hits a block hashed under earlier weights (vLLM 0.26 hashes the salt into
+        a request's first block, and so into every block after it). No walk over the KV
+        blocks: vLLM's ``reset_prefix_cache`` visits every block in Python, about 50 ns each,
+        which is 100-150 ms at a small model's millions of blocks. Only requests still in the
+        engine need vLLM's reset: held across the publication (``preempt``), they are
+        preempted and their KV cache recomputed under the new weights at resume. How the
+        prefix cache was dropped: "salted" or "reset"."""
+        self._salt = f"wsync-v{model_version}"
+        if not preempt and not in_flight:
+            return "salted"
         reset = self._watched("commit", lambda: self.llm.reset_prefix_cache(reset_running_requests=preempt))
         if reset is False:
             message = ("vLLM did not reset its prefix cache at the commit of version "
@@ -267,6 +282,12 @@ class VllmEngine:
             if preempt:
                 raise Failure("WORKER_FAILED", message, fatal=True)
             print(f"wsync vllm runtime: warning: {message}", file=sys.stderr, flush=True)
+        return "reset"
+
+    def _prompt(self, tokens: list[int]) -> Any:
+        """A request's prompt, salted with the committed version (see commit)."""
+        from vllm import TokensPrompt
+        return TokensPrompt(prompt_token_ids=tokens, cache_salt=self._salt)
 
     # Streaming (wsync.vllm.streams): vLLM's own engine loop, a step per call; a pause
     # holds the requests in vLLM's scheduler (sleep level 0, mode "keep").
@@ -276,12 +297,12 @@ class VllmEngine:
         return f"wsync-{request_id}"
 
     def stream_add(self, request_id: int, prompt: list[int], sampling: dict[str, Any]) -> None:
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
         try:
             params = SamplingParams(logprobs=0, output_kind=RequestOutputKind.DELTA, **sampling)
             self._watched("submit", lambda: self.llm.llm_engine.add_request(
-                self._request_id(request_id), TokensPrompt(prompt_token_ids=prompt), params))
+                self._request_id(request_id), self._prompt(prompt), params))
         except (ValueError, TypeError) as error:  # (vLLM's refusal of a request: the engine is fine)
             raise Failure("INVALID_ARGUMENT", f"vLLM refuses it: {error}") from None
 
@@ -319,17 +340,19 @@ class VllmEngine:
         self._watched("resume", lambda: self.llm.wake_up(tags=["scheduling"]))
 
     def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[dict[str, Any]]:
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import SamplingParams
         unknown = sorted(set(sampling) - set(SAMPLING_KEYS))
         if unknown:
             raise Failure("INVALID_ARGUMENT", f"generate: unknown sampling parameters {', '.join(unknown)} (known: "
                           f"{', '.join(SAMPLING_KEYS)})")
         params = SamplingParams(logprobs=0, **sampling)
-        requests = [TokensPrompt(prompt_token_ids=prompt) for prompt in prompts]
+        requests = [self._prompt(prompt) for prompt in prompts]
         outputs = []
         for result in self._watched("generate", lambda: self.llm.generate(requests, params, use_tqdm=False)):
             completion = result.outputs[0]
-            output = {"token_ids": list(completion.token_ids), "logprobs": _sampled_logprobs(completion)}
+            # (cached_tokens: the prompt's tokens vLLM took from its prefix cache.)
+            output = {"token_ids": list(completion.token_ids), "logprobs": _sampled_logprobs(completion),
+                      "cached_tokens": int(result.num_cached_tokens or 0)}
             if result.prompt_logprobs is not None:
                 output["prompt_logprobs"] = [None if step is None else step[token].logprob
                                              for step, token in zip(result.prompt_logprobs, result.prompt_token_ids)]

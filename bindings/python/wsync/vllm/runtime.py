@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import time
 from typing import Any, Optional, Protocol
 
 from . import protocol
@@ -63,9 +64,11 @@ class Engine(Protocol):
     def finish_update(self, header: dict[str, Any]) -> list[dict[str, Any]]:
         """Ends the update; each worker's receipt by rank (wsync.vllm.receipts)."""
 
-    def commit(self, model_version: int, preempt: bool = False) -> None:
-        """Serves ``model_version`` from now on and drops the prefix cache; ``preempt``: the
-        requests held across the publication are to recompute their KV cache."""
+    def commit(self, model_version: int, preempt: bool = False, in_flight: bool = False) -> Optional[str]:
+        """Serves ``model_version`` from now on: no request added later reads a prefix cached
+        under earlier weights; ``preempt``: the requests held across the publication are to
+        recompute their KV cache; ``in_flight``: requests are still in the engine. How the
+        prefix cache was dropped ("salted": later requests hash apart; "reset")."""
 
     def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[dict[str, Any]]:
         """Per prompt: {token_ids, logprobs} (the sampled tokens' log-probabilities)."""
@@ -364,15 +367,16 @@ class Runtime:
         except Failure as failed:
             self.broken = failed
             raise
-        # Commit: the version is served from now on; prefixes cached with the old weights
-        # are dropped.
-        if self.streams.held_across():
-            self._engine_call("commit", self.engine.commit, header["model_version"], True)
-        else:
-            self._engine_call("commit", self.engine.commit, header["model_version"])
+        # Commit: the version is served from now on; no request reads a prefix cached with
+        # the old weights (engine.commit: "salted" or "reset").
+        started = time.perf_counter()
+        how = self._engine_call("commit", self.engine.commit, header["model_version"], self.streams.held_across(),
+                                self.streams.in_flight() > 0)
+        commit_seconds = time.perf_counter() - started
         self.model_version = header["model_version"]
         self.prefix_cache_resets += 1
-        answer = {"model_version": self.model_version, "receipts": receipts, "prefix_cache_reset": True}
+        answer = {"model_version": self.model_version, "receipts": receipts, "prefix_cache_reset": True,
+                  "prefix_cache": how, "commit_seconds": commit_seconds}
         if payload.get("release") is True:
             # (The buffer policy's release in the same answer: no worker reads a buffer
             # outside an update, and the buffers stay mapped, "keep".)
