@@ -260,7 +260,7 @@ local function check(args)
     summary.runtime = { kind = recipe.runtime.kind, tp = topology.tp, replicas = topology.replicas }
     if recipe.runtime.kind == "vllm" then
       summary.runtime.load = recipe.runtime.load or "direct"
-      summary.runtime.channel = recipe.runtime.channel or "rpc"
+      summary.runtime.channel = recipe.runtime.channel or "socket"
       summary.runtime.model = require("wsync.runtime.vllm").model_dir(recipe)
     end
     summary.runs_here = unserved == nil
@@ -292,8 +292,8 @@ local function check(args)
       string.format("manifest     %s", summary.manifest),
       string.format("runtime      %s %sTP%d%s", summary.runtime.kind, summary.runtime.replicas > 1
         and (summary.runtime.replicas .. " replicas x ") or "", summary.runtime.tp, summary.runtime.load
-        and string.format(", load %s%s, model %s", summary.runtime.load, summary.runtime.channel == "socket"
-          and " over wsync's socket" or "", summary.runtime.model) or ""),
+        and string.format(", load %s %s, model %s", summary.runtime.load, summary.runtime.channel == "socket"
+          and "over wsync's socket" or "through vLLM's collective_rpc", summary.runtime.model) or ""),
     }
     if unserved then
       lines[#lines + 1] = string.format("runs here    no: %s; `wsync run` refuses it", unserved)

@@ -106,9 +106,9 @@ M.schema = schema.record({
         -- loader: in the first publication of a session (default), every
         -- publication, or never.
         check = schema.enum({ "first", "every", "never" }),
-        -- How the weight commands reach vLLM's TP workers: through vLLM's
-        -- collective_rpc (default), or a socket of wsync's to each worker
-        -- (wsync.vllm.channel: no trip through vLLM's EngineCore per chunk).
+        -- How the weight commands reach vLLM's TP workers: a socket of
+        -- wsync's to each worker (default; wsync.vllm.channel: no trip
+        -- through vLLM's EngineCore per command), or vLLM's collective_rpc.
         channel = schema.enum({ "rpc", "socket" }),
         vllm = schema.map({ item = schema.any({}) }),
         python = schema.string({}),
@@ -130,8 +130,9 @@ M.schema = schema.record({
     }),
     buffers = schema.record({
       fields = {
-        bytes = schema.number({ integer = true, min = 1, max = M.MAX_INTEGER, max_why = MAX_INTEGER_WHY,
-          required = true }),
+        -- (Each packed buffer's size: required unless `direct`, which has
+        -- none.)
+        bytes = schema.number({ integer = true, min = 1, max = M.MAX_INTEGER, max_why = MAX_INTEGER_WHY }),
         count = schema.number({ integer = true, min = 1, max = 8, default = 2 }),
         -- One rank on the cuda backend: the TP worker copies straight from
         -- the trainer's own exported storage, no packed buffers.
@@ -144,6 +145,12 @@ M.schema = schema.record({
         -- host otherwise.
         order = schema.enum({ "auto", "host", "device", default = "auto" }),
       },
+      check = function(buffers)
+        if buffers.bytes == nil and not buffers.direct then
+          return false, "give bytes, the size of each packed buffer (or direct = true: none)"
+        end
+        return true
+      end,
     }),
     memory = schema.record({
       fields = {

@@ -158,7 +158,7 @@ end
 ---@field model string     the model directory
 ---@field load string?     "direct" or "native"
 ---@field check string?    when the direct loader is checked against vLLM's: "first", "every", "never"
----@field channel string?  how weight commands reach vLLM's workers: "rpc" (collective_rpc) or "socket"
+---@field channel string?  how weight commands reach vLLM's workers: "socket" (default) or "rpc" (collective_rpc)
 ---@field engine table?    engine arguments for vllm.LLM
 ---@field python string?
 
@@ -191,7 +191,7 @@ function M.spawn(options, spawn_client)
       "--model", options.model,
       "--load", load,
       "--check", options.check or "first",
-      "--channel", options.channel or "rpc",
+      "--channel", options.channel or "socket",
       "--engine-args", cjson.encode(options.engine or {}),
       "--timeouts", cjson.encode(timeouts),
     },

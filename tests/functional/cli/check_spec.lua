@@ -258,12 +258,13 @@ describe("wsync check and wsync run agree", function()
     assert.is_false(summary.runs_here)
     -- (No GPU here, or fewer than four, or no vLLM: whichever comes first.)
     assert.matches(summary.not_runnable, refused.stderr, 1, true)
-    assert.are.same({ kind = "vllm", tp = 4, replicas = 1, load = "direct", channel = "rpc",
+    assert.are.same({ kind = "vllm", tp = 4, replicas = 1, load = "direct", channel = "socket",
       model = "recipes/models/qwen3-30b-a3b" }, summary.runtime)
     local text = check({ "check", "recipes/qwen3_30b_a3b_fsdp4_tp4.lua", "--plan-only" }).stdout
-    assert.matches("\n  runtime      vllm TP4, load direct, model recipes/models/qwen3-30b-a3b\n", text, 1, true)
-    text = check({ "check", RECIPES .. "/vllm_30b_bench_socket.lua", "--plan-only" }).stdout
-    assert.matches("\n  runtime      vllm TP1, load direct over wsync's socket, model ", text, 1, true)
+    assert.matches("\n  runtime      vllm TP4, load direct over wsync's socket, model recipes/models/qwen3-30b-a3b\n",
+      text, 1, true)
+    text = check({ "check", RECIPES .. "/vllm_30b_bench.lua", "runtime.channel=rpc", "--plan-only" }).stdout
+    assert.matches("\n  runtime      vllm TP1, load direct through vLLM's collective_rpc, model ", text, 1, true)
     assert.is_true(cjson.decode(check({ "check", "recipes/demo.lua", "--json" }).stdout).runs_here)
   end)
 

@@ -32,7 +32,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="how weights reach vLLM's parameters")
     parser.add_argument("--check", choices=("first", "every", "never"), default="first",
                         help="when the direct loader is checked bitwise against vLLM's own loader")
-    parser.add_argument("--channel", choices=("rpc", "socket"), default="rpc",
+    parser.add_argument("--channel", choices=("rpc", "socket"), default="socket",
                         help="how weight commands reach vLLM's workers: collective_rpc, or a socket to each")
     parser.add_argument("--engine-args", default="{}", help="engine arguments for vllm.LLM, a JSON object")
     parser.add_argument("--timeouts", default="{}", help="the host's per-command timeouts in seconds, JSON")

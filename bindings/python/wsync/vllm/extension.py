@@ -249,7 +249,7 @@ class CheckedDirectLoader(DirectLoader):
 
     def __init__(self, worker: Any, identity: dict[str, Any], host: Any) -> None:
         super().__init__(identity, host, lambda: torch_residents(worker.get_model()),
-                         lambda: torch_fingerprint(worker.get_model()))
+                         TorchFingerprint(worker.get_model))
         self.worker = worker
         self.check, self.checked, self.checking = "first", False, False
         self.chunks: dict[int, list[dict[str, Any]]] = {}
@@ -353,11 +353,38 @@ def torch_residents(model: Any) -> dict[str, dict[str, Any]]:
     return found
 
 
-def torch_fingerprint(model: Any) -> tuple[Any, ...]:
-    """What changes when any of a torch module's parameters moves, is replaced, or changes
-    shape or dtype (cheaper than torch_residents: no listing for the loader)."""
-    return tuple((name, parameter.data_ptr(), tuple(parameter.shape), parameter.dtype)
-                 for name, parameter in model.named_parameters())
+class TorchFingerprint:
+    """A value that changes when any parameter of the torch module ``model_of()`` moves, is
+    replaced, or changes shape or dtype (the direct loader's test that vLLM's parameters lie
+    where they were bound). Each call looks at the parameters seen last, through the dicts
+    that hold them, without walking the module tree again (the walk over a 30B-A3B model's
+    thousands of modules took milliseconds a publication); it walks again, and the value
+    changes, when one moved or the model is another."""
+
+    def __init__(self, model_of: Callable[[], Any]) -> None:
+        self.model_of = model_of
+        self.model: Any = None
+        self.seen: list[tuple[dict[str, Any], str, Any, int, Any, Any]] = []
+        self.value = 0
+
+    def _unchanged(self, model: Any) -> bool:
+        if model is not self.model:
+            return False
+        for holder, name, parameter, pointer, shape, dtype in self.seen:
+            if holder.get(name) is not parameter or parameter.data_ptr() != pointer or parameter.shape != shape \
+                    or parameter.dtype != dtype:
+                return False
+        return True
+
+    def __call__(self) -> int:
+        model = self.model_of()
+        if self.seen and self._unchanged(model):
+            return self.value
+        self.model, self.value = model, self.value + 1
+        self.seen = [(module._parameters, name, parameter, parameter.data_ptr(), parameter.shape, parameter.dtype)
+                     for module in model.modules() for name, parameter in module._parameters.items()
+                     if parameter is not None]
+        return self.value
 
 
 class WorkerExtension:

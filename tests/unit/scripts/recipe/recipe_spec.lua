@@ -489,6 +489,17 @@ describe("recipe schema numbers", function()
       refused({ memory = { optimizer_factor = 1000 } }).message)
   end)
 
+  it("needs buffers.bytes unless the path is direct (no packed buffers)", function()
+    local given = model_recipe()
+    given.buffers = { count = 2 }
+    local _, failure = schema.check(recipe.schema, given)
+    assert.are.equal("buffers", failure.path)
+    assert.are.equal("give bytes, the size of each packed buffer (or direct = true: none)", failure.message)
+    given.buffers, given.backend, given.trainer.ranks, given.runtime.tp = { direct = true }, "cuda", 1, 1
+    local checked, refusal = schema.check(recipe.schema, given)
+    assert.is_table(checked, refusal and refusal.message)
+  end)
+
   it("accepts the bounds themselves", function()
     assert.is_table(schema.check(recipe.schema, model_recipe({ memory = { device_bytes = 2 ^ 53,
       headroom_bytes = 2 ^ 50 }, timeouts = { startup = recipe.MAX_SECONDS }, trainer = { steps = 2 ^ 53 } })))

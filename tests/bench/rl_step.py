@@ -1,0 +1,278 @@
+"""The RL step's publication (issue 20): generation and publication interleaved as an RL loop
+runs them, into real vLLM, for three model sizes, each against its flat-copy floor measured in
+the same run.
+
+On the GPU machine with the vLLM bundle (`. .vllm/activate.sh`) and the wsync bundle's
+environment (`. build/bundle/env.sh`):
+
+    python3 tests/bench/rl_step.py [--models tiny,1.5GB,30B-A3B] [--steps 50] [--json FILE]
+
+A model named MODEL+rpc runs with the recipe's ``runtime.channel = "rpc"`` (the weight commands
+through vLLM's collective_rpc rather than wsync's socket to each TP worker, the default).
+
+Per model (tests/fixtures/recipes/rl_step_*.lua): one trainer rank embedding wsync
+(wsync.Host) whose tensors are views of one bfloat16 allocation, random values; vLLM TP1 on
+the same GPU, dummy weights, the direct loader from the trainer's own storage (one chunk).
+The first publication maps, plans and checks the loader against vLLM's own (reported
+apart); then STEPS times: a rollout through ``Host.generate`` (PROMPTS sampled completions
+of TOKENS tokens, temperature 1), then a publication. A publication's wall time is
+``agent.publish``'s, in this process; its phases are the session's own report: start (the
+header to every worker), fill, load (of which copies: the TP worker's copy), finish (of
+which commit: the runtime's commit of the version, its prefix cache), control (everything
+that is not the copy). The floor: one flat device copy of the model's bytes (torch's
+``copy_``), median of 20.
+
+With --vllm-own (default: the first model), vLLM's own ``LLM.generate`` then runs the same
+batch on an engine of the same arguments, for the generation throughput through wsync against
+vLLM's own, and that engine's ``reset_prefix_cache`` is timed (what each commit paid before
+wsync salted its requests by version).
+
+Ends with one line per model:
+    rl step publish: MODEL: median X ms over N (floor Y ms, Z x), engine live
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = {"tiny": "tests/fixtures/recipes/rl_step_tiny.lua",
+          "1.5GB": "tests/fixtures/recipes/rl_step_1p5g.lua",
+          "30B-A3B": "tests/fixtures/recipes/rl_step_30b.lua"}
+PHASES = ("start", "fill", "load", "load_copy", "finish", "commit")
+
+
+def say(text: str) -> None:
+    print(f"rl_step: {text}", flush=True)
+
+
+def median_ms(values: list[float]) -> float:
+    return statistics.median(values) * 1e3 if values else float("nan")
+
+
+def engine_arguments(wsync, recipe: str) -> tuple[str, dict]:
+    """The recipe's vLLM model directory and engine arguments, as the vllm runtime gets them."""
+    with wsync.Host() as host:
+        text = host.eval("local r = require('wsync.recipe').load(" + wsync.host.lua_literal(recipe) + ") "
+                         "return require('cjson').encode({ model = require('wsync.runtime.vllm').model_dir(r), "
+                         "vllm = r.runtime.vllm })")
+    found = json.loads(text)
+    return found["model"], found["vllm"]
+
+
+def prompts_for(vocab: int, count: int, length: int, seed: int) -> list[list[int]]:
+    import torch
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (count, length), generator=generator).tolist()
+
+
+def flat_copy_floor(torch, storage, repeats: int = 20) -> float:
+    target = torch.empty_like(storage)
+    seconds = []
+    for _ in range(repeats + 1):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        target.copy_(storage)
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
+    del target
+    torch.cuda.empty_cache()
+    return statistics.median(seconds[1:])
+
+
+def recipe_of(name: str) -> tuple[str, dict]:
+    """A model's recipe and overrides (MODEL+rpc, MODEL+socket: that channel)."""
+    model, _, way = name.partition("+")
+    return MODELS[model], ({"runtime.channel": way} if way else {})
+
+
+def with_steps(overrides: dict, steps: int) -> dict:
+    """``overrides`` and the session's publications: the first and ``steps`` more."""
+    return dict(overrides, **{"trainer.steps": steps + 1})
+
+
+def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict) -> dict:
+    layout = wsync.trainer_tensors(recipe)
+    total = sum(int(torch.Size(t.shape).numel()) for t in layout)
+    storage = torch.empty(total, dtype=torch.bfloat16, device="cuda")
+    storage.normal_(0, 0.02)
+    tensors, offset = {}, 0
+    for t in layout:
+        count = int(torch.Size(t.shape).numel())
+        tensors[t.name] = storage[offset:offset + count].view(t.shape)
+        offset += count
+    nbytes = total * 2
+    floor = flat_copy_floor(torch, storage)
+    say(f"{name}: {len(layout)} trainer tensors, {nbytes / 1e9:.3f} GB; floor (one flat copy) {floor * 1e3:.3f} ms")
+    model_dir, _ = engine_arguments(wsync, recipe)
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    prompts = prompts_for(vocab, args.prompts, args.prompt_tokens, seed=1)
+    walls, phases, generation, tokens, stale = [], {phase: [] for phase in PHASES}, [], [], []
+    first = None
+    with wsync.Host(recipe, **with_steps(overrides, args.steps)) as host:
+        agent = host.agent(rank=0, world=1, backend="cuda", device=0)
+        for tensor_name, tensor in tensors.items():
+            agent.register_tensor(tensor_name, tensor)
+        agent.ready()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        first = agent.publish(1)
+        first_seconds = time.perf_counter() - started
+        say(f"{name}: first publication (init, plan, the check against vLLM's own loader) {first_seconds * 1e3:.0f} "
+            "ms")
+        for step in range(2, args.steps + 2):
+            started = time.perf_counter()
+            result = host.generate(prompts, max_tokens=args.tokens, temperature=1.0, ignore_eos=True)
+            seconds = time.perf_counter() - started
+            produced = sum(len(output["token_ids"]) for output in result["outputs"])
+            generation.append(seconds)
+            tokens.append(produced)
+            wrong = [output["model_version"] for output in result["outputs"] if output["model_version"] != step - 1]
+            if wrong or result["model_version"] != step - 1:
+                stale.append(f"step {step}: generation stamped {sorted(set(wrong))}, expected {step - 1}")
+            # (The trainer's step: its weights change in place.)
+            storage.add_(1e-4)
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            publication = agent.publish(step)
+            walls.append(time.perf_counter() - started)
+            if publication.model_version != step:
+                stale.append(f"step {step}: published version {publication.model_version}")
+            for phase in PHASES:
+                value = publication.timings.get(phase)
+                if value is not None:
+                    phases[phase].append(float(value))
+            phases.setdefault("total", []).append(float(publication.timings["total"]))
+            if args.verbose:
+                t = publication.timings
+                say(f"{name} step {step}: publish {walls[-1] * 1e3:.2f} ms (session {t['total'] * 1e3:.2f}: start "
+                    f"{t['start'] * 1e3:.2f}, load {t['load'] * 1e3:.2f}, finish {t['finish'] * 1e3:.2f}); "
+                    f"generate {seconds * 1e3:.1f} ms, {produced} tokens")
+        # (What the runtime says of its own command times: its closing line in the log.)
+        info = host.runtime_info()
+    del tensors, storage
+    gc.collect()
+    torch.cuda.empty_cache()
+    control = [total - copy for total, copy in zip(phases["total"], phases["load_copy"])]
+    row = {
+        "model": name, "bytes": nbytes, "tensors": len(layout), "steps": len(walls),
+        "floor_ms": floor * 1e3, "median_ms": median_ms(walls), "best_ms": min(walls) * 1e3,
+        "p90_ms": statistics.quantiles(walls, n=10)[-1] * 1e3 if len(walls) >= 10 else None,
+        "session_median_ms": median_ms(phases["total"]),
+        "phases_median_ms": {phase: median_ms(values) for phase, values in phases.items() if values},
+        "control_median_ms": median_ms(control),
+        "first_ms": first_seconds * 1e3,
+        "generate_median_ms": median_ms(generation),
+        "generate_tokens_per_s": statistics.median(n / s for n, s in zip(tokens, generation)),
+        "prefix_cache_resets": info.get("prefix_cache_resets"),
+        "stale": stale,
+    }
+    row["ratio"] = row["median_ms"] / row["floor_ms"]
+    return row
+
+
+def vllm_own(torch, wsync, recipe: str, args) -> dict:
+    """vLLM's own LLM.generate on the same batch, an engine of the same arguments; and its
+    reset_prefix_cache's time after a generation."""
+    from vllm import LLM, SamplingParams, TokensPrompt
+    model_dir, engine = engine_arguments(wsync, recipe)
+    engine = dict(engine)
+    engine.setdefault("logprobs_mode", "processed_logprobs")  # (as the vllm runtime sets it)
+    llm = LLM(model=model_dir, enable_sleep_mode=True, **engine)
+    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts_for(vocab, args.prompts, args.prompt_tokens, 1)]
+    params = SamplingParams(max_tokens=args.tokens, temperature=1.0, ignore_eos=True, logprobs=0)
+    llm.generate(prompts, params, use_tqdm=False)
+    rates, resets = [], []
+    for _ in range(min(args.steps, 20)):
+        started = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - started
+        rates.append(sum(len(o.outputs[0].token_ids) for o in outputs) / seconds)
+        started = time.perf_counter()
+        llm.reset_prefix_cache()
+        resets.append(time.perf_counter() - started)
+    from wsync.vllm.engine import shutdown_engine
+    shutdown_engine(llm)
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"tokens_per_s": statistics.median(rates), "reset_prefix_cache_ms": median_ms(resets)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)} (default all)")
+    parser.add_argument("--steps", type=int, default=50, help="publications timed per model (default 50)")
+    parser.add_argument("--prompts", type=int, default=64, help="completions per rollout (default 64)")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per completion (default 16)")
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="tokens per prompt (default 32)")
+    parser.add_argument("--vllm-own", default=None,
+                        help="the model whose batch vLLM's own LLM.generate also runs (default: the first; 'none')")
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--verbose", action="store_true", help="a line per publication")
+    args = parser.parse_args()
+    models = args.models.split(",")
+    unknown = sorted(name for name in models if name.partition("+")[0] not in MODELS
+                     or name.partition("+")[2] not in ("", "rpc", "socket"))
+    if unknown:
+        parser.error(f"unknown models {unknown} (known: {', '.join(MODELS)})")
+    own_model = args.vllm_own or models[0]
+    os.chdir(ROOT)
+    import torch
+
+    import wsync
+    torch.cuda.set_device(0)
+    say(f"{torch.cuda.get_device_name()}; {args.steps} steps per model, each a rollout of {args.prompts} x "
+        f"{args.tokens} tokens then a publication")
+    rows, failures = [], []
+    for name in models:
+        try:
+            recipe, overrides = recipe_of(name)
+            rows.append(run_model(wsync, torch, name, recipe, args, overrides))
+        except Exception as error:  # (reported; the other models still run)
+            failures.append(f"{name}: {type(error).__name__}: {error}")
+            say(f"{name}: FAILED: {type(error).__name__}: {error}")
+            continue
+        if rows[-1]["stale"]:
+            failures.extend(f"{name}: {what}" for what in rows[-1]["stale"])
+    own = None
+    if own_model in models and own_model != "none" and any(row["model"] == own_model for row in rows):
+        try:
+            own = vllm_own(torch, wsync, recipe_of(own_model)[0], args)
+        except Exception as error:
+            failures.append(f"vLLM's own generate: {type(error).__name__}: {error}")
+    print(f"\n{'model':<13} {'GB':>7} {'floor ms':>9} {'median ms':>10} {'p90 ms':>8} {'x floor':>8} "
+          f"{'start':>6} {'fill':>6} {'load':>6} {'(copy)':>7} {'finish':>7} {'(commit)':>9} {'control':>8} "
+          f"{'gen ms':>7} {'tok/s':>8}")
+    for row in rows:
+        p = row["phases_median_ms"]
+        print(f"{row['model']:<13} {row['bytes'] / 1e9:7.3f} {row['floor_ms']:9.3f} {row['median_ms']:10.2f} "
+              f"{(row['p90_ms'] or float('nan')):8.2f} {row['ratio']:8.2f} {p.get('start', 0):6.2f} "
+              f"{p.get('fill', 0):6.2f} {p.get('load', 0):6.2f} {p.get('load_copy', 0):7.2f} {p.get('finish', 0):7.2f} "
+              f"{p.get('commit', float('nan')):9.3f} {row['control_median_ms']:8.2f} {row['generate_median_ms']:7.1f} "
+              f"{row['generate_tokens_per_s']:8.0f}")
+    if own is not None:
+        ours = next(row for row in rows if row["model"] == own_model)
+        overhead = own["tokens_per_s"] / ours["generate_tokens_per_s"] - 1
+        print(f"generation {own_model}: through wsync {ours['generate_tokens_per_s']:.0f} tokens/s, vLLM's own "
+              f"LLM.generate {own['tokens_per_s']:.0f} tokens/s ({overhead * 100:+.1f} % time through wsync); "
+              f"vLLM's reset_prefix_cache on that engine: {own['reset_prefix_cache_ms']:.2f} ms")
+    for row in rows:
+        print(f"rl step publish: {row['model']}: median {row['median_ms']:.2f} ms over {row['steps']} (floor "
+              f"{row['floor_ms']:.3f} ms, {row['ratio']:.2f} x), engine live")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "vllm_own": own, "failures": failures}, indent=1))
+    for failure in failures:
+        print(f"rl_step: FAILED: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
