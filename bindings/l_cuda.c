@@ -541,7 +541,7 @@ static int event_tostring(lua_State *L) {
 // Plans
 
 static void push_info(lua_State *L, const ws_cuda_plan_info *info) {
-  lua_createtable(L, 0, 7);
+  lua_createtable(L, 0, 9);
   lua_pushnumber(L, (lua_Number)info->tile);
   lua_setfield(L, -2, "tile");
   lua_pushnumber(L, (lua_Number)info->ops);
@@ -556,6 +556,10 @@ static void push_info(lua_State *L, const ws_cuda_plan_info *info) {
   lua_setfield(L, -2, "bytes");
   lua_pushnumber(L, (lua_Number)info->device_bytes);
   lua_setfield(L, -2, "device_bytes");
+  lua_pushnumber(L, (lua_Number)info->bulk);
+  lua_setfield(L, -2, "bulk");
+  lua_pushnumber(L, (lua_Number)info->bulk_bytes);
+  lua_setfield(L, -2, "bulk_bytes");
 }
 
 // A region index of a table op: 1-based in Lua, 0-based in the core.
@@ -586,11 +590,13 @@ static void convert_copy_op(lua_State *L, int table, size_t position,
       ws_lua_op_field(L, table, position, "source_pitch", 0, op->width);
 }
 
-// _cuda.copy_plan(device, regions, ops[, {tile = bytes}]) -> plan | nil,
-// message, CODE (with `tile`, the tiled layout)
+// _cuda.copy_plan(device, regions, ops[, {tile = bytes, bulk = bytes}]) ->
+// plan | nil, message, CODE (with `tile`, the tiled layout; with `bulk`, runs
+// of at least that many contiguous bytes copied by CUDA's own copy:
+// ws_cuda_copy_options)
 static int cuda_copy_plan(lua_State *L) {
   int device = check_device(L, 1);
-  uint64_t tile = 0;
+  ws_cuda_copy_options options = {0, 0};
   if (!lua_isnoneornil(L, 4)) {
     luaL_checktype(L, 4, LUA_TTABLE);
     lua_getfield(L, 4, "tile"); // [.., options, tile]
@@ -599,9 +605,17 @@ static int cuda_copy_plan(lua_State *L) {
       if (bytes < 1 || bytes > (lua_Number)WS_CUDA_TILE_MAX ||
           bytes != (lua_Number)(uint64_t)bytes)
         return luaL_argerror(L, 4, "tile must be a whole number of bytes");
-      tile = (uint64_t)bytes;
+      options.tile = (uint64_t)bytes;
     }
-    lua_pop(L, 1);
+    lua_getfield(L, 4, "bulk"); // [.., options, tile, bulk]
+    if (!lua_isnil(L, -1)) {
+      lua_Number bytes = luaL_checknumber(L, -1);
+      if (bytes < 0 || bytes > 9007199254740992.0 ||
+          bytes != (lua_Number)(uint64_t)bytes)
+        return luaL_argerror(L, 4, "bulk must be a whole number of bytes");
+      options.bulk = (uint64_t)bytes;
+    }
+    lua_pop(L, 2);
   }
   size_t region_count = 0, count = 0;
   const ws_cuda_region *regions =
@@ -611,12 +625,8 @@ static int cuda_copy_plan(lua_State *L) {
   ws_lua_push_box(L, copy_plan_class, NULL); // [.., regions, ops, box]
   keep_referenced(L, 2, 2);
   ws_cuda_copy_plan *plan = NULL;
-  int status = tile != 0
-                   ? ws_cuda_copy_plan_create_tiled(device, regions,
-                                                    region_count, ops, count,
-                                                    tile, &plan)
-                   : ws_cuda_copy_plan_create(device, regions, region_count,
-                                              ops, count, &plan);
+  int status = ws_cuda_copy_plan_create_with(device, regions, region_count,
+                                             ops, count, &options, &plan);
   return ws_lua_fill_box(L, status, plan);
 }
 

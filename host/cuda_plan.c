@@ -298,6 +298,103 @@ int ws_cuda_copy_layout(const ws_cuda_region *regions, size_t region_count,
   return WS_OK;
 }
 
+// ---------------------------------------------------------------------------
+// Bulk copies
+//
+// A model's canonical tensors often lie back to back on both sides (a packed
+// expert tensor of the trainer and vLLM's fused expert weight hold the same
+// bytes in the same order at TP 1): their ops join into one contiguous run,
+// and a long run copies fastest as CUDA's own device-to-device copy, the
+// flat copy that is the publication's floor. The kernel keeps the rest.
+
+// The bytes of an op that is one contiguous stretch on both sides, or 0.
+static uint64_t stretch_bytes(const ws_cuda_copy_op *op) {
+  if (op->rows == 0 || op->width == 0)
+    return 0;
+  if (op->rows == 1 || copy_contiguous(op))
+    return op->rows * op->width; // (check_copy_ops bounded it by a region)
+  return 0;
+}
+
+// Orders ops by where they write (target region, then offset), then by where
+// they read: ops that continue one another come next to each other whatever
+// order the plan's tensors came in (a layer's experts down, gate, up, ...).
+static int by_target(const void *a, const void *b) {
+  const ws_cuda_copy_op *x = a, *y = b;
+  if (x->target_region != y->target_region)
+    return x->target_region < y->target_region ? -1 : 1;
+  if (x->target_offset != y->target_offset)
+    return x->target_offset < y->target_offset ? -1 : 1;
+  if (x->source_region != y->source_region)
+    return x->source_region < y->source_region ? -1 : 1;
+  if (x->source_offset != y->source_offset)
+    return x->source_offset < y->source_offset ? -1 : 1;
+  return 0;
+}
+
+int ws_cuda_copy_split_bulk(const ws_cuda_region *regions, size_t region_count,
+                            const ws_cuda_copy_op *given, size_t count,
+                            uint64_t min_bytes, ws_cuda_copy_op *rest,
+                            size_t *rest_count, ws_cuda_bulk_copy *bulk,
+                            size_t *bulk_count) {
+  ws_clear_error();
+  uint64_t total = 0;
+  int status = check_copy_ops(regions, region_count, given, count, &total);
+  if (status != WS_OK)
+    return status;
+  if (count > 0 && (rest == NULL || bulk == NULL))
+    return ws_fail(WS_EINVAL, "cuda: no room for the split of %zu ops", count);
+  *rest_count = *bulk_count = 0;
+  if (min_bytes == 0) {
+    if (count > 0)
+      memcpy(rest, given, count * sizeof *rest);
+    *rest_count = count;
+    return WS_OK;
+  }
+  ws_cuda_copy_op *ops = malloc((count > 0 ? count : 1) * sizeof *ops);
+  if (ops == NULL)
+    return ws_fail(WS_ENOMEM, "cuda: cannot order %zu copy ops", count);
+  if (count > 0)
+    memcpy(ops, given, count * sizeof *ops);
+  qsort(ops, count, sizeof *ops, by_target);
+  for (size_t i = 0; i < count;) {
+    uint64_t run = stretch_bytes(&ops[i]);
+    size_t next = i + 1;
+    if (run != 0) {
+      // (The ops that continue this one: same regions, each starting on both
+      // sides where the run so far ends.)
+      while (next < count) {
+        const ws_cuda_copy_op *op = &ops[next];
+        uint64_t bytes = stretch_bytes(op);
+        if (bytes == 0 || op->target_region != ops[i].target_region ||
+            op->source_region != ops[i].source_region ||
+            op->target_offset != ops[i].target_offset + run ||
+            op->source_offset != ops[i].source_offset + run)
+          break;
+        run += bytes;
+        next++;
+      }
+    }
+    if (run != 0 && run >= min_bytes) {
+      bulk[*bulk_count] = (ws_cuda_bulk_copy){
+          regions[ops[i].source_region].pointer + ops[i].source_offset,
+          regions[ops[i].target_region].pointer + ops[i].target_offset, run};
+      ++*bulk_count;
+    } else if (run != 0) {
+      ws_cuda_copy_op *joined = &rest[(*rest_count)++];
+      *joined = ops[i];
+      joined->rows = 1;
+      joined->width = run;
+      joined->target_pitch = joined->source_pitch = run;
+    } else {
+      rest[(*rest_count)++] = ops[i];
+    }
+    i = next;
+  }
+  free(ops);
+  return WS_OK;
+}
+
 static int check_tile(uint64_t tile) {
   if (tile < WS_CUDA_TILE_UNIT || tile > WS_CUDA_TILE_MAX ||
       tile % WS_CUDA_TILE_UNIT != 0)
@@ -502,6 +599,9 @@ struct ws_cuda_copy_plan {
   size_t pieces;
   size_t ops;
   uint64_t bytes;
+  ws_cuda_bulk_copy *bulk; // (host memory) queued before the kernel
+  size_t bulk_count;
+  uint64_t bulk_bytes;
 };
 
 struct ws_cuda_synth_plan {
@@ -527,6 +627,7 @@ static void describe(ws_cuda_plan_info *out, size_t ops, size_t pieces,
                 WS_CUDA_THREADS;
   out->bytes = bytes;
   out->device_bytes = memory_bytes;
+  out->bulk = out->bulk_bytes = 0;
 }
 
 void ws_cuda_copy_plan_info(const ws_cuda_copy_plan *plan,
@@ -534,6 +635,8 @@ void ws_cuda_copy_plan_info(const ws_cuda_copy_plan *plan,
   describe(out, plan->ops, plan->pieces, plan->warps, plan->bytes,
            plan->memory_bytes);
   out->tile = plan->tile;
+  out->bulk = plan->bulk_count;
+  out->bulk_bytes = plan->bulk_bytes;
 }
 
 void ws_cuda_synth_plan_info(const ws_cuda_synth_plan *plan,
@@ -627,7 +730,7 @@ static int lay_out_copies(const ws_cuda_region *regions, size_t region_count,
 
 static int create_copy_plan(int device, const ws_cuda_region *regions,
                             size_t region_count, const ws_cuda_copy_op *ops,
-                            size_t count, uint64_t tile,
+                            size_t count, uint64_t tile, uint64_t bulk_min,
                             ws_cuda_copy_plan **out) {
   ws_clear_error();
   uint64_t total = 0;
@@ -642,8 +745,11 @@ static int create_copy_plan(int device, const ws_cuda_region *regions,
     return status;
   ws_cuda_copy_plan *plan = calloc(1, sizeof *plan);
   unsigned char *used = calloc(region_count > 0 ? region_count : 1, 1);
+  ws_cuda_copy_op *rest = calloc(count > 0 ? count : 1, sizeof *rest);
   void *host = NULL;
-  if (plan == NULL || used == NULL) {
+  if (plan == NULL || used == NULL || rest == NULL ||
+      (plan->bulk = calloc(count > 0 ? count : 1, sizeof *plan->bulk)) ==
+          NULL) {
     status = ws_fail(WS_ENOMEM, "cuda: cannot allocate a copy plan");
     goto done;
   }
@@ -653,14 +759,29 @@ static int create_copy_plan(int device, const ws_cuda_region *regions,
   status = check_used_regions(regions, region_count, used, device);
   if (status != WS_OK)
     goto done;
+  size_t rest_count = 0;
+  status = ws_cuda_copy_split_bulk(regions, region_count, ops, count, bulk_min,
+                                   rest, &rest_count, plan->bulk,
+                                   &plan->bulk_count);
+  if (status != WS_OK)
+    goto done;
+  for (size_t i = 0; i < plan->bulk_count; i++)
+    plan->bulk_bytes += plan->bulk[i].bytes;
+  if (plan->bulk_count < count) { // (keep what the launches read)
+    ws_cuda_bulk_copy *kept = realloc(
+        plan->bulk, (plan->bulk_count > 0 ? plan->bulk_count : 1) *
+                        sizeof *plan->bulk);
+    if (kept != NULL)
+      plan->bulk = kept;
+  }
   uint32_t capacity = 0, synth_capacity = 0;
   status = ws_cuda_kernel_capacity(device, &capacity, &synth_capacity);
   if (status != WS_OK)
     goto done;
   size_t pieces = 0, bytes = 0;
   uint32_t warps = 0;
-  status = lay_out_copies(regions, region_count, ops, count, capacity, tile,
-                          &host, &bytes, &pieces, &warps);
+  status = lay_out_copies(regions, region_count, rest, rest_count, capacity,
+                          tile, &host, &bytes, &pieces, &warps);
   if (status == WS_OK)
     status = upload(host, bytes, &plan->memory, "copy plan descriptors");
   if (status != WS_OK)
@@ -678,6 +799,9 @@ done:
   ws_cuda_leave(previous);
   free(host);
   free(used);
+  free(rest);
+  if (plan != NULL)
+    free(plan->bulk);
   free(plan);
   return status;
 }
@@ -685,7 +809,18 @@ done:
 int ws_cuda_copy_plan_create(int device, const ws_cuda_region *regions,
                              size_t region_count, const ws_cuda_copy_op *ops,
                              size_t count, ws_cuda_copy_plan **out) {
-  return create_copy_plan(device, regions, region_count, ops, count, 0, out);
+  return create_copy_plan(device, regions, region_count, ops, count, 0, 0,
+                          out);
+}
+
+int ws_cuda_copy_plan_create_with(int device, const ws_cuda_region *regions,
+                                  size_t region_count,
+                                  const ws_cuda_copy_op *ops, size_t count,
+                                  const ws_cuda_copy_options *options,
+                                  ws_cuda_copy_plan **out) {
+  return create_copy_plan(device, regions, region_count, ops, count,
+                          options != NULL ? options->tile : 0,
+                          options != NULL ? options->bulk : 0, out);
 }
 
 int ws_cuda_copy_plan_create_tiled(int device, const ws_cuda_region *regions,
@@ -696,7 +831,7 @@ int ws_cuda_copy_plan_create_tiled(int device, const ws_cuda_region *regions,
     ws_clear_error();
     return check_tile(tile);
   }
-  return create_copy_plan(device, regions, region_count, ops, count, tile,
+  return create_copy_plan(device, regions, region_count, ops, count, tile, 0,
                           out);
 }
 
@@ -704,12 +839,30 @@ int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
   ws_clear_error();
   void *raw = NULL;
   int status = ws_cuda_stream_for(stream, plan->device, &raw);
-  if (status != WS_OK || plan->pieces == 0)
+  if (status != WS_OK || (plan->pieces == 0 && plan->bulk_count == 0))
     return status;
   int previous = 0;
   status = ws_cuda_enter(plan->device, &previous);
   if (status != WS_OK)
     return status;
+  for (size_t i = 0; i < plan->bulk_count; i++) {
+    const ws_cuda_bulk_copy *copy = &plan->bulk[i];
+    cudaError_t error = cudaMemcpyAsync(
+        (void *)(uintptr_t)copy->target, (const void *)(uintptr_t)copy->source,
+        copy->bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)raw);
+    if (error != cudaSuccess) {
+      ws_cuda_leave(previous);
+      return ws_cuda_failure(error, "cudaMemcpyAsync",
+                             "bulk copy %zu of %zu (%llu bytes) of a copy "
+                             "plan on device %d",
+                             i, plan->bulk_count,
+                             (unsigned long long)copy->bytes, plan->device);
+    }
+  }
+  if (plan->pieces == 0) {
+    ws_cuda_leave(previous);
+    return WS_OK;
+  }
   size_t desc_bytes = round_up(plan->pieces * sizeof(ws_cuda_copy_desc), 16);
   const ws_cuda_copy_desc *descs = plan->memory;
   const void *after = (const char *)plan->memory + desc_bytes;
@@ -738,6 +891,7 @@ int ws_cuda_copy_plan_close(ws_cuda_copy_plan *plan) {
                              "copy plan descriptors");
     ws_cuda_leave(previous);
   }
+  free(plan->bulk);
   free(plan);
   return status;
 }
@@ -960,6 +1114,21 @@ int ws_cuda_copy_plan_create_tiled(int device, const ws_cuda_region *regions,
   (void)device, (void)out;
   uint64_t total = 0;
   int status = check_tile(tile);
+  if (status == WS_OK)
+    status = check_copy_ops(regions, region_count, ops, count, &total);
+  return status != WS_OK ? status : not_built();
+}
+
+int ws_cuda_copy_plan_create_with(int device, const ws_cuda_region *regions,
+                                  size_t region_count,
+                                  const ws_cuda_copy_op *ops, size_t count,
+                                  const ws_cuda_copy_options *options,
+                                  ws_cuda_copy_plan **out) {
+  ws_clear_error();
+  (void)device, (void)out;
+  uint64_t total = 0;
+  int status = options != NULL && options->tile != 0 ? check_tile(options->tile)
+                                                      : WS_OK;
   if (status == WS_OK)
     status = check_copy_ops(regions, region_count, ops, count, &total);
   return status != WS_OK ? status : not_built();

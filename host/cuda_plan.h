@@ -69,6 +69,25 @@ typedef struct ws_cuda_synth_op {
   uint64_t seed;          // ws_synth_seed of the tensor's name
 } ws_cuda_synth_op;
 
+/// One copy of `bytes` contiguous bytes between absolute device pointers,
+/// which CUDA's own device-to-device copy runs (cudaMemcpyAsync, as torch's
+/// copy_ of one tensor does): a plan's bulk copies.
+typedef struct ws_cuda_bulk_copy {
+  uint64_t source;
+  uint64_t target;
+  uint64_t bytes;
+} ws_cuda_bulk_copy;
+
+/// How a copy plan runs its ops. `tile`: the tiled layout's tile (0: per-warp
+/// ranges). `bulk`: runs of ops that continue one another contiguously (the
+/// next op's source and target start where the previous op's end, in the same
+/// regions) are joined into one op, and a joined run of at least `bulk` bytes
+/// is a bulk copy rather than part of the kernel's launch (0: neither).
+typedef struct ws_cuda_copy_options {
+  uint64_t tile;
+  uint64_t bulk;
+} ws_cuda_copy_options;
+
 /// What a plan holds, for reports and tests.
 typedef struct ws_cuda_plan_info {
   uint64_t ops;
@@ -78,6 +97,8 @@ typedef struct ws_cuda_plan_info {
   uint64_t blocks;        // thread blocks of one launch
   uint64_t bytes;         // bytes one launch writes
   uint64_t device_bytes;  // device memory the plan holds (descriptors)
+  uint64_t bulk;          // bulk copies (ws_cuda_copy_options)
+  uint64_t bulk_bytes;    // bytes of them
 } ws_cuda_plan_info;
 
 /// The outcome of a synthetic check: mismatching elements, and the first one
@@ -123,6 +144,18 @@ int ws_cuda_copy_tile_layout(const ws_cuda_region *regions,
                              size_t capacity, size_t *desc_count,
                              uint64_t *starts);
 
+/// Orders the ops by where they write, joins runs of ops that continue one
+/// another and sets apart the runs of at least `min_bytes` as bulk copies
+/// (ws_cuda_copy_options.bulk; 0 copies the ops to `rest` unchanged). `rest` and `bulk` have room for `count` entries
+/// each; `*rest_count` and `*bulk_count` say how many were written. Checks the
+/// ops as ws_cuda_copy_layout; the copies `rest` and `bulk` make together are
+/// exactly the ops'. Tests run it on host memory.
+int ws_cuda_copy_split_bulk(const ws_cuda_region *regions, size_t region_count,
+                            const ws_cuda_copy_op *ops, size_t count,
+                            uint64_t min_bytes, ws_cuda_copy_op *rest,
+                            size_t *rest_count, ws_cuda_bulk_copy *bulk,
+                            size_t *bulk_count);
+
 /// Runs a tiled layout's copies on the host, walking the tiles as `warps`
 /// warps of the kernel do (each warp its tiles, in turn): for tests of the
 /// walk on host memory. `tile` as ws_cuda_copy_plan_create_tiled's.
@@ -145,8 +178,16 @@ int ws_cuda_copy_plan_create_tiled(int device, const ws_cuda_region *regions,
                                    const ws_cuda_copy_op *ops, size_t count,
                                    uint64_t tile, ws_cuda_copy_plan **out);
 
-/// Queues the plan's one kernel launch on `stream` (NULL: legacy default
-/// stream). Completion: an event recorded after it, or the stream's sync.
+/// The same with `options` (NULL: per-warp ranges, no bulk copies).
+int ws_cuda_copy_plan_create_with(int device, const ws_cuda_region *regions,
+                                  size_t region_count,
+                                  const ws_cuda_copy_op *ops, size_t count,
+                                  const ws_cuda_copy_options *options,
+                                  ws_cuda_copy_plan **out);
+
+/// Queues the plan's bulk copies and its one kernel launch on `stream` (NULL:
+/// legacy default stream). Completion: an event recorded after them, or the
+/// stream's sync.
 int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream);
 
 /// Describes the plan.

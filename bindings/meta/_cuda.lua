@@ -97,7 +97,7 @@ function cuda.event(device, timing) end
 ---@param device integer
 ---@param regions wsync.cuda.RegionLike[]
 ---@param ops wsync.cuda.CopyOp[]|string  tables, or packed ws_cuda_copy_op records (regions from 0)
----@param options {tile: integer?}?  tile: the tiled layout, the warps taking tiles of that many bytes in turn
+---@param options {tile: integer?, bulk: integer?}?  tile: the tiled layout, the warps taking tiles of that many bytes in turn; bulk: runs of ops that continue one another contiguously, joined, and copied by CUDA's own copy from that many bytes on
 ---@return wsync.cuda.CopyPlan|nil plan, string? message, string? code
 function cuda.copy_plan(device, regions, ops, options) end
 

@@ -2,7 +2,8 @@
 -- random descriptor sets (aligned, unaligned, strided, many tiny ops, one
 -- huge op, several sources and targets in one launch) against a host
 -- reference copy, one launch per plan, in both layouts (per-warp ranges, and
--- tiles the warps take in turn, of 512 B, 8 KiB and 64 KiB), and the checks
+-- tiles the warps take in turn, of 512 B, 8 KiB and 64 KiB), runs of ops
+-- copied by CUDA's own copy (bulk), and the checks
 -- that make a bad region an error rather than a fault. Without a usable device the whole file is
 -- reported as pending, with the reason the core gave.
 local ffi = require("ffi")
@@ -171,6 +172,33 @@ describe("cuda batched copies", function()
       end)
     end)
   end
+
+  it("copies runs of ops that continue one another with CUDA's own copy (bulk), the rest in the kernel", function()
+    math.randomseed(6)
+    -- (Expert-like runs: ops back to back on both sides, 1-3 MiB each, with
+    -- small and strided ops between the runs.)
+    local ops, to, from = {}, { 0, 0 }, 0
+    for run = 1, 6 do
+      local target = 1 + run % 2
+      for _ = 1, 3 do
+        local width = math.random(1, 2) * MiB + math.random(0, 15) * 16
+        ops[#ops + 1] = { target = target, source = 3, target_offset = to[target], source_offset = from,
+          width = width }
+        to[target], from = to[target] + width, from + width
+      end
+      ops[#ops + 1] = { target = target, source = 4, target_offset = to[target] + 64, source_offset = run * 40000,
+        rows = 8, width = 1000, target_pitch = 1024, source_pitch = 3000 }
+      to[target], from = to[target] + 64 + 8 * 1024, from + 4096
+    end
+    local info = check(ops, 2, { tile = 65536, bulk = 2 * MiB })
+    assert.are.equal(6, info.bulk)
+    assert.is_true(info.bulk_bytes > 0 and info.bulk_bytes < info.bytes)
+    -- (Every op a bulk copy: no kernel launch at all.)
+    info = check({ { target = 1, source = 3, target_offset = 0, source_offset = 0, width = 8 * MiB },
+      { target = 1, source = 3, target_offset = 8 * MiB, source_offset = 8 * MiB, width = 8 * MiB } }, 1,
+      { bulk = MiB })
+    assert.are.same({ 1, 16 * MiB, 0 }, { info.bulk, info.bulk_bytes, info.pieces })
+  end)
 
   it("skips a plan of empty ops without launching", function()
     check({ { target = 1, source = 3, target_offset = 0, source_offset = 0, rows = 5, width = 0 } })

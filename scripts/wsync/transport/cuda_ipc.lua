@@ -88,20 +88,43 @@ M.BINDS_MEMORY = true
 --- (tests/bench/cuda_publish.lua `SIZE@TILE`).
 M.COPY_TILE = 64 * 1024
 
+--- Runs of copies that continue one another contiguously (a packed expert
+--- tensor into vLLM's fused expert weight at TP 1: 768 MiB for the 30B-A3B)
+--- are joined, and those of at least this many bytes are copied by CUDA's own
+--- device-to-device copy, the publication's floor, rather than by the kernel
+--- (0.89 of it on the H200). $WSYNC_CUDA_COPY_BULK (bytes; 0: none) changes
+--- it where each plan is made.
+M.COPY_BULK = 16 * 1024 * 1024
+
+-- A byte count from the environment, or nil, message, code.
+local function bytes_from(name, default, valid, what)
+  local value = os.getenv(name)
+  if value == nil or value == "" then
+    return default
+  end
+  local number = tonumber(value)
+  if not number or not valid(number) then
+    return nil, string.format("%s=%s is not %s", name, value, what), "WS_EINVAL"
+  end
+  return number
+end
+
 --- copy_plan's options for this process's plans, or nil, message, code.
 function M.copy_options()
-  local value = os.getenv("WSYNC_CUDA_COPY_TILE")
-  if value == nil or value == "" then
-    return { tile = M.COPY_TILE }
-  elseif value == "0" then
-    return {}
+  local tile, message, code = bytes_from("WSYNC_CUDA_COPY_TILE", M.COPY_TILE, function(n)
+    return n == 0 or (n % 512 == 0 and n >= 512 and n <= 64 * 1024 * 1024)
+  end, "a number of bytes that is a multiple of 512 up to 64 MiB")
+  if not tile then
+    return nil, message, code
   end
-  local tile = tonumber(value)
-  if not tile or tile % 512 ~= 0 or tile < 512 or tile > 64 * 1024 * 1024 then
-    return nil, string.format("WSYNC_CUDA_COPY_TILE=%s is not a number of bytes that is a multiple of 512 up to "
-      .. "64 MiB", value), "WS_EINVAL"
+  local bulk
+  bulk, message, code = bytes_from("WSYNC_CUDA_COPY_BULK", M.COPY_BULK, function(n)
+    return n >= 0 and n % 1 == 0 and n <= 2 ^ 53
+  end, "a whole number of bytes")
+  if not bulk then
+    return nil, message, code
   end
-  return { tile = tile }
+  return { tile = tile ~= 0 and tile or nil, bulk = bulk ~= 0 and bulk or nil }
 end
 
 --- How the ranks' shards come together: NCCL broadcasts, every root's rows

@@ -488,3 +488,130 @@ describe("ws_cuda_copy_plan_create and ws_cuda_synth_plan_create", function()
     assert.matches("tensor elements past 2^40", detail(), 1, true)
   end)
 end)
+
+-- ws_cuda_copy_split_bulk of `ops` over `regions` with `min_bytes`: the bulk
+-- copies ({source, target, bytes} as offsets from region data, with the
+-- region) and the rest as op tables, or nil, status.
+local function split(regions, ops, min_bytes)
+  local region_list, op_list = region_array(regions), op_array(ops)
+  local rest = ffi.new("ws_cuda_copy_op[?]", math.max(#ops, 1))
+  local bulk = ffi.new("ws_cuda_bulk_copy[?]", math.max(#ops, 1))
+  local rest_count, bulk_count = ffi.new("size_t[1]"), ffi.new("size_t[1]")
+  local status = C.ws_cuda_copy_split_bulk(region_list, #regions, op_list, #ops, min_bytes, rest, rest_count, bulk,
+    bulk_count)
+  if status ~= 0 then
+    return nil, status
+  end
+  local out = { bulk = {}, rest = {} }
+  for i = 0, tonumber(bulk_count[0]) - 1 do
+    out.bulk[#out.bulk + 1] = { source = tonumber(bulk[i].source), target = tonumber(bulk[i].target),
+      bytes = tonumber(bulk[i].bytes) }
+  end
+  for i = 0, tonumber(rest_count[0]) - 1 do
+    local op = rest[i]
+    out.rest[#out.rest + 1] = { target = op.target_region + 1, source = op.source_region + 1,
+      to = tonumber(op.target_offset), from = tonumber(op.source_offset), rows = tonumber(op.rows),
+      width = tonumber(op.width), target_pitch = tonumber(op.target_pitch), source_pitch = tonumber(op.source_pitch) }
+  end
+  return out
+end
+
+describe("ws_cuda_copy_split_bulk", function()
+  local four = { { size = 4 * MiB }, { size = 4 * MiB, source = true }, { size = 4 * MiB },
+    { size = 4 * MiB, source = true } }
+
+  -- Runs the bulk copies (as CUDA's copy would) and the rest (as the
+  -- kernel's reference) and compares with the reference copy of the ops.
+  local function check_equivalent(ops, min_bytes)
+    local got, want = host_regions(four)
+    local result = assert(split(got, ops, min_bytes), detail())
+    for _, copy in ipairs(result.bulk) do
+      ffi.copy(ffi.cast("uint8_t *", copy.target), ffi.cast("uint8_t *", copy.source), copy.bytes)
+    end
+    reference(got, result.rest)
+    assert_like_reference(four, got, want, ops, "bulk and rest")
+    return result
+  end
+
+  it("joins ops that continue one another on both sides into one bulk copy", function()
+    local got = host_regions(four)
+    -- (Per-expert gate and up rows back to back, as a packed expert tensor and
+    -- vLLM's fused weight hold them at TP 1; a strided op with pitch = width
+    -- counts as contiguous.)
+    local ops = { { target = 1, source = 2, to = 4096, from = 64, width = 1024 },
+      { target = 1, source = 2, to = 5120, from = 1088, rows = 4, width = 256 },
+      { target = 1, source = 2, to = 6144, from = 2112, width = 3000 } }
+    local result = assert(split(got, ops, 4096))
+    assert.are.same({}, result.rest)
+    assert.are.same({ { source = address(got[2].data) + 64, target = address(got[1].data) + 4096, bytes = 5048 } },
+      result.bulk)
+    check_equivalent(ops, 4096)
+    -- (In any order: a layer's tensors come down, gate, up per expert.)
+    local reversed = { ops[3], ops[1], ops[2] }
+    assert.are.same(result.bulk, assert(split(got, reversed, 4096)).bulk)
+  end)
+
+  it("keeps a joined run shorter than the minimum for the kernel, as one op", function()
+    local ops = { { target = 1, source = 2, to = 0, from = 0, width = 100 },
+      { target = 1, source = 2, to = 100, from = 100, width = 28 } }
+    local result = check_equivalent(ops, 4096)
+    assert.are.same({}, result.bulk)
+    assert.are.same({ { target = 1, source = 2, to = 0, from = 0, rows = 1, width = 128, target_pitch = 128,
+      source_pitch = 128 } }, result.rest)
+  end)
+
+  it("breaks runs at a gap on either side, another region and a strided op", function()
+    local ops = {
+      { target = 1, source = 2, to = 0, from = 0, width = 8192 },
+      { target = 1, source = 2, to = 8192, from = 8200, width = 8192 }, -- (a source gap)
+      { target = 1, source = 2, to = 16400, from = 16392, width = 8192 }, -- (a target gap)
+      { target = 3, source = 2, to = 0, from = 24584, width = 8192 }, -- (another target region)
+      { target = 3, source = 2, to = 8192, from = 32776, rows = 2, width = 4096, target_pitch = 4100,
+        source_pitch = 4096 }, -- (strided: the kernel's)
+    }
+    local result = check_equivalent(ops, 8192)
+    assert.are.equal(4, #result.bulk)
+    assert.are.equal(1, #result.rest)
+    assert.are.equal(4100, result.rest[1].target_pitch)
+  end)
+
+  it("leaves the ops as they are with a minimum of 0", function()
+    local ops = { { target = 1, source = 2, to = 0, from = 0, width = MiB },
+      { target = 1, source = 2, to = MiB, from = MiB, width = MiB } }
+    local result = check_equivalent(ops, 0)
+    assert.are.same({}, result.bulk)
+    assert.are.equal(2, #result.rest)
+    assert.are.equal(MiB, result.rest[2].width)
+  end)
+
+  it("copies exactly what the ops copy, for random ops with runs among them", function()
+    math.randomseed(20)
+    local joined, bulked = 0, 0
+    for _ = 1, 20 do
+      local ops = random_ops(four, 60, 0.3, { 2, 9 }, function()
+        return math.random(1, 70000)
+      end, 64)
+      -- (Some continuing ops: each one's next neighbour made to start where it ends.)
+      for i = 2, #ops do
+        local previous, op = ops[i - 1], ops[i]
+        if math.random() < 0.5 and (previous.rows or 1) == 1 and (op.rows or 1) == 1 and previous.target == op.target
+            and previous.source == op.source and op.to >= previous.to + previous.width
+            and previous.from + previous.width + op.width <= 4 * MiB then
+          op.to, op.from = previous.to + previous.width, previous.from + previous.width
+        end
+      end
+      local result = check_equivalent(ops, math.random(0, 3) * 65536)
+      joined = joined + #ops - #result.rest - #result.bulk
+      bulked = bulked + #result.bulk
+    end
+    assert.is_true(joined >= 20 and bulked >= 10, string.format("%d ops joined, %d bulk copies", joined, bulked))
+  end)
+
+  it("refuses ops outside their regions, as the layout does", function()
+    local got = host_regions(four)
+    local result, status = split(got, { { target = 1, source = 2, to = 4 * MiB - 10, from = 0, width = 20 } }, 1)
+    assert.is_nil(result)
+    assert.are.equal(tonumber(C.WS_EINVAL), status)
+    assert.matches("cuda copy op 0: target", detail(), 1, true)
+  end)
+end)

@@ -21,20 +21,27 @@ describe("wsync.transport.cuda_ipc without a GPU", function()
     assert.matches("no transport for the tpu backend in this build (it has: cuda, host)", err.message, 1, true)
   end)
 
-  it("tiles copy plans by 64 KiB, or as $WSYNC_CUDA_COPY_TILE says (0: per-warp ranges), refusing a bad tile",
+  it("tiles copy plans by 64 KiB and copies joined runs of 16 MiB or more with CUDA's own copy, or as "
+    .. "$WSYNC_CUDA_COPY_TILE and $WSYNC_CUDA_COPY_BULK say (0: per-warp ranges, no bulk copies), refusing bad values",
     function()
     local uv = require("luv")
     local cuda_ipc = require("wsync.transport.cuda_ipc")
-    local previous = os.getenv("WSYNC_CUDA_COPY_TILE")
+    local saved = { tile = os.getenv("WSYNC_CUDA_COPY_TILE"), bulk = os.getenv("WSYNC_CUDA_COPY_BULK") }
+    local MiB16 = 16 * 1024 * 1024
     local ok, err = pcall(function()
       uv.os_unsetenv("WSYNC_CUDA_COPY_TILE")
-      assert.are.same({ tile = 65536 }, cuda_ipc.copy_options())
+      uv.os_unsetenv("WSYNC_CUDA_COPY_BULK")
+      assert.are.same({ tile = 65536, bulk = MiB16 }, cuda_ipc.copy_options())
       uv.os_setenv("WSYNC_CUDA_COPY_TILE", "")
-      assert.are.same({ tile = 65536 }, cuda_ipc.copy_options())
+      assert.are.same({ tile = 65536, bulk = MiB16 }, cuda_ipc.copy_options())
       uv.os_setenv("WSYNC_CUDA_COPY_TILE", "0")
-      assert.are.same({}, cuda_ipc.copy_options()) -- (the per-warp ranges)
+      assert.are.same({ bulk = MiB16 }, cuda_ipc.copy_options()) -- (the per-warp ranges)
       uv.os_setenv("WSYNC_CUDA_COPY_TILE", "65536")
+      uv.os_setenv("WSYNC_CUDA_COPY_BULK", "0")
       assert.are.same({ tile = 65536 }, cuda_ipc.copy_options())
+      uv.os_setenv("WSYNC_CUDA_COPY_BULK", "1048576")
+      assert.are.same({ tile = 65536, bulk = 1048576 }, cuda_ipc.copy_options())
+      uv.os_unsetenv("WSYNC_CUDA_COPY_BULK")
       for _, value in ipairs({ "1000", "big", "256", tostring(128 * 1024 * 1024) }) do
         uv.os_setenv("WSYNC_CUDA_COPY_TILE", value)
         local options, message, code = cuda_ipc.copy_options()
@@ -43,11 +50,22 @@ describe("wsync.transport.cuda_ipc without a GPU", function()
         assert.matches("WSYNC_CUDA_COPY_TILE=" .. value .. " is not a number of bytes that is a multiple of 512",
           message, 1, true)
       end
-    end)
-    if previous then
-      uv.os_setenv("WSYNC_CUDA_COPY_TILE", previous)
-    else
       uv.os_unsetenv("WSYNC_CUDA_COPY_TILE")
+      for _, value in ipairs({ "-1", "1.5", "lots" }) do
+        uv.os_setenv("WSYNC_CUDA_COPY_BULK", value)
+        local options, message, code = cuda_ipc.copy_options()
+        assert.is_nil(options)
+        assert.are.equal("WS_EINVAL", code)
+        assert.are.equal("WSYNC_CUDA_COPY_BULK=" .. value .. " is not a whole number of bytes", message)
+      end
+    end)
+    for name, value in pairs(saved) do
+      local variable = "WSYNC_CUDA_COPY_" .. name:upper()
+      if value then
+        uv.os_setenv(variable, value)
+      else
+        uv.os_unsetenv(variable)
+      end
     end
     assert(ok, err)
   end)
