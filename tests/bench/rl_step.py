@@ -12,15 +12,15 @@ through vLLM's collective_rpc rather than wsync's socket to each TP worker, the 
 
 Per model (tests/fixtures/recipes/rl_step_*.lua): one trainer rank embedding wsync
 (wsync.Host) whose tensors are views of one bfloat16 allocation, random values; vLLM TP1 on
-the same GPU, dummy weights, the direct loader from the trainer's own storage (one chunk).
-The first publication maps, plans and checks the loader against vLLM's own (reported
-apart); then STEPS times: a rollout through ``Host.generate`` (PROMPTS sampled completions
-of TOKENS tokens, temperature 1), then a publication. A publication's wall time is
-``agent.publish``'s, in this process; its phases are the session's own report: start (the
-header to every worker), fill, load (of which copies: the TP worker's copy), finish (of
-which commit: the runtime's commit of the version, its prefix cache), control (everything
-that is not the copy). The floor: one flat device copy of the model's bytes (torch's
-``copy_``), median of 20.
+the same GPU, dummy weights, the direct loader from the trainer's own storage (one chunk). The
+first publication maps, plans and checks the loader against vLLM's own (reported apart); then
+STEPS times: a rollout through ``Host.generate`` (PROMPTS sampled completions of TOKENS
+tokens, temperature 1; TOKENS by model below), then a publication. A publication's wall time
+is ``agent.publish``'s, in this process; its phases are the session's own report: start (the
+header to every worker), fill, load (of which copies: the TP worker's copy), finish (of which
+commit: the runtime's commit of the version, its prefix cache), control (everything that is
+not the copy). The floor: one flat device copy of the model's bytes (torch's ``copy_``),
+median of 20.
 
 With --vllm-own (default: the first model), vLLM's own ``LLM.generate`` then runs the same
 batch on an engine of the same arguments, for the generation throughput through wsync against
@@ -45,6 +45,12 @@ ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"tiny": "tests/fixtures/recipes/rl_step_tiny.lua",
           "1.5GB": "tests/fixtures/recipes/rl_step_1p5g.lua",
           "30B-A3B": "tests/fixtures/recipes/rl_step_30b.lua"}
+#: Tokens per completion unless --tokens says: 32 as the RL example's rollouts
+#: (bindings/python/examples/grpo.py: 64 completions of 32 tokens after 8-token prompts);
+#: the 30B-A3B's eager decode step takes about 100 ms on the H200, so its rollouts are
+#: shorter (the engine is as live: the same requests through the same scheduler and KV
+#: cache).
+TOKENS = {"tiny": 32, "1.5GB": 32, "30B-A3B": 4}
 PHASES = ("start", "fill", "load", "load_copy", "finish", "commit")
 
 
@@ -113,6 +119,7 @@ def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict) -> di
     model_dir, _ = engine_arguments(wsync, recipe)
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     prompts = prompts_for(vocab, args.prompts, args.prompt_tokens, seed=1)
+    max_tokens = args.tokens or TOKENS[name.partition("+")[0]]
     walls, phases, generation, tokens, stale = [], {phase: [] for phase in PHASES}, [], [], []
     first = None
     with wsync.Host(recipe, **with_steps(overrides, args.steps)) as host:
@@ -128,7 +135,7 @@ def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict) -> di
             "ms")
         for step in range(2, args.steps + 2):
             started = time.perf_counter()
-            result = host.generate(prompts, max_tokens=args.tokens, temperature=1.0, ignore_eos=True)
+            result = host.generate(prompts, max_tokens=max_tokens, temperature=1.0, ignore_eos=True)
             seconds = time.perf_counter() - started
             produced = sum(len(output["token_ids"]) for output in result["outputs"])
             generation.append(seconds)
@@ -161,7 +168,7 @@ def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict) -> di
     torch.cuda.empty_cache()
     control = [total - copy for total, copy in zip(phases["total"], phases["load_copy"])]
     row = {
-        "model": name, "bytes": nbytes, "tensors": len(layout), "steps": len(walls),
+        "model": name, "bytes": nbytes, "tensors": len(layout), "steps": len(walls), "tokens": max_tokens,
         "floor_ms": floor * 1e3, "median_ms": median_ms(walls), "best_ms": min(walls) * 1e3,
         "p90_ms": statistics.quantiles(walls, n=10)[-1] * 1e3 if len(walls) >= 10 else None,
         "session_median_ms": median_ms(phases["total"]),
@@ -177,7 +184,7 @@ def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict) -> di
     return row
 
 
-def vllm_own(torch, wsync, recipe: str, args) -> dict:
+def vllm_own(torch, wsync, name: str, recipe: str, args) -> dict:
     """vLLM's own LLM.generate on the same batch, an engine of the same arguments; and its
     reset_prefix_cache's time after a generation."""
     from vllm import LLM, SamplingParams, TokensPrompt
@@ -187,7 +194,7 @@ def vllm_own(torch, wsync, recipe: str, args) -> dict:
     llm = LLM(model=model_dir, enable_sleep_mode=True, **engine)
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts_for(vocab, args.prompts, args.prompt_tokens, 1)]
-    params = SamplingParams(max_tokens=args.tokens, temperature=1.0, ignore_eos=True, logprobs=0)
+    params = SamplingParams(max_tokens=args.tokens or TOKENS[name], temperature=1.0, ignore_eos=True, logprobs=0)
     llm.generate(prompts, params, use_tqdm=False)
     rates, resets = [], []
     for _ in range(min(args.steps, 20)):
@@ -211,8 +218,9 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)} (default all)")
     parser.add_argument("--steps", type=int, default=50, help="publications timed per model (default 50)")
     parser.add_argument("--prompts", type=int, default=64, help="completions per rollout (default 64)")
-    parser.add_argument("--tokens", type=int, default=16, help="tokens per completion (default 16)")
-    parser.add_argument("--prompt-tokens", type=int, default=32, help="tokens per prompt (default 32)")
+    parser.add_argument("--tokens", type=int, default=None,
+                        help=f"tokens per completion (default {', '.join(f'{m} {n}' for m, n in TOKENS.items())})")
+    parser.add_argument("--prompt-tokens", type=int, default=8, help="tokens per prompt (default 8)")
     parser.add_argument("--vllm-own", default=None,
                         help="the model whose batch vLLM's own LLM.generate also runs (default: the first; 'none')")
     parser.add_argument("--json", help="also write the figures to this file")
@@ -229,8 +237,8 @@ def main() -> int:
 
     import wsync
     torch.cuda.set_device(0)
-    say(f"{torch.cuda.get_device_name()}; {args.steps} steps per model, each a rollout of {args.prompts} x "
-        f"{args.tokens} tokens then a publication")
+    say(f"{torch.cuda.get_device_name()}; {args.steps} steps per model, each a rollout of {args.prompts} "
+        "completions then a publication")
     rows, failures = [], []
     for name in models:
         try:
@@ -245,7 +253,7 @@ def main() -> int:
     own = None
     if own_model in models and own_model != "none" and any(row["model"] == own_model for row in rows):
         try:
-            own = vllm_own(torch, wsync, recipe_of(own_model)[0], args)
+            own = vllm_own(torch, wsync, own_model.partition("+")[0], recipe_of(own_model)[0], args)
         except Exception as error:
             failures.append(f"vLLM's own generate: {type(error).__name__}: {error}")
     print(f"\n{'model':<13} {'GB':>7} {'floor ms':>9} {'median ms':>10} {'p90 ms':>8} {'x floor':>8} "
