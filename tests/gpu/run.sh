@@ -7,17 +7,19 @@
 # as build/bundle or build/bundle.tar.xz), writing every log under $OUT (default
 # ./gpu-out) and a summary.
 #
-#   [STAGES="tier fsdp2 copy shapes publish vllm vllm-faults vllm-bench"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
+#   [STAGES="tier fsdp2 copy shapes publish vllm vllm-faults vllm-bench rl-step"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
 #     STAGES: which to run (default all; one device call has 10 minutes)
 #     VLLM_WAYS: the benchmark's ways beside vLLM's own (tests/bench/vllm_publish.py;
 #       default "direct storage,direct 2x4GiB,native")
 #     SCALE: the copy benchmark's fraction of the 30B-A3B bytes (default 1: 61.06 GB)
+#     rl-step: the RL step's publication with the engine live, three model sizes
+#       (tests/bench/rl_step.py; its own device call: about 5 minutes)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=${OUT:-./gpu-out}
 mkdir -p "$out"
 scale=${1:-1}
-stages=" ${STAGES:-tier fsdp2 copy shapes publish vllm vllm-faults vllm-bench} "
+stages=" ${STAGES:-tier fsdp2 copy shapes publish vllm vllm-faults vllm-bench rl-step} "
 # The bundle, or its archive (carried beside the vLLM bundle: both must fit in one
 # run's 64 MiB).
 if [ ! -f build/bundle/env.sh ] && [ -f build/bundle.tar.xz ]; then
@@ -61,7 +63,7 @@ if stage publish; then
   timeout 300 wsync tests/bench/cuda_publish.lua 8@0,8,device:8@0,device:8,device:1x8,serial:8,direct-tensor@0,direct-tensor 5 >"$out/cuda_publish.log" 2>&1 || status=1
   grep -v "^trainer rank\|^wsync:\|^  chunk" "$out/cuda_publish.log" | tail -n 24 | tee -a "$out/summary.txt"
 fi
-if stage vllm || stage vllm-faults || stage vllm-bench; then
+if stage vllm || stage vllm-faults || stage vllm-bench || stage rl-step; then
   if [ -f .vllm/activate.sh ]; then
     # (Only now: the tier above runs without vLLM, its vLLM spec pending.)
     # shellcheck source=/dev/null
@@ -87,6 +89,12 @@ if stage vllm || stage vllm-faults || stage vllm-bench; then
       timeout 540 python3 tests/bench/vllm_publish.py 3 "${VLLM_WAYS:-direct storage,direct 2x4GiB,native}" \
         >"$out/vllm_publish.log" 2>&1 || status=1
       grep -E "^vllm_publish|^way|^floor|^vLLM|^wsync|^\(wsync|Error" "$out/vllm_publish.log" | tail -n 30 \
+        | tee -a "$out/summary.txt"
+    fi
+    if stage rl-step; then
+      echo "== vLLM: the RL step's publication, engine live (tests/bench/rl_step.py)" | tee -a "$out/summary.txt"
+      timeout 540 python3 tests/bench/rl_step.py --json "$out/rl_step.json" >"$out/rl_step.log" 2>&1 || status=1
+      grep -vE "step [0-9]+:" "$out/rl_step.log" | grep -E "^rl_step|^model|^(tiny|1\.5GB|30B)|^generation|^rl step|Error" \
         | tee -a "$out/summary.txt"
     fi
   else
