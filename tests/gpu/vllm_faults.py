@@ -182,7 +182,9 @@ CASES = [
     Case("sigkill_trainer", {}, (), "trainer: published 3", signal_trainer(signal.SIGKILL), holder_dies=True),
     Case("sigterm_trainer", {}, (), "trainer: published 3", signal_trainer(signal.SIGTERM), holder_dies=True),
     Case("sigkill_runtime", {}, ("RUNTIME_BROKEN", "vllm runtime broken"), "trainer: generated 3", signal_runtime),
-    Case("sigstop_engine", {}, ("timeout",), "trainer: generated 3", signal_engine(signal.SIGSTOP)),
+    # (The host's timeout, or the runtime's own on its socket to the TP worker, which names
+    # the hop: "TIMEOUT: TP workers [0] did not answer ...".)
+    Case("sigstop_engine", {}, ("timeout", "TIMEOUT"), "trainer: generated 3", signal_engine(signal.SIGSTOP)),
     Case("sigkill_engine_generating", {}, ("ENGINE_DIED",), "trainer: generating",
          signal_engine(signal.SIGKILL, delay=0.5), long_generation_at=3),
 ]

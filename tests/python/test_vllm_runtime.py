@@ -564,6 +564,34 @@ class TestChannel:
         assert died.value.code == "ENGINE_DIED" and "TP worker 0 closed its channel" in died.value.message
         channels.close()
 
+    def test_a_channel_reset_by_its_worker_is_the_engines_death(self, tmp_path):
+        # (A killed EngineCore's socket is reset, not closed in order: on the H200 a SIGKILL
+        # during load_chunk gave ConnectionResetError, reported as a worker failure before.)
+        from wsync.vllm.channel import Channels
+        import select
+        import socket
+        import threading
+        path = str(tmp_path / "tp0.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(1)
+
+        def worker():  # dies with the request unread: its end closes with data queued
+            accepted, _ = listener.accept()
+            select.select([accepted], [], [], 5)
+            accepted.close()
+        thread = threading.Thread(target=worker)
+        thread.start()
+        channels = Channels([path], timeout=5)
+        with pytest.raises(Failure) as died:
+            channels.call("load_chunk", "{}", timeout=5, dead=lambda: "vLLM's EngineCore (pid 7) died")
+        thread.join(5)
+        listener.close()
+        assert died.value.code == "ENGINE_DIED" and died.value.fatal
+        assert died.value.message == ("TP worker 0's channel broke during load_chunk ([Errno 104] Connection reset "
+                                      "by peer; vLLM's EngineCore (pid 7) died)")
+        channels.close()
+
 
 def test_the_check_against_vllms_loader_goes_a_bounded_group_of_parameters_at_a_time():
     from wsync.vllm.extension import check_groups

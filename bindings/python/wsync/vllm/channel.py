@@ -118,7 +118,12 @@ class Channels:
                     raise Failure("ENGINE_DIED", f"{why} during {cmd}", fatal=True)
             for fileno in ready:
                 rank = waiting[fileno]
-                data = self.connections[rank].recv(1 << 20)
+                try:
+                    data = self.connections[rank].recv(1 << 20)
+                except OSError as error:  # (reset: the worker's process ended with the socket open)
+                    why = dead()
+                    raise Failure("ENGINE_DIED", f"TP worker {rank}'s channel broke during {cmd} ({error}"
+                                  + (f"; {why})" if why else ")"), fatal=True, rank=rank) from None
                 if not data:
                     why = dead()
                     raise Failure("ENGINE_DIED", f"TP worker {rank} closed its channel during {cmd}"
