@@ -104,24 +104,16 @@ def with_steps(overrides: dict, steps: int) -> dict:
 
 
 def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict) -> dict:
-    layout = wsync.trainer_tensors(recipe)
-    total = sum(int(torch.Size(t.shape).numel()) for t in layout)
-    storage = torch.empty(total, dtype=torch.bfloat16, device="cuda")
-    storage.normal_(0, 0.02)
-    tensors, offset = {}, 0
-    for t in layout:
-        count = int(torch.Size(t.shape).numel())
-        tensors[t.name] = storage[offset:offset + count].view(t.shape)
-        offset += count
-    nbytes = total * 2
+    from vllm_publish import trainer_storage  # (this directory: the same trainer storage)
+    storage, tensors = trainer_storage(wsync, recipe)
+    nbytes, count = storage.numel() * 2, len(tensors)
     floor = flat_copy_floor(torch, storage)
-    say(f"{name}: {len(layout)} trainer tensors, {nbytes / 1e9:.3f} GB; floor (one flat copy) {floor * 1e3:.3f} ms")
+    say(f"{name}: {count} trainer tensors, {nbytes / 1e9:.3f} GB; floor (one flat copy) {floor * 1e3:.3f} ms")
     model_dir, _ = engine_arguments(wsync, recipe)
     vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     prompts = prompts_for(vocab, args.prompts, args.prompt_tokens, seed=1)
     max_tokens = args.tokens or TOKENS[name.partition("+")[0]]
     walls, phases, generation, tokens, stale = [], {phase: [] for phase in PHASES}, [], [], []
-    first = None
     with wsync.Host(recipe, **with_steps(overrides, args.steps)) as host:
         agent = host.agent(rank=0, world=1, backend="cuda", device=0)
         for tensor_name, tensor in tensors.items():
@@ -129,7 +121,7 @@ def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict) -> di
         agent.ready()
         torch.cuda.synchronize()
         started = time.perf_counter()
-        first = agent.publish(1)
+        agent.publish(1)
         first_seconds = time.perf_counter() - started
         say(f"{name}: first publication (init, plan, the check against vLLM's own loader) {first_seconds * 1e3:.0f} "
             "ms")
@@ -168,7 +160,7 @@ def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict) -> di
     torch.cuda.empty_cache()
     control = [total - copy for total, copy in zip(phases["total"], phases["load_copy"])]
     row = {
-        "model": name, "bytes": nbytes, "tensors": len(layout), "steps": len(walls), "tokens": max_tokens,
+        "model": name, "bytes": nbytes, "tensors": count, "steps": len(walls), "tokens": max_tokens,
         "floor_ms": floor * 1e3, "median_ms": median_ms(walls), "best_ms": min(walls) * 1e3,
         "p90_ms": statistics.quantiles(walls, n=10)[-1] * 1e3 if len(walls) >= 10 else None,
         "session_median_ms": median_ms(phases["total"]),

@@ -72,9 +72,10 @@ def say(text: str) -> None:
     print(f"vllm_publish: {text}", flush=True)
 
 
-def trainer_storage(wsync) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The trainer's tensors (the recipe's layout), views of one bfloat16 allocation."""
-    layout = wsync.trainer_tensors(RECIPES["direct"])
+def trainer_storage(wsync, recipe: str = RECIPES["direct"]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The trainer's tensors (the recipe's layout), views of one bfloat16 allocation on the
+    device, random values (tests/bench/rl_step.py's too)."""
+    layout = wsync.trainer_tensors(recipe)
     total = sum(int(torch.Size(t.shape).numel()) for t in layout)
     storage = torch.empty(total, dtype=torch.bfloat16, device="cuda")
     storage.normal_(0, 0.02)
