@@ -2,16 +2,20 @@
 # On the GPU machine: runs the GPU test tier, the PyTorch/FSDP2 trainer through the
 # Python package (tests/python/torch_fsdp2.py), the GPU benchmarks (the batched copy
 # kernel against the floors, its loop shapes, whole 30B-A3B publications) and, when the vLLM bundle is
-# carried (.vllm, ../shared/tools/vllm-bundle), the vLLM specs and the benchmark against
-# vLLM's own weight sync, from the bundle that `scripts/dev.sh bundle` made here (carried
+# carried (.vllm, ../shared/tools/vllm-bundle), the vLLM specs, the RL example and the
+# benchmark against vLLM's own weight sync, from the bundle that `scripts/dev.sh bundle` made here (carried
 # as build/bundle or build/bundle.tar.xz), writing every log under $OUT (default
 # ./gpu-out) and a summary.
 #
-#   [STAGES="tier fsdp2 copy shapes publish vllm vllm-faults vllm-bench rl-step"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
+#   [STAGES="tier fsdp2 copy shapes publish vllm vllm-faults example vllm-bench rl-step"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
 #     STAGES: which to run (default all; one device call has 10 minutes)
 #     VLLM_WAYS: the benchmark's ways beside vLLM's own (tests/bench/vllm_publish.py;
 #       default "direct storage,direct 2x4GiB,native")
 #     SCALE: the copy benchmark's fraction of the 30B-A3B bytes (default 1: 61.06 GB)
+#     example: the RL example (bindings/python/examples/grpo.py, 50 steps), checked by
+#       tests/gpu/rl_example.py: the reward rises, the mismatch stays at bfloat16's rounding,
+#       every generation is of the version just published; its output in rl_example.log,
+#       its plot in rl_example.png
 #     rl-step: the RL step's publication with the engine live, three model sizes
 #       (tests/bench/rl_step.py; its own device call: about 5 minutes)
 set -uo pipefail
@@ -19,7 +23,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=${OUT:-./gpu-out}
 mkdir -p "$out"
 scale=${1:-1}
-stages=" ${STAGES:-tier fsdp2 copy shapes publish vllm vllm-faults vllm-bench rl-step} "
+stages=" ${STAGES:-tier fsdp2 copy shapes publish vllm vllm-faults example vllm-bench rl-step} "
 # The bundle, or its archive (carried beside the vLLM bundle: both must fit in one
 # run's 64 MiB).
 if [ ! -f build/bundle/env.sh ] && [ -f build/bundle.tar.xz ]; then
@@ -63,7 +67,7 @@ if stage publish; then
   timeout 300 wsync tests/bench/cuda_publish.lua 8@0,8,device:8@0,device:8,device:1x8,serial:8,direct-tensor@0,direct-tensor 5 >"$out/cuda_publish.log" 2>&1 || status=1
   grep -v "^trainer rank\|^wsync:\|^  chunk" "$out/cuda_publish.log" | tail -n 24 | tee -a "$out/summary.txt"
 fi
-if stage vllm || stage vllm-faults || stage vllm-bench || stage rl-step; then
+if stage vllm || stage vllm-faults || stage example || stage vllm-bench || stage rl-step; then
   if [ -f .vllm/activate.sh ]; then
     # (Only now: the tier above runs without vLLM, its vLLM spec pending.)
     # shellcheck source=/dev/null
@@ -82,6 +86,13 @@ if stage vllm || stage vllm-faults || stage vllm-bench || stage rl-step; then
       timeout 580 python3 tests/gpu/vllm_faults.py >"$out/vllm_faults.log" 2>&1 || status=1
       grep -E "^vllm_faults" "$out/vllm_faults.log" | tail -n 30 | tee -a "$out/summary.txt"
     fi
+    if stage example; then
+      echo "== the RL example (bindings/python/examples/grpo.py --steps 50, tests/gpu/rl_example.py)" \
+        | tee -a "$out/summary.txt"
+      timeout 400 python3 tests/gpu/rl_example.py "$out" >"$out/rl_example.log" 2>&1 || status=1
+      grep -E "^rl example: (initial|step (1|10|20|30|40|50)/|generation median|reward )|^rl_example" \
+        "$out/rl_example.log" | tail -n 20 | tee -a "$out/summary.txt"
+    fi
     if stage vllm-bench; then
       echo "== vLLM: wsync native and direct against vLLM's own weight sync (tests/bench/vllm_publish.py)" \
         | tee -a "$out/summary.txt"
@@ -98,7 +109,8 @@ if stage vllm || stage vllm-faults || stage vllm-bench || stage rl-step; then
         | tee -a "$out/summary.txt"
     fi
   else
-    echo "== vLLM: not carried (.vllm): its specs stay pending, its benchmark is not run" | tee -a "$out/summary.txt"
+    echo "== vLLM: not carried (.vllm): its specs stay pending, the RL example and the benchmarks are not run" \
+      | tee -a "$out/summary.txt"
   fi
 fi
 exit $status

@@ -14,9 +14,9 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+import wsync
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "python"))
-from torch_fsdp2 import OptimizerOffload  # noqa: E402
 
 MODEL = ROOT / "tests" / "fixtures" / "models" / "gpu_tiny"
 
@@ -41,7 +41,7 @@ class Trainer:
             fully_shard(layer)
         fully_shard(self.model)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
-        self.offload = OptimizerOffload(self.optimizer)
+        self.offload = wsync.OptimizerOffload(self.optimizer)
 
     def agent(self, host: Any) -> Any:
         """The session's agent of this rank, its model and callbacks registered, ready."""

@@ -1,8 +1,8 @@
-"""The PyTorch side of the package, on the CPU and the host backend, where torch and
-transformers are installed (the GPU machine has them; CI does not install them: there
-these tests are reported as skipped, with the reason). tests/python/torch_fsdp2.py --device
-cpu is the trainer of tests/gpu/run.sh on the CPU: FSDP2 over gloo, AdamW, the optimizer
-offloaded and brought back by callbacks, three publications checked against the parameters."""
+"""The PyTorch side of the package, on the CPU and the host backend (torch and transformers
+come from tests/python/requirements.txt; the GPU machine has its own).
+tests/python/torch_fsdp2.py --device cpu is the trainer of tests/gpu/run.sh on the CPU:
+FSDP2 over gloo, AdamW, the optimizer offloaded and brought back by callbacks
+(wsync.OptimizerOffload), three publications checked against the parameters."""
 from __future__ import annotations
 
 import os
@@ -10,13 +10,11 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import HERE, ROOT
 
-torch = pytest.importorskip("torch", reason="torch is not installed here (the GPU machine runs these)")
-pytest.importorskip("transformers", reason="transformers is not installed here (the GPU machine runs these)")
-
-import wsync  # noqa: E402
+import wsync
 
 
 def test_an_fsdp2_trainer_publishes_and_is_checked_against_its_parameters(tmp_path):
@@ -39,6 +37,38 @@ def test_the_transformers_model_has_the_recipes_trainer_tensors():
     expected = {t.name: (t.dtype, t.shape) for t in wsync.trainer_tensors("tests/fixtures/recipes/torch_tiny_host.lua")}
     got = {name: (str(p.dtype).rsplit(".", 1)[-1], tuple(p.shape)) for name, p in model.named_parameters()}
     assert got == expected
+
+
+def test_import_wsync_does_not_import_torch():
+    code = "import sys, wsync; print(wsync.OptimizerOffload.__name__, 'torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["OptimizerOffload", "False"]
+
+
+def test_the_optimizer_offload_moves_the_state_out_and_back():
+    parameter = torch.nn.Parameter(torch.ones(4, 3))
+    optimizer = torch.optim.AdamW([parameter], lr=0.1)
+    parameter.sum().backward()
+    optimizer.step()
+    state = optimizer.state[parameter]
+    before = {key: value.clone() for key, value in state.items()}
+    storage = {key: value.data_ptr() for key, value in state.items() if value.dim() > 0}
+    assert sorted(storage) == ["exp_avg", "exp_avg_sq"]
+    offload = wsync.OptimizerOffload(optimizer)
+    offload.offload()
+    assert offload.moved == 2
+    assert all(state[key].data_ptr() != pointer for key, pointer in storage.items()), "no new storage"
+    with pytest.raises(RuntimeError, match="offloaded already"):
+        offload.offload()
+    offload.onload()
+    assert offload.offloaded == []
+    for key, value in before.items():
+        assert torch.equal(state[key], value), key
+    offload.offload()
+    offload.onload()
+    assert offload.moved == 4
 
 
 class TestTensors:

@@ -39,35 +39,6 @@ def tiny_config() -> Qwen3MoeConfig:
                           mlp_only_layers=[], max_position_embeddings=256)
 
 
-class OptimizerOffload:
-    """Moves the optimizer's state tensors to the CPU and back (the scalar `step` counters,
-    which AdamW keeps on the CPU, stay where they are)."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer):
-        self.optimizer = optimizer
-        self.offloaded: list[tuple[dict, str, torch.device]] = []
-        self.moved = 0
-
-    def offload(self) -> None:
-        if self.offloaded:
-            raise RuntimeError("offload_optimizer: the optimizer is offloaded already")
-        for state in self.optimizer.state.values():
-            for key, value in list(state.items()):
-                if torch.is_tensor(value) and value.dim() > 0:
-                    # On the CPU a copy stands for the offload: new storage all the same.
-                    state[key] = value.to("cpu", copy=True)
-                    self.offloaded.append((state, key, value.device))
-        self.moved += len(self.offloaded)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-
-    def onload(self) -> None:
-        for state, key, device in self.offloaded:
-            state[key] = state[key].to(device, copy=True)
-        self.offloaded.clear()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", choices=sorted(RECIPES), default="cuda")
@@ -85,7 +56,7 @@ def main() -> int:
         fully_shard(layer)
     fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    offload = OptimizerOffload(optimizer)
+    offload = wsync.OptimizerOffload(optimizer)
 
     expected = [tensor.name for tensor in wsync.trainer_tensors(recipe)]
     with wsync.Host(recipe) as host:

@@ -4,7 +4,9 @@ rollout runtime after every optimizer step, fail-stop.
     import wsync
     agent = wsync.Agent(endpoint, rank, world, backend="cuda")
     agent.register_module(model)
-    agent.register_callback("offload_optimizer", offload_optimizer)
+    offload = wsync.OptimizerOffload(optimizer)   # its state to the CPU and back
+    agent.register_callback("offload_optimizer", offload.offload)
+    agent.register_callback("onload_optimizer", offload.onload)
     agent.ready()
     for step in range(steps):
         train_one_step()
@@ -17,8 +19,9 @@ from ._native import LibraryNotFound, library_path
 from .agent import Agent, Publication
 from .errors import InvalidArgument, StateError, WsyncError
 from .host import Host, TrainerTensor, trainer_tensors, version
+from .offload import OptimizerOffload
 
 __all__ = [
-    "Agent", "Host", "InvalidArgument", "LibraryNotFound", "Publication", "StateError", "WsyncError",
-    "TrainerTensor", "library_path", "trainer_tensors", "version",
+    "Agent", "Host", "InvalidArgument", "LibraryNotFound", "OptimizerOffload", "Publication", "StateError",
+    "WsyncError", "TrainerTensor", "library_path", "trainer_tensors", "version",
 ]

@@ -268,6 +268,19 @@ describe("wsync check and wsync run agree", function()
     assert.is_true(cjson.decode(check({ "check", "recipes/demo.lua", "--json" }).stdout).runs_here)
   end)
 
+  it("the RL example's recipes: grpo_tiny_cpu.lua runs here, grpo_tiny.lua (vLLM) checks with --plan-only", function()
+    -- (tests/python/test_example.py runs the first; the GPU tier's example stage the second.)
+    local cpu = cjson.decode(check({ "check", "recipes/grpo_tiny_cpu.lua", "--json" }).stdout)
+    assert.is_true(cpu.runs_here)
+    assert.are.same({ kind = "reference", tp = 1, replicas = 1 }, cpu.runtime)
+    local gpu = cjson.decode(check({ "check", "recipes/grpo_tiny.lua", "--plan-only", "--json" }).stdout)
+    assert.is_true(gpu.ok)
+    assert.are.same({ "cuda", 1, 0 }, { gpu.backend, gpu.chunks, gpu.buffer_bytes }) -- the direct path
+    assert.are.same({ kind = "vllm", tp = 1, replicas = 1, load = "direct", channel = "socket",
+      model = "recipes/models/qwen3-moe-small" }, gpu.runtime)
+    assert.are.equal(cpu.manifest, gpu.manifest) -- the same model
+  end)
+
   -- `command` (check or run) of the demo under a shell's `ulimit` option;
   -- `limit` is shell arithmetic, where $open is the number of files the shell
   -- has open (and passes on).
