@@ -138,6 +138,7 @@ class TestRuntime:
         assert [r["tp_rank"] for r in finished["receipts"]] == [0, 1]
         after = runtime.generate({"prompts": [[1, 2]], "sampling": {"max_tokens": 2}})
         assert after["model_version"] == 1 and after["outputs"][0]["model_version"] == 1
+        assert after["engine_seconds"] >= 0
         assert after["outputs"][0]["token_ids"] != before["outputs"][0]["token_ids"]
         assert runtime.info()["prefix_cache_resets"] == 1
 

@@ -255,11 +255,15 @@ class Runtime:
         # The version committed when the requests are dispatched: no update can start
         # while this command runs (one request in flight per connection).
         version = self.model_version
+        started = time.perf_counter()
         outputs = self._engine_call("generate", self.engine.generate, prompts, sampling) if prompts else []
+        # (engine_seconds: the engine's own time, vLLM's LLM.generate; the rest of what the
+        # caller waited is wsync's path.)
+        engine_seconds = time.perf_counter() - started
         self.generated += len(outputs)
         for output in outputs:
             output["model_version"] = version
-        return {"model_version": version, "outputs": outputs}
+        return {"model_version": version, "outputs": outputs, "engine_seconds": engine_seconds}
 
     # Weight transfer ------------------------------------------------------------------
 
