@@ -633,3 +633,17 @@ class TestCaller:
         assert failed.value.code == "ENGINE_DIED" and failed.value.fatal
         assert failed.value.message == "vLLM's EngineCore (pid 9) died during load_chunk"
         assert time.monotonic() - started < 5
+
+
+def test_the_engines_timing_summary_gives_medians_the_workers_parts_and_the_first_call():
+    from wsync.vllm.engine import VllmEngine
+    engine = VllmEngine.__new__(VllmEngine)  # (no vLLM: only the summary's bookkeeping)
+    engine.channel = "socket"
+    engine._timing = {"start_update": [(0.010, 0.009, {"fingerprint": 0.004, "loader": 0.005}),
+                                       (0.002, 0.001, {"fingerprint": 0.0004, "loader": 0.0005}),
+                                       (0.003, 0.002, {"fingerprint": 0.0006, "loader": 0.0007})],
+                      "finish_update": [(0.001, 0.0005, {})]}
+    assert engine.timing_summary() == (
+        "start_update x3: median 3.00 ms per call in the channel, 2.00 in the workers, fingerprint 0.60, loader "
+        "0.70 (first 10.00, 9.00); finish_update x1: median 1.00 ms per call in the channel, 0.50 in the workers "
+        "(first 1.00, 0.50)")

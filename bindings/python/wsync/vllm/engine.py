@@ -149,8 +149,8 @@ class VllmEngine:
         self._closed = False
         self._faults = _faults()
         # Per weight command, each call's (seconds in collective_rpc or the channel, the
-        # slowest worker's seconds).
-        self._timing: dict[str, list[tuple[float, float]]] = {}
+        # slowest worker's seconds, that worker's parts of them by name).
+        self._timing: dict[str, list[tuple[float, float, dict[str, float]]]] = {}
         self._salt = "wsync-v0"  # (the committed version's cache salt: commit)
         # (Set by the runtime's command line: when the direct loader is checked against
         # vLLM's own; how weight commands reach the workers, "socket" or "rpc".)
@@ -214,30 +214,37 @@ class VllmEngine:
             answers = self._watched(cmd, lambda: self.llm.collective_rpc("wsync_command", timeout=timeout,
                                                                         args=(cmd, json.dumps(payload))))
         seconds = time.perf_counter() - started
-        results, slowest = [], 0.0
+        results, slowest, parts = [], 0.0, {}
         for rank, text in enumerate(answers):
             answer = json.loads(text)
-            slowest = max(slowest, float(answer.get("seconds", 0.0)))
+            if float(answer.get("seconds", 0.0)) >= slowest:
+                slowest, parts = float(answer.get("seconds", 0.0)), answer.get("parts") or {}
             if not answer.get("ok"):
                 error = answer.get("error") or {}
                 raise Failure(error.get("code", "WORKER_FAILED"), f"TP worker {rank}: {error.get('message')}",
                               fatal=error.get("fatal", True), rank=rank)
             results.append(answer["result"])
-        self._timing.setdefault(cmd, []).append((seconds, slowest))
+        self._timing.setdefault(cmd, []).append((seconds, slowest, parts))
         return results
 
     def timing_summary(self) -> str:
         """Per weight command: calls, median ms in collective_rpc (or the channel) and in the
         slowest worker (the difference is the trip between this process and its workers),
-        and the first call's, which plans and maps."""
+        the medians of the parts the worker named, and the first call's, which plans and
+        maps."""
+        def median(values: list[float]) -> float:
+            return sorted(values)[len(values) // 2] * 1e3
+
         way = "the channel" if self.channel == "socket" else "collective_rpc"
-        parts = []
+        lines = []
         for cmd, calls in self._timing.items():
-            trips, workers = sorted(call[0] for call in calls), sorted(call[1] for call in calls)
-            parts.append(f"{cmd} x{len(calls)}: median {trips[len(trips) // 2] * 1e3:.2f} ms per call in {way}, "
-                         f"{workers[len(workers) // 2] * 1e3:.2f} in the workers (first {calls[0][0] * 1e3:.2f}, "
-                         f"{calls[0][1] * 1e3:.2f})")
-        return "; ".join(parts) or "no weight commands"
+            names = sorted({name for call in calls for name in call[2]})
+            named = "".join(f", {name} {median([float(call[2].get(name, 0.0)) for call in calls]):.2f}"
+                            for name in names)
+            lines.append(f"{cmd} x{len(calls)}: median {median([call[0] for call in calls]):.2f} ms per call in "
+                         f"{way}, {median([call[1] for call in calls]):.2f} in the workers{named} (first "
+                         f"{calls[0][0] * 1e3:.2f}, {calls[0][1] * 1e3:.2f})")
+        return "; ".join(lines) or "no weight commands"
 
     def init_weights(self, payload: dict[str, Any]) -> list[dict[str, Any]]:
         return self._command("init_weights", dict(payload, load=self.load, check=self.check))
