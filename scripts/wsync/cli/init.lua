@@ -260,7 +260,7 @@ local function check(args)
     summary.runtime = { kind = recipe.runtime.kind, tp = topology.tp, replicas = topology.replicas }
     if recipe.runtime.kind == "vllm" then
       summary.runtime.load = recipe.runtime.load or "direct"
-      summary.runtime.channel = recipe.runtime.channel or "socket"
+      summary.runtime.channel = require("wsync.runtime.vllm").channel(recipe.runtime.load, recipe.runtime.channel)
       summary.runtime.model = require("wsync.runtime.vllm").model_dir(recipe)
     end
     summary.runs_here = unserved == nil

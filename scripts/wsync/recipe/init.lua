@@ -107,8 +107,9 @@ M.schema = schema.record({
         -- publication, or never.
         check = schema.enum({ "first", "every", "never" }),
         -- How the weight commands reach vLLM's TP workers: a socket of
-        -- wsync's to each worker (default; wsync.vllm.channel: no trip
-        -- through vLLM's EngineCore per command), or vLLM's collective_rpc.
+        -- wsync's to each worker (wsync.vllm.channel: no trip through vLLM's
+        -- EngineCore per command; the direct loader's default), or vLLM's
+        -- collective_rpc (native's default: wsync.runtime.vllm.channel).
         channel = schema.enum({ "rpc", "socket" }),
         vllm = schema.map({ item = schema.any({}) }),
         python = schema.string({}),
