@@ -515,6 +515,9 @@ function M.main(argv)
       end
       M.exec_string(argv[2], "=(command line)", { unpack(argv, 3) })
       return 0
+    elseif commands[first] and (argv[2] == "--help" or argv[2] == "-h") then
+      -- (`wsync run --help`: the usage, not a recipe named --help.)
+      return commands.help()
     elseif commands[first] then
       return commands[first]({ unpack(argv, 2) })
     elseif first:match("%.lua$") or first:find("/", 1, true) then

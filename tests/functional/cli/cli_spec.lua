@@ -73,6 +73,12 @@ describe("wsync --version and --help", function()
     end
     assert.are.equal(result.stdout, process.wsync({ "-h" }).stdout)
     assert.are.equal(result.stdout, process.wsync({ "help" }).stdout)
+    -- (A command's --help is the same help, not a recipe named --help.)
+    for _, words in ipairs({ { "run", "--help" }, { "check", "-h" }, { "repl", "--help" } }) do
+      local asked = process.wsync(words)
+      assert.are.equal(0, asked.code, table.concat(words, " ") .. ": " .. asked.stderr)
+      assert.are.equal(result.stdout, asked.stdout, table.concat(words, " "))
+    end
   end)
 end)
 
