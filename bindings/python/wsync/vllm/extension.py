@@ -447,15 +447,12 @@ class WorkerExtension:
             handler = getattr(loader, cmd, None)
             if handler is None:
                 raise Failure("UNKNOWN_COMMAND", f"the worker extension has no command '{cmd}'")
-            loader = self.__dict__.get("_wsync_loader")
-            if loader is not None:
-                loader.parts = {}
+            loader.parts = {}
             result = handler(payload)
             # (How long this worker took, and the parts its loader named, for the runtime's
             # timing summary: the rest of a command's time is the trip to this worker.)
-            parts = getattr(self.__dict__.get("_wsync_loader"), "parts", None) or {}
             return json.dumps({"ok": True, "result": result, "seconds": time.perf_counter() - started,
-                               "parts": parts})
+                               "parts": loader.parts})
         except Failure as failed:
             return json.dumps({"ok": False, "error": {"code": failed.code, "message": failed.message,
                                                       "fatal": failed.fatal}})
