@@ -50,14 +50,7 @@ describe("wsync run --report", function()
     assert.are.equal(0, result.code, result.stderr)
     assert_sorted(text, report)
     assert.are.same({ "opening", "plan", "recipe", "rounds", "run", "schema", "schema_version", "wsync" },
-      (function()
-        local keys = {}
-        for key in pairs(report) do
-          keys[#keys + 1] = key
-        end
-        table.sort(keys)
-        return keys
-      end)())
+      require("wsync.util").sorted_keys(report))
     assert.are.equal("wsync-run-report", report.schema)
     assert.are.equal(1, report.schema_version)
     assert.are.equal(require("wsync").build.version, report.wsync.version)
