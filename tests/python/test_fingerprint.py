@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed here")
 
-from wsync.vllm.extension import TorchFingerprint  # noqa: E402
+from wsync.vllm.extension import TorchFingerprint, torch_residents  # noqa: E402
 
 
 def model() -> "torch.nn.Module":
@@ -39,4 +39,32 @@ def test_another_model_changes_it():
     fingerprint = TorchFingerprint(lambda: nets[-1])
     first = fingerprint()
     nets.append(model())
+    assert fingerprint() != first
+
+
+class Dispatching(torch.nn.Parameter):
+    """A parameter whose subclass defines ``__torch_function__`` in Python, as vLLM 0.26's
+    linear layers' ``BasevLLMParameter`` does; counts its calls."""
+
+    calls = 0
+
+    def __new__(cls, data: "torch.Tensor") -> "Dispatching":
+        return super().__new__(cls, data=data, requires_grad=False)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        Dispatching.calls += 1
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_parameters_with_python_dispatch_are_read_without_it_and_still_followed():
+    net = model()
+    net[0].weight = Dispatching(torch.zeros(4, 4))
+    fingerprint = TorchFingerprint(lambda: net)
+    first = fingerprint()
+    Dispatching.calls = 0
+    assert fingerprint() == first
+    assert torch_residents(net)["0.weight"]["shape"] == [4, 4]
+    assert Dispatching.calls == 0  # (each call costs microseconds: thousands a publication)
+    net[0].weight.data = torch.zeros(4, 4)  # moved
     assert fingerprint() != first

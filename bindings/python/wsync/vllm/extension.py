@@ -23,6 +23,7 @@ and the number of resident parameters filled.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -344,9 +345,26 @@ def plan_name(name: str) -> str:
     return name
 
 
+def plain_parameters() -> Any:
+    """A context in which reading a parameter (its pointer, shape, dtype, ``.data``) skips
+    its subclass's ``__torch_function__``. vLLM 0.26's linear layers' parameters
+    (``BasevLLMParameter``) define one in Python, so every such read of them costs
+    microseconds: the fingerprint's three reads of a 30B-A3B's 190 such parameters took
+    1.7 ms a publication on the H200, 0.06 ms with it off. torch 2.11's
+    ``torch._C.DisableTorchFunctionSubclass``; without it, a context that changes nothing."""
+    import torch
+    off = getattr(torch._C, "DisableTorchFunctionSubclass", None)
+    return off() if off is not None else contextlib.nullcontext()
+
+
 def torch_residents(model: Any) -> dict[str, dict[str, Any]]:
     """A torch module's parameters as the direct loader takes them, by the loader plan's
     names (each must be contiguous: the loader writes rows of bytes)."""
+    with plain_parameters():
+        return _torch_residents(model)
+
+
+def _torch_residents(model: Any) -> dict[str, dict[str, Any]]:
     found = {}
     for vllm_name, parameter in model.named_parameters():
         name = plan_name(vllm_name)
@@ -384,12 +402,14 @@ class TorchFingerprint:
 
     def __call__(self) -> int:
         model = self.model_of()
-        if self.seen and self._unchanged(model):
-            return self.value
-        self.model, self.value = model, self.value + 1
-        self.seen = [(module._parameters, name, parameter, parameter.data_ptr(), parameter.shape, parameter.dtype)
-                     for module in model.modules() for name, parameter in module._parameters.items()
-                     if parameter is not None]
+        with plain_parameters():
+            if self.seen and self._unchanged(model):
+                return self.value
+            self.model, self.value = model, self.value + 1
+            self.seen = [(module._parameters, name, parameter, parameter.data_ptr(), parameter.shape,
+                          parameter.dtype)
+                         for module in model.modules() for name, parameter in module._parameters.items()
+                         if parameter is not None]
         return self.value
 
 
