@@ -298,6 +298,7 @@ class Agent:
         """Tells the agent of every tensor whose memory moved since it last looked. Not
         strict (after a step callback): a tensor that cannot be found now (offloaded) is
         marked not in memory, so that a publication starting so fails and names it."""
+        pointers = self._pointers
         for name, entry in self._entries.items():
             try:
                 memory = entry.resolve()
@@ -305,7 +306,9 @@ class Agent:
                 if strict:
                     raise
                 memory = Memory(0, 0)
-            if memory != self._pointers[name]:
+            # (A tensor found where it was last returns the same Memory: no comparison.)
+            known = pointers[name]
+            if memory is not known and memory != known:
                 status = self._lib.ws_agent_set_tensor_data(self._handle, name.encode(),
                                                             ctypes.c_void_p(memory.pointer or None), memory.nbytes)
                 if status != 0:
