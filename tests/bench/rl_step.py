@@ -22,12 +22,14 @@ commit: the runtime's commit of the version, its prefix cache), control (everyth
 not the copy). The floor: one flat device copy of the model's bytes (torch's ``copy_``),
 median of 20.
 
-With --vllm-own (default: the first model), vLLM's own ``LLM.generate`` runs the same batch on
-an engine of the same arguments, before the models and again after them (an eager engine's
-speed moves from one start to the next), for the generation throughput through wsync against
-vLLM's own; each rollout through wsync also says how long vLLM's LLM.generate took inside the
-runtime, so the rest is wsync's own path. Those engines' ``reset_prefix_cache`` is timed too
-(what each commit paid before wsync salted its requests by version).
+With --vllm-own (default: the first model), vLLM's own ``LLM.generate`` runs the same batch
+on an engine of the same arguments in this process, alive beside the runtime's for that
+model's whole run: at every step its rollout runs just before the one through wsync, so the
+two alternate on the same GPU and the same host load (an eager engine's speed moves from one
+start to the next and with the machine's load; one engine timed after the other is no
+comparison). Each rollout through wsync also says how long vLLM's LLM.generate took inside
+the runtime, so the rest is wsync's own path. That engine's ``reset_prefix_cache`` is timed
+too (what each commit paid before wsync salted its requests by version).
 
 Ends with one line per model:
     rl step publish: MODEL: median X ms over N (floor Y ms, Z x), engine live
@@ -105,7 +107,7 @@ def with_steps(overrides: dict, steps: int) -> dict:
     return dict(overrides, **{"trainer.steps": steps + 1})
 
 
-def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict) -> dict:
+def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict, own: "Own | None" = None) -> dict:
     from vllm_publish import trainer_storage  # (this directory: the same trainer storage)
     storage, tensors = trainer_storage(wsync, recipe)
     nbytes, count = storage.numel() * 2, len(tensors)
@@ -128,6 +130,8 @@ def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict) -> di
         say(f"{name}: first publication (init, plan, the check against vLLM's own loader) {first_seconds * 1e3:.0f} "
             "ms")
         for step in range(2, args.steps + 2):
+            if own is not None:
+                own.rollout()
             started = time.perf_counter()
             result = host.generate(prompts, max_tokens=max_tokens, temperature=1.0, ignore_eos=True)
             seconds = time.perf_counter() - started
@@ -181,33 +185,44 @@ def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict) -> di
     return row
 
 
-def vllm_own(torch, wsync, name: str, recipe: str, args) -> dict:
-    """vLLM's own LLM.generate on the same batch, an engine of the same arguments; and its
-    reset_prefix_cache's time after a generation."""
-    from vllm import LLM, SamplingParams, TokensPrompt
-    model_dir, engine = engine_arguments(wsync, recipe)
-    engine = dict(engine)
-    engine.setdefault("logprobs_mode", "processed_logprobs")  # (as the vllm runtime sets it)
-    llm = LLM(model=model_dir, enable_sleep_mode=True, **engine)
-    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts_for(vocab, args.prompts, args.prompt_tokens, 1)]
-    params = SamplingParams(max_tokens=args.tokens or TOKENS[name], temperature=1.0, ignore_eos=True, logprobs=0)
-    llm.generate(prompts, params, use_tqdm=False)
-    rates, resets = [], []
-    for _ in range(min(args.steps, 20)):
+class Own:
+    """vLLM's own LLM.generate on a model's batch: an engine of the recipe's arguments in this
+    process (as the vllm runtime makes its own), and its ``reset_prefix_cache`` after each
+    rollout."""
+
+    def __init__(self, torch, wsync, name: str, recipe: str, args) -> None:
+        from vllm import LLM, SamplingParams, TokensPrompt
+        self.torch = torch
+        model_dir, engine = engine_arguments(wsync, recipe)
+        engine = dict(engine)
+        engine.setdefault("logprobs_mode", "processed_logprobs")  # (as the vllm runtime sets it)
+        self.llm = LLM(model=model_dir, enable_sleep_mode=True, **engine)
+        vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
+        self.prompts = [TokensPrompt(prompt_token_ids=p)
+                        for p in prompts_for(vocab, args.prompts, args.prompt_tokens, 1)]
+        self.params = SamplingParams(max_tokens=args.tokens or TOKENS[name], temperature=1.0, ignore_eos=True,
+                                     logprobs=0)
+        self.llm.generate(self.prompts, self.params, use_tqdm=False)  # (its first, warming)
+        self.rates: list[float] = []
+        self.resets: list[float] = []
+
+    def rollout(self) -> None:
         started = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        outputs = self.llm.generate(self.prompts, self.params, use_tqdm=False)
         seconds = time.perf_counter() - started
-        rates.append(sum(len(o.outputs[0].token_ids) for o in outputs) / seconds)
+        self.rates.append(sum(len(o.outputs[0].token_ids) for o in outputs) / seconds)
         started = time.perf_counter()
-        llm.reset_prefix_cache()
-        resets.append(time.perf_counter() - started)
-    from wsync.vllm.engine import shutdown_engine
-    shutdown_engine(llm)
-    del llm
-    gc.collect()
-    torch.cuda.empty_cache()
-    return {"tokens_per_s": statistics.median(rates), "reset_prefix_cache_ms": median_ms(resets)}
+        self.llm.reset_prefix_cache()
+        self.resets.append(time.perf_counter() - started)
+
+    def close(self) -> dict:
+        from wsync.vllm.engine import shutdown_engine
+        shutdown_engine(self.llm)
+        del self.llm
+        gc.collect()
+        self.torch.cuda.empty_cache()
+        return {"tokens_per_s": statistics.median(self.rates) if self.rates else float("nan"),
+                "rollouts": len(self.rates), "reset_prefix_cache_ms": median_ms(self.resets)}
 
 
 def main() -> int:
@@ -237,27 +252,25 @@ def main() -> int:
     say(f"{torch.cuda.get_device_name()}; {args.steps} steps per model, each a rollout of {args.prompts} "
         "completions then a publication")
     rows, failures, owns = [], [], []
-
-    def measure_own() -> None:
-        try:
-            owns.append(vllm_own(torch, wsync, own_model.partition("+")[0], recipe_of(own_model)[0], args))
-        except Exception as error:  # (reported; the rest still runs)
-            failures.append(f"vLLM's own generate: {type(error).__name__}: {error}")
-    measuring_own = own_model in models and own_model != "none"
-    if measuring_own:  # (before the models and again after them: an engine's speed moves from start to start)
-        measure_own()
     for name in models:
+        own = None
         try:
             recipe, overrides = recipe_of(name)
-            rows.append(run_model(wsync, torch, name, recipe, args, overrides))
+            if name == own_model:
+                try:
+                    own = Own(torch, wsync, name.partition("+")[0], recipe, args)
+                except Exception as error:  # (reported; the rest still runs)
+                    failures.append(f"vLLM's own generate: {type(error).__name__}: {error}")
+            rows.append(run_model(wsync, torch, name, recipe, args, overrides, own))
         except Exception as error:  # (reported; the other models still run)
             failures.append(f"{name}: {type(error).__name__}: {error}")
             say(f"{name}: FAILED: {type(error).__name__}: {error}")
             continue
+        finally:
+            if own is not None:
+                owns.append(own.close())
         if rows[-1]["stale"]:
             failures.extend(f"{name}: {what}" for what in rows[-1]["stale"])
-    if measuring_own:
-        measure_own()
     print(f"\n{'model':<13} {'GB':>7} {'floor ms':>9} {'median ms':>10} {'p90 ms':>8} {'x floor':>8} "
           f"{'start':>6} {'fill':>6} {'load':>6} {'(copy)':>7} {'finish':>7} {'(commit)':>9} {'control':>8} "
           f"{'gen ms':>7} {'tok/s':>8}")
@@ -269,15 +282,17 @@ def main() -> int:
               f"{p.get('commit', float('nan')):9.3f} {row['control_median_ms']:8.2f} {row['generate_median_ms']:7.1f} "
               f"{row['generate_tokens_per_s']:8.0f}")
     ours = next((row for row in rows if row["model"] == own_model), None)
-    if owns and ours is not None:
-        theirs = ", ".join(f"{own['tokens_per_s']:.0f}" for own in owns)
-        resets = ", ".join(f"{own['reset_prefix_cache_ms']:.2f}" for own in owns)
-        overhead = max(own["tokens_per_s"] for own in owns) / ours["generate_tokens_per_s"] - 1
-        print(f"generation {own_model}: through wsync {ours['generate_tokens_per_s']:.0f} tokens/s, vLLM's own "
-              f"LLM.generate {theirs} tokens/s (before the models, after them; {overhead * 100:+.1f} % time through "
-              f"wsync against the faster); a rollout through wsync: median {ours['generate_median_ms']:.1f} ms, of "
-              f"which vLLM's LLM.generate in the runtime {ours['generate_engine_median_ms']:.1f} ms; vLLM's "
-              f"reset_prefix_cache on those engines: {resets} ms")
+    if owns and ours is not None and owns[0]["rollouts"]:
+        theirs = owns[0]
+        overhead = theirs["tokens_per_s"] / ours["generate_tokens_per_s"] - 1
+        path = ours["generate_median_ms"] - ours["generate_engine_median_ms"]
+        print(f"a rollout through wsync: median {ours['generate_median_ms']:.1f} ms, of which vLLM's LLM.generate in "
+              f"the runtime {ours['generate_engine_median_ms']:.1f} ms (wsync's path {path:.1f} ms); vLLM's "
+              f"reset_prefix_cache on the own engine: {theirs['reset_prefix_cache_ms']:.2f} ms")
+        print(f"rl step generate: {own_model}: {ours['generate_tokens_per_s']:.0f} tokens/s through wsync, "
+              f"{theirs['tokens_per_s']:.0f} tokens/s vLLM's own LLM.generate, alternating over {theirs['rollouts']} "
+              f"rollouts of {args.prompts} x {args.tokens or TOKENS[own_model.partition('+')[0]]} tokens "
+              f"({overhead * 100:+.1f} % time through wsync)")
     for row in rows:
         print(f"rl step publish: {row['model']}: median {row['median_ms']:.2f} ms over {row['steps']} (floor "
               f"{row['floor_ms']:.3f} ms, {row['ratio']:.2f} x), engine live")

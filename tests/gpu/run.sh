@@ -105,7 +105,7 @@ if stage vllm || stage vllm-faults || stage example || stage vllm-bench || stage
     if stage rl-step; then
       echo "== vLLM: the RL step's publication, engine live (tests/bench/rl_step.py)" | tee -a "$out/summary.txt"
       timeout 540 python3 tests/bench/rl_step.py --json "$out/rl_step.json" >"$out/rl_step.log" 2>&1 || status=1
-      grep -vE "step [0-9]+:" "$out/rl_step.log" | grep -E "^rl_step|^model|^(tiny|1\.5GB|30B)|^generation|^rl step|Error" \
+      grep -vE "step [0-9]+:" "$out/rl_step.log" | grep -E "^rl_step|^model|^(tiny|1\.5GB|30B)|^a rollout|^rl step|Error" \
         | tee -a "$out/summary.txt"
     fi
   else
