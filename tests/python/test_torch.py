@@ -102,6 +102,42 @@ class TestTensors:
         with pytest.raises(wsync.InvalidArgument, match=r"tensor weight: it is now float32 \[5, 3\]"):
             agent._refresh()
 
+    def test_every_change_is_seen_after_a_refresh_that_found_all_in_place(self, agent):
+        # (The agent reads all tensors' pointers, shapes, strides and dtypes at once and
+        # checks no entry again while they are those last found good.)
+        module = torch.nn.Linear(4, 4, bias=False)
+        other = torch.zeros(4, 4)
+        agent.register_module(module)
+        agent.register_tensor("other", other)
+        agent._refresh()
+        agent._refresh()
+        module.weight.data = torch.ones(4, 4)  # moved: the agent is told the new memory
+        agent._refresh()
+        assert agent._pointers["weight"].pointer == module.weight.data_ptr()
+        module.weight.data = module.weight.data.t()  # the same pointer and shape, transposed
+        with pytest.raises(wsync.InvalidArgument, match="tensor weight: it is not contiguous now"):
+            agent._refresh()
+        module.weight.data = module.weight.data.t()
+        agent._refresh()
+        other.resize_(2, 8)  # the same pointer, another shape
+        with pytest.raises(wsync.InvalidArgument, match=r"tensor other: it is now float32 \[2, 8\]"):
+            agent._refresh()
+        other.resize_(4, 4)
+        agent._refresh()
+        module.weight.data = module.weight.data.view(torch.float16)[:, ::2]  # the same pointer, another dtype
+        with pytest.raises(wsync.InvalidArgument, match=r"tensor weight: it is now float16 \[4, 4\]"):
+            agent._refresh()
+
+    def test_a_tensor_not_found_after_a_callback_is_refused_at_the_next_publication(self, agent):
+        tensors = {"t": torch.zeros(4, 3)}
+        agent.register_tensor("t", lambda: tensors["t"])
+        agent._refresh()
+        tensors["t"] = torch.zeros(4, 3, dtype=torch.float64)  # (an offload that left it wrong)
+        agent._refresh(strict=False)  # (after a step callback: marked not in memory)
+        assert agent._pointers["t"].pointer == 0
+        with pytest.raises(wsync.InvalidArgument, match="tensor t: it is now float64"):
+            agent._refresh()
+
     def test_export_renames_and_leaves_out(self, agent):
         module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
         names = agent.register_module(module, export={"0.bias": None, "1.bias": None}, prefix="m.")

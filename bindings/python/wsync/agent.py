@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Union
 from . import _native
 from .errors import InvalidArgument, StateError, WsyncError, from_status
 from .host import Host
-from .tensors import Entry, Memory, describe
+from .tensors import Entry, Memory, describe, layout
 
 Export = Union[None, Mapping[str, Optional[str]], Callable[[str], Optional[str]]]
 
@@ -117,6 +117,9 @@ class Agent:
         self._lib = self._host._lib
         self._entries: dict[str, Entry] = {}
         self._pointers: dict[str, Memory] = {}
+        # (The torch tensors' layout when every entry was last found good: see _refresh.)
+        self._torch_entries: list[Entry] = []
+        self._layout: Any = None
         self._callbacks: list[Any] = []  # the ctypes trampolines, kept alive
         self._callback_error: Optional[BaseException] = None
         self._cuda = False
@@ -223,6 +226,9 @@ class Agent:
         self._call(status, "register_tensor")
         self._entries[name] = entry
         self._pointers[name] = memory
+        if entry.current is not None:
+            self._torch_entries.append(entry)
+        self._layout = None
         self._cuda = self._cuda or entry.device == "cuda"
 
     def register_module(self, module: Any, export: Export = None, prefix: str = "") -> list[str]:
@@ -297,15 +303,34 @@ class Agent:
     def _refresh(self, strict: bool = True) -> None:
         """Tells the agent of every tensor whose memory moved since it last looked. Not
         strict (after a step callback): a tensor that cannot be found now (offloaded) is
-        marked not in memory, so that a publication starting so fails and names it."""
-        pointers = self._pointers
+        marked not in memory, so that a publication starting so fails and names it.
+
+        When every tensor is a torch tensor and all of them lie as they did when last found
+        good (pointers, shapes, strides, dtypes, read at once), nothing is checked again;
+        otherwise each entry is, whole."""
+        now = None
+        if self._entries and len(self._torch_entries) == len(self._entries):
+            try:
+                now = layout([entry.fixed if entry.fixed is not None else entry.current()
+                              for entry in self._torch_entries])
+            except Exception:  # noqa: BLE001 (a callable that fails: each entry says so below)
+                now = None
+            if now is not None and now == self._layout:
+                return
+        self._layout = None
+        if self._resolve_each(strict) and now is not None:
+            self._layout = now
+
+    def _resolve_each(self, strict: bool) -> bool:
+        """Resolves every entry; whether all were found."""
+        pointers, found = self._pointers, True
         for name, entry in self._entries.items():
             try:
                 memory = entry.resolve()
             except Exception:  # noqa: BLE001 (strict callers see it)
                 if strict:
                     raise
-                memory = Memory(0, 0)
+                memory, found = Memory(0, 0), False
             # (A tensor found where it was last returns the same Memory: no comparison.)
             known = pointers[name]
             if memory is not known and memory != known:
@@ -314,7 +339,8 @@ class Agent:
                 if status != 0:
                     raise from_status(status, _native.text(self._lib.ws_agent_error(self._handle)),
                                       "set_tensor_data")
-                self._pointers[name] = memory
+                pointers[name] = memory
+        return found
 
     def publish(self, step: Optional[int] = None) -> Publication:
         """Joins the collective publication of trainer step `step` (every rank the same; None
