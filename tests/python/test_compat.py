@@ -1,12 +1,16 @@
 """wsync.vllm.compat: the one module that reads vLLM and torch past vLLM's documented ``LLM``
-API. vLLM outside the supported range is refused when it is imported (a ``vllm`` module in
-place of the real one says which version it is), and each reader answers from vLLM's
-members, or names the one that is not there."""
+API. No other module of the package does (read from their code), vLLM outside the
+supported range is refused when it is imported (a ``vllm`` module in place of the real one
+says which version it is), and each reader answers from vLLM's members, or names the one
+that is not there."""
 from __future__ import annotations
 
+import ast
 import os
+import re
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +19,116 @@ from wsync.vllm import compat
 from wsync.vllm.server import Failure
 
 PACKAGE = ROOT / "bindings" / "python" / "wsync"
+
+#: Members of vLLM's engine, EngineCore client, GPU worker and model that only compat reads.
+VLLM_MEMBERS = {"llm_engine", "engine_core", "resources", "engine_dead", "engine_manager", "outputs_queue",
+                "model_runner", "parallel_config", "get_model", "init_weight_transfer_engine", "start_weight_update",
+                "update_weights", "finish_weight_update", "load_weights", "add_request", "abort_request",
+                "RequestOutputKind", "WeightTransferConfig"}
+#: torch's internals that only compat reads.
+TORCH_MEMBERS = {"_C", "_parameters", "DisableTorchFunctionSubclass", "rebuild_cuda_tensor", "TypedStorage",
+                 "reductions"}
+#: Text that only compat holds: names of vLLM's and torch's members, and a part of vLLM's
+#: parameters' names.
+VLLM_TEXTS = VLLM_MEMBERS | TORCH_MEMBERS | {"routed_experts"}
+#: vLLM's documented LLM API: all that is read of an ``llm`` outside compat.
+LLM_API = {"generate", "collective_rpc", "sleep", "wake_up", "reset_prefix_cache"}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _named(node: ast.AST, name: str) -> bool:
+    """Whether ``node`` is ``name`` or ``<something>.name``."""
+    return (isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name)
+
+
+def internal_uses(path: Path, root: Path = ROOT) -> list[str]:
+    """Each place in the Python file ``path`` that reaches past vLLM's documented API, as
+    "file:line: what" (the file from ``root``). By its code (comments and docstrings may name anything):
+
+    - an import of vllm (compat.vllm() checks its version) or of torch's internals;
+    - a member of VLLM_MEMBERS or TORCH_MEMBERS, read as an attribute (of anything but
+      ``compat``, whose readers may bear the names of what they read);
+    - a string that is one of VLLM_TEXTS (``getattr(x, "resources")``), or holds one that
+      reads as a name (``"engine_core"``, ``"_C"``, ``".routed_experts."``), not as a word;
+    - of an ``llm`` (``llm`` or ``<x>.llm``), anything but LLM_API;
+    - any member of a vLLM worker: ``<x>.worker.<member>``, and ``self.<member>`` in the
+      worker extension (a class mixed into vLLM's worker) but its own ``wsync_*`` and
+      ``__dict__``.
+    """
+    source = path.read_text()
+    tree = ast.parse(source, str(path))
+    docstrings = _docstrings(tree)
+    where = path.relative_to(root)
+    found = []
+
+    def hit(node: ast.AST, what: str) -> None:
+        found.append(f"{where}:{node.lineno}: {what}")
+
+    extensions = [node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == "WorkerExtension"]
+    in_extension = {id(node) for extension in extensions for node in ast.walk(extension)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "vllm" or alias.name.startswith(("torch._C", "torch.multiprocessing")):
+                    hit(node, f"imports {alias.name}")
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] == "vllm" or node.module.startswith(("torch._C", "torch.multiprocessing")):
+                hit(node, f"imports from {node.module}")
+        elif isinstance(node, ast.Attribute) and not _named(node.value, "compat"):
+            if node.attr in VLLM_MEMBERS | TORCH_MEMBERS:
+                hit(node, f"reads .{node.attr}")
+            elif _named(node.value, "llm") and node.attr not in LLM_API:
+                hit(node, f"reads LLM.{node.attr}, which is not LLM's documented API ({', '.join(sorted(LLM_API))})")
+            elif _named(node.value, "worker"):
+                hit(node, f"reads the vLLM worker's .{node.attr}")
+            elif (id(node) in in_extension and isinstance(node.value, ast.Name) and node.value.id == "self"
+                  and not node.attr.startswith("wsync_") and node.attr != "__dict__"):
+                hit(node, f"reads the vLLM worker's .{node.attr} (self in the worker extension)")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            for text in sorted(VLLM_TEXTS):
+                named = text.lower() != text or "_" in text
+                if node.value == text or (named and re.search(rf"(?<![A-Za-z0-9_]){text}(?![A-Za-z0-9_])",
+                                                              node.value)):
+                    hit(node, f"names {text} in a string")
+    return sorted(found, key=lambda use: int(use.split(":")[1]))
+
+
+def test_no_module_but_compat_reaches_past_vllms_documented_api():
+    files = sorted(path for path in PACKAGE.rglob("*.py") if path != PACKAGE / "vllm" / "compat.py")
+    assert PACKAGE / "vllm" / "engine.py" in files and PACKAGE / "vllm" / "extension.py" in files
+    found = [use for path in files for use in internal_uses(path)]
+    assert not found, "vLLM's or torch's internals outside wsync.vllm.compat (move them there):\n" + "\n".join(found)
+
+
+def test_the_scan_sees_each_kind_of_use(tmp_path):
+    path = tmp_path / "sample.py"
+    path.write_text('"""Names engine_core, routed_experts, worker.rank freely."""\n'
+                    "import vllm\n"
+                    "from vllm.config import WeightTransferConfig\n"
+                    "import torch._C\n"
+                    "core = getattr(self.llm.llm_engine, 'engine_core', None)\n"
+                    "name = 'model.experts.routed_experts.w2'  # engine_dead in a comment\n"
+                    "why = 'frees the resources', 'resident_parameters', hasattr(core, 'resources')\n"
+                    "self.worker.device\n"
+                    "off = torch._C.DisableTorchFunctionSubclass\n"
+                    "llm.generate([]), compat.engine_dead(llm), compat.worker_rank(self.worker)\n"
+                    "class WorkerExtension:\n"
+                    "    def wsync_identity(self):\n"
+                    "        return self.rank, self.wsync_channel, self.__dict__\n")
+    found = internal_uses(path, tmp_path)
+    assert [int(use.split(":")[1]) for use in found] == [2, 3, 4, 5, 5, 6, 7, 8, 9, 9, 13], found
+    assert "sample.py:5: names engine_core in a string" in found
+    assert "sample.py:7: names resources in a string" in found
+    assert "sample.py:13: reads the vLLM worker's .rank (self in the worker extension)" in found
 
 
 # The version check ---------------------------------------------------------------------------
