@@ -173,7 +173,8 @@ def test_the_check_is_made_again_for_another_vllm(monkeypatch):
 def test_wsync_vllm_unsupported_turns_the_refusal_into_a_warning(monkeypatch, version):
     module = fake_vllm(monkeypatch, version)
     monkeypatch.setenv("WSYNC_VLLM_UNSUPPORTED", "1")
-    with pytest.warns(compat.UnsupportedVllmWarning, match=rf"vLLM {version} is not one wsync supports \(0.26.x"):
+    with pytest.warns(compat.UnsupportedVllmWarning, match=rf"^vLLM {version} is not one wsync supports \(0.26.x: "
+                                                           r".*; running it anyway \(WSYNC_VLLM_UNSUPPORTED=1\)$"):
         assert compat.vllm() is module
     fake_vllm(monkeypatch, version)
     monkeypatch.setenv("WSYNC_VLLM_UNSUPPORTED", "0")  # (only 1 says so)

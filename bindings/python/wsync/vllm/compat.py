@@ -103,14 +103,14 @@ def check_version(version: str) -> None:
     release = re.match(r"(\d+)\.(\d+)", version)
     if release and SUPPORTED_VLLM[0] <= (int(release[1]), int(release[2])) <= SUPPORTED_VLLM[1]:
         return
-    message = (f"vLLM {version} is not one wsync supports ({supported_range()}: the releases whose internals "
-               "wsync.vllm.compat was read from and that have run); install a supported one, or set "
-               f"{UNSUPPORTED_VARIABLE}=1 to run this one anyway")
+    unsupported = (f"vLLM {version} is not one wsync supports ({supported_range()}: the releases whose internals "
+                   "wsync.vllm.compat was read from and that have run)")
     if os.environ.get(UNSUPPORTED_VARIABLE) == "1":
-        warnings.warn(f"{message} ({UNSUPPORTED_VARIABLE}=1: running it anyway)", UnsupportedVllmWarning,
+        warnings.warn(f"{unsupported}; running it anyway ({UNSUPPORTED_VARIABLE}=1)", UnsupportedVllmWarning,
                       stacklevel=3)
         return
-    raise VllmUnsupported(message)
+    raise VllmUnsupported(f"{unsupported}; install a supported one, or set {UNSUPPORTED_VARIABLE}=1 to run this "
+                          "one anyway")
 
 
 _checked: Optional[ModuleType] = None  # (the vllm module whose version was checked)
