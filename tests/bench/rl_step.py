@@ -216,8 +216,8 @@ class Own:
         self.resets.append(time.perf_counter() - started)
 
     def close(self) -> dict:
-        from wsync.vllm.engine import shutdown_engine
-        shutdown_engine(self.llm)
+        from wsync.vllm.compat import shutdown_engine_core
+        shutdown_engine_core(self.llm)
         del self.llm
         gc.collect()
         self.torch.cuda.empty_cache()

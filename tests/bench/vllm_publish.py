@@ -140,8 +140,8 @@ def vllm_own(stream: list[tuple[str, torch.Tensor]], repeats: int) -> list[float
         llm.finish_weight_update()
 
     seconds = timed(once, repeats)
-    from wsync.vllm.engine import shutdown_engine
-    shutdown_engine(llm)
+    from wsync.vllm.compat import shutdown_engine_core
+    shutdown_engine_core(llm)
     del llm
     gc.collect()
     torch.cuda.empty_cache()

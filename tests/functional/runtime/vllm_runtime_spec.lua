@@ -153,6 +153,24 @@ describe("the vllm runtime (an engine in place of vLLM)", function()
   end)
 end)
 
+describe("the vllm runtime with a vLLM wsync does not support", function()
+  after_each(runtimes.cleanup)
+
+  it("refuses to start, naming the version found and the supported range, and leaves nothing", function()
+    run_async(function()
+      local err = raised(runtimes.spawn, {
+        kind = "vllm", tp = 1, backend = "cuda", model = "tests/fixtures/models/tiny", grace_ms = 500,
+        env = { "PYTHONPATH=tests/fixtures/python/vllm_0_27:bindings/python" },
+      })
+      assert.are.equal("RUNTIME_START", err.code)
+      assert.are.equal("VLLM_UNSUPPORTED", err.cause.remote_code)
+      assert.matches("vllm runtime did not start: vLLM 0.27.0 is not one wsync supports (0.26.x: ", err.message, 1,
+        true)
+      assert.matches("set WSYNC_VLLM_UNSUPPORTED=1 to run this one anyway", err.message, 1, true)
+    end)
+  end)
+end)
+
 describe("python3 -m wsync.vllm by hand", function()
   it("refuses to run without the host's channel, saying so", function()
     local result = process_helper.run({ program = "python3", args = { "-m", "wsync.vllm", "--tp", "1", "--devices",

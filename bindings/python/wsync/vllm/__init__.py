@@ -10,8 +10,12 @@ runtime does. Modules:
 - ``receipts``: per-worker receipts and their check;
 - ``engine``: the engine behind it, vLLM's ``LLM`` with wsync's worker extension;
 - ``extension``: the worker extension that runs inside each of vLLM's TP workers;
-- ``wire``: vLLM 0.26's packed IPC ``update_info``, for the ``native`` load mode.
+- ``wire``: vLLM 0.26's packed IPC ``update_info``, for the ``native`` load mode;
+- ``compat``: everything read of vLLM and torch past vLLM's documented ``LLM`` API, one
+  function each, and the check of vLLM's version (the supported range, what an upgrade has
+  to check).
 
 Importing this package imports neither vLLM nor torch; ``engine``, ``extension`` and ``wire``
-do when they are used.
+do when they are used, vLLM only through ``compat.vllm()``, which refuses a vLLM outside
+the supported range (0.26.x) unless ``WSYNC_VLLM_UNSUPPORTED=1``, which makes it a warning.
 """

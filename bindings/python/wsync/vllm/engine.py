@@ -5,7 +5,9 @@ calls into vLLM's: sleep and wake with tags, ``collective_rpc`` to every TP work
 extension (wsync.vllm.extension) for the weight commands, the prefix-cache reset at commit,
 and generation from token ids with the sampled tokens' log-probabilities.
 
-vLLM is imported here, when the engine starts (15-25 s), never by the package.
+vLLM is imported here, when the engine starts (15-25 s), never by the package, and only
+through wsync.vllm.compat, which checks its version and reads what vLLM's documented
+``LLM`` API does not give.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, TypeVar
 
+from . import compat
 from .server import Failure
 
 #: What vLLM 0.26's LLM needs for wsync; a recipe's ``runtime.vllm`` may not set these.
@@ -129,17 +132,17 @@ class VllmEngine:
         if fixed:
             raise Failure("RUNTIME_START", f"runtime.vllm sets {', '.join(fixed)}, which wsync sets itself")
         self.backend, self.tp, self.load, self.timeouts = backend, tp, load, timeouts
-        from vllm import LLM
-        from vllm.config import WeightTransferConfig
+        self._vllm = compat.vllm()
         arguments = dict(engine_args)
         arguments.setdefault("logprobs_mode", "processed_logprobs")
-        self.llm = LLM(model=model, tensor_parallel_size=tp, enable_sleep_mode=True,
-                       weight_transfer_config=WeightTransferConfig(backend="ipc"),
-                       worker_extension_cls="wsync.vllm.extension.WorkerExtension", **arguments)
-        self._engine_pids = _engine_pids(self.llm)
+        self.llm = self._vllm.LLM(model=model, tensor_parallel_size=tp, enable_sleep_mode=True,
+                                 weight_transfer_config=compat.ipc_weight_transfer_config(),
+                                 worker_extension_cls="wsync.vllm.extension.WorkerExtension", **arguments)
+        # (The EngineCore's processes, or else this process's children: the EngineCore is one.)
+        self._engine_pids = compat.engine_core_pids(self.llm) or _children(os.getpid())
         self._identities: list[dict[str, Any]] = []
         self._watched = Caller(self._dead)
-        self.llm.init_weight_transfer_engine({"init_info": {}})
+        compat.init_ipc_weight_transfer(self.llm)
         self._identities = self._watched("startup", lambda: self.llm.collective_rpc(
             "wsync_identity", timeout=_inner(timeouts.get("startup", 600))))
         order = [identity["rank"] for identity in self._identities]
@@ -160,15 +163,13 @@ class VllmEngine:
 
     def _dead(self) -> Optional[str]:
         """Which of vLLM's processes died (EngineCore, a TP worker), or None."""
-        core = getattr(self.llm.llm_engine, "engine_core", None)
-        resources = getattr(core, "resources", None)
         for pid in self._engine_pids:
             if not _alive(pid):
                 return f"vLLM's EngineCore (pid {pid}) died"
         for identity in self._identities:
             if not _alive(identity["pid"]):
                 return f"vLLM's TP worker {identity['rank']} (pid {identity['pid']}) died"
-        if resources is not None and getattr(resources, "engine_dead", False):
+        if compat.engine_dead(self.llm):
             return "vLLM's EngineCore died"
         return None
 
@@ -293,8 +294,7 @@ class VllmEngine:
 
     def _prompt(self, tokens: list[int]) -> Any:
         """A request's prompt, salted with the committed version (see commit)."""
-        from vllm import TokensPrompt
-        return TokensPrompt(prompt_token_ids=tokens, cache_salt=self._salt)
+        return self._vllm.TokensPrompt(prompt_token_ids=tokens, cache_salt=self._salt)
 
     # Streaming (wsync.vllm.streams): vLLM's own engine loop, a step per call; a pause
     # holds the requests in vLLM's scheduler (sleep level 0, mode "keep").
@@ -304,12 +304,10 @@ class VllmEngine:
         return f"wsync-{request_id}"
 
     def stream_add(self, request_id: int, prompt: list[int], sampling: dict[str, Any]) -> None:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
         try:
-            params = SamplingParams(logprobs=0, output_kind=RequestOutputKind.DELTA, **sampling)
-            self._watched("submit", lambda: self.llm.llm_engine.add_request(
-                self._request_id(request_id), self._prompt(prompt), params))
+            params = self._vllm.SamplingParams(logprobs=0, output_kind=compat.delta_output_kind(), **sampling)
+            self._watched("submit", lambda: compat.add_request(self.llm, self._request_id(request_id),
+                                                               self._prompt(prompt), params))
         except (ValueError, TypeError) as error:  # (vLLM's refusal of a request: the engine is fine)
             raise Failure("INVALID_ARGUMENT", f"vLLM refuses it: {error}") from None
 
@@ -327,32 +325,30 @@ class VllmEngine:
         return found
 
     def stream_step(self) -> list[dict[str, Any]]:
-        return self._deltas(self._watched("generation step", self.llm.llm_engine.step))
+        return self._deltas(self._watched("generation step", lambda: compat.engine_step(self.llm)))
 
     def stream_abort(self, ids: list[int]) -> None:
         names = [self._request_id(request_id) for request_id in ids]
-        self._watched("abort", lambda: self.llm.llm_engine.abort_request(names))
+        self._watched("abort", lambda: compat.abort_requests(self.llm, names))
 
     def stream_hold(self) -> list[dict[str, Any]]:
         # vLLM answers once its EngineCore sent everything it produced; what reached this
         # process is then read without blocking (vLLM 0.26's client keeps it in a queue).
         self._watched("pause", lambda: self.llm.sleep(level=0, mode="keep"))
-        pending = getattr(self.llm.llm_engine.engine_core, "outputs_queue", None)
         outputs = []
-        while pending is not None and not pending.empty():
-            outputs.extend(self._deltas(self._watched("pause", self.llm.llm_engine.step)))
+        while compat.pending_outputs(self.llm):
+            outputs.extend(self._deltas(self._watched("pause", lambda: compat.engine_step(self.llm))))
         return outputs
 
     def stream_release(self) -> None:
         self._watched("resume", lambda: self.llm.wake_up(tags=["scheduling"]))
 
     def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[dict[str, Any]]:
-        from vllm import SamplingParams
         unknown = sorted(set(sampling) - set(SAMPLING_KEYS))
         if unknown:
             raise Failure("INVALID_ARGUMENT", f"generate: unknown sampling parameters {', '.join(unknown)} (known: "
                           f"{', '.join(SAMPLING_KEYS)})")
-        params = SamplingParams(logprobs=0, **sampling)
+        params = self._vllm.SamplingParams(logprobs=0, **sampling)
         requests = [self._prompt(prompt) for prompt in prompts]
         outputs = []
         for result in self._watched("generate", lambda: self.llm.generate(requests, params, use_tqdm=False)):
@@ -375,27 +371,9 @@ class VllmEngine:
             self._channels.close()  # (the workers' channel threads end)
         if self._channel_dir is not None:
             shutil.rmtree(self._channel_dir, ignore_errors=True)
-        shutdown_engine(self.llm)
+        compat.shutdown_engine_core(self.llm)
 
 
 def _sampled_logprobs(completion: Any) -> list[float]:
     """The log-probability of each token a vLLM CompletionOutput sampled."""
     return [step[token].logprob for step, token in zip(completion.logprobs or [], completion.token_ids)]
-
-
-def _engine_pids(llm: Any) -> list[int]:
-    """The pids of an LLM's EngineCore processes (vLLM 0.26: its core client's engine
-    manager), or else this process's children (the EngineCore is one)."""
-    core = getattr(llm.llm_engine, "engine_core", None)
-    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
-    processes = getattr(manager, "processes", None)
-    if processes:
-        return [process.pid for process in processes]
-    return _children(os.getpid())
-
-
-def shutdown_engine(llm: Any) -> None:
-    """Ends an LLM's EngineCore (vLLM 0.26: its core client's shutdown) and its workers."""
-    core = getattr(llm.llm_engine, "engine_core", None)
-    if core is not None:
-        core.shutdown()

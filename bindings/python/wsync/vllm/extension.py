@@ -23,7 +23,6 @@ and the number of resident parameters filled.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -32,6 +31,7 @@ from typing import Any, Callable, Optional
 
 from ..host import lua_literal
 from ..manifest import Manifest
+from . import compat
 from .receipts import receipt
 from .server import Failure
 
@@ -74,7 +74,7 @@ class _Native:
         return {"rank": rank, "resident_tensors": len(self.plan.residents), "buffers": len(self.descriptors)}
 
     def start_update(self, payload: dict[str, Any]) -> dict[str, Any]:
-        self.worker.start_weight_update()
+        compat.start_weight_update(self.worker)
         self.update = {"header": payload["header"], "loaded": [], "touched": set(), "tensors": 0, "bytes": 0}
         return {}
 
@@ -97,8 +97,8 @@ class _Native:
         for run in wire.runs(tensors):
             info = wire.update_info_v026(torch, run, self.identity["device"]["uuid"], self.descriptors[slot - 1],
                                          self.ref_counter)
-            self.worker.update_weights(info)
-        torch.cuda.synchronize(self.worker.device)
+            compat.update_weights(self.worker, info)
+        torch.cuda.synchronize(compat.worker_device(self.worker))
         seconds = time.perf_counter() - started
         for tensor in tensors:
             # (A canonical tensor may fill nothing on this TP rank: a vocabulary
@@ -120,7 +120,7 @@ class _Native:
             raise Failure("WRONG_PUBLICATION", f"finish_update for publication {payload.get('publication_id')}; this "
                           f"worker is updating {header['publication_id']}", fatal=True)
         self.update = None
-        self.worker.finish_weight_update()
+        compat.finish_weight_update(self.worker)
         manifest = Manifest()
         for k in update["loaded"]:
             for tensor in self.chunks[k]:
@@ -255,8 +255,8 @@ class CheckedDirectLoader(DirectLoader):
     model."""
 
     def __init__(self, worker: Any, identity: dict[str, Any], host: Any) -> None:
-        super().__init__(identity, host, lambda: torch_residents(worker.get_model()),
-                         TorchFingerprint(worker.get_model))
+        super().__init__(identity, host, lambda: torch_residents(compat.worker_model(worker)),
+                         TorchFingerprint(lambda: compat.worker_model(worker)))
         self.worker = worker
         self.check, self.checked, self.checking = "first", False, False
         self.chunks: dict[int, list[dict[str, Any]]] = {}
@@ -292,7 +292,7 @@ class CheckedDirectLoader(DirectLoader):
     def _check_chunk(self, chunk: int, slot: int) -> None:
         import torch
         tensors = self.chunks[chunk]
-        device = self.worker.device
+        device = compat.worker_device(self.worker)
         # (A chunk lies in one packed buffer; on the direct path from the trainer's own
         # storage each tensor names the memory it lies in.)
         memories: dict[int, Any] = {}
@@ -302,8 +302,8 @@ class CheckedDirectLoader(DirectLoader):
                 region = self._call("mapped", {"buffer": where})
                 memories[where] = torch.as_tensor(_CudaBytes(int(region["pointer"]), int(region["size"])),
                                                   device=device)
-        model = self.worker.get_model()
-        parameters = {plan_name(name): parameter for name, parameter in model.named_parameters()}
+        model = compat.worker_model(self.worker)
+        parameters = {compat.resident_name(name): parameter for name, parameter in model.named_parameters()}
 
         def size(name: str) -> int:
             return parameters[name].data.numel() * parameters[name].data.element_size()
@@ -318,8 +318,8 @@ class CheckedDirectLoader(DirectLoader):
         weights = [(tensor["name"], memories[int(tensor.get("buffer", slot))][tensor["offset"]:tensor["offset"]
                                                                               + tensor["bytes"]]
                     .view(getattr(torch, tensor["dtype"])).view(tensor["shape"])) for tensor in tensors]
-        model.load_weights(weights)
-        torch.cuda.synchronize(self.worker.device)
+        compat.load_weights(model, weights)
+        torch.cuda.synchronize(compat.worker_device(self.worker))
         for name in touched:
             own = parameters[name].data.reshape(-1).view(torch.uint8)
             ours = direct[name].reshape(-1).view(torch.uint8)
@@ -332,42 +332,17 @@ class CheckedDirectLoader(DirectLoader):
         del direct
 
 
-#: vLLM's parameter names that differ from the resident names of wsync's loader plans
-#: (wsync.plan): (vLLM's infix, the plan's). vLLM 0.26 keeps a MoE layer's expert
-#: weights in its runner's ``routed_experts`` module.
-VLLM_NAME_INFIXES = ((".experts.routed_experts.", ".experts."),)
-
-
-def plan_name(name: str) -> str:
-    """The loader plan's name for vLLM's parameter ``name``."""
-    for theirs, ours in VLLM_NAME_INFIXES:
-        name = name.replace(theirs, ours)
-    return name
-
-
-def plain_parameters() -> Any:
-    """A context in which reading a parameter (its pointer, shape, dtype, ``.data``) skips
-    its subclass's ``__torch_function__``. vLLM 0.26's linear layers' parameters
-    (``BasevLLMParameter``) define one in Python, so every such read of them costs
-    microseconds: the fingerprint's three reads of a 30B-A3B's 190 such parameters took
-    1.7 ms a publication on the H200, 0.06 ms with it off. torch 2.11's
-    ``torch._C.DisableTorchFunctionSubclass``; without it, a context that changes nothing."""
-    import torch
-    off = getattr(torch._C, "DisableTorchFunctionSubclass", None)
-    return off() if off is not None else contextlib.nullcontext()
-
-
 def torch_residents(model: Any) -> dict[str, dict[str, Any]]:
     """A torch module's parameters as the direct loader takes them, by the loader plan's
     names (each must be contiguous: the loader writes rows of bytes)."""
-    with plain_parameters():
+    with compat.plain_parameters():
         return _torch_residents(model)
 
 
 def _torch_residents(model: Any) -> dict[str, dict[str, Any]]:
     found = {}
     for vllm_name, parameter in model.named_parameters():
-        name = plan_name(vllm_name)
+        name = compat.resident_name(vllm_name)
         data = parameter.data
         if not data.is_contiguous():
             raise Failure("DIRECT_UNSUPPORTED", f"vLLM's parameter {vllm_name} is not contiguous; load = \"native\" "
@@ -402,13 +377,12 @@ class TorchFingerprint:
 
     def __call__(self) -> int:
         model = self.model_of()
-        with plain_parameters():
+        with compat.plain_parameters():
             if self.seen and self._unchanged(model):
                 return self.value
             self.model, self.value = model, self.value + 1
-            self.seen = [(module._parameters, name, parameter, parameter.data_ptr(), parameter.shape,
-                          parameter.dtype)
-                         for module in model.modules() for name, parameter in module._parameters.items()
+            self.seen = [(holder, name, parameter, parameter.data_ptr(), parameter.shape, parameter.dtype)
+                         for holder in compat.parameter_dicts(model) for name, parameter in holder.items()
                          if parameter is not None]
         return self.value
 
@@ -421,22 +395,22 @@ class WorkerExtension:
         """This TP worker: rank, world, pid, device (index and torch-style UUID) and the
         count of its resident parameters."""
         import torch
-        index = self.device.index
+        index = compat.worker_device(self).index
         return {
-            "rank": self.rank, "world": self.parallel_config.tensor_parallel_size, "pid": os.getpid(),
+            "rank": compat.worker_rank(self), "world": compat.tensor_parallel_size(self), "pid": os.getpid(),
             "device": {"backend": "cuda", "index": index, "uuid": str(torch.cuda.get_device_properties(index).uuid)},
-            "resident_tensors": sum(1 for _ in self.get_model().named_parameters()),
+            "resident_tensors": sum(1 for _ in compat.worker_model(self).named_parameters()),
         }
 
     def wsync_channel(self, directory: str) -> str:
         """Opens this worker's channel (wsync.vllm.channel) in ``directory``: a thread of its
         own answers the weight commands from now on; the socket's path."""
         from .channel import serve
-        path = os.path.join(directory, f"tp{self.rank}.sock")
+        path = os.path.join(directory, f"tp{compat.worker_rank(self)}.sock")
 
         def start() -> None:
             import torch
-            torch.cuda.set_device(self.device)
+            torch.cuda.set_device(compat.worker_device(self))
         serve(path, self.wsync_command, start)
         return path
 

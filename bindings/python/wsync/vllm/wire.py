@@ -6,7 +6,8 @@ vLLM 0.26 (torch 2.11) takes, for one packed chunk, exactly these ``update_info`
 tensor over the packed bytes) or ``ipc_handles_pickled``. Unknown keys are refused. Its consumer
 rebuilds the tensor, takes ``sum(tensor_sizes)`` bytes from its start, and splits them back to
 back. (vLLM 0.27+ moves ``packed`` to the init info and adds a per-rank list form: another
-function here, chosen by version.)
+function here, chosen by version.) The tuple of torch's own, and the handle in it, come
+from wsync.vllm.compat (``cuda_ipc_rebuild_args``).
 
 wsync's buffers are plain ``cudaMalloc`` allocations exported with ``cudaIpcGetMemHandle``; a
 descriptor is ``"<bytes>:<64-byte handle in hex>"`` (scripts/wsync/transport/cuda_ipc.lua). A
@@ -17,11 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-#: torch's shareable-handle version that torch 2.11 to 2.13 all read.
-HANDLE_VERSION = 2
-#: The handle type of a plain cudaMalloc block.
-HANDLE_TYPE = b"c"
-IPC_HANDLE_BYTES = 64
+from .compat import IPC_HANDLE_BYTES, cuda_ipc_rebuild_args
 
 #: The vLLM versions whose wire format this module writes, by the update builder.
 VERSIONS = ("0.26",)
@@ -41,13 +38,6 @@ def parse_descriptor(descriptor: str) -> tuple[int, bytes]:
     return nbytes, raw
 
 
-def storage_handle(ipc_handle: bytes) -> bytes:
-    """The storage handle torch's CUDA caching allocator shares: version, type, handle."""
-    if len(ipc_handle) != IPC_HANDLE_BYTES:
-        raise ValueError(f"a cudaIpcMemHandle_t is {IPC_HANDLE_BYTES} bytes, not {len(ipc_handle)}")
-    return bytes([HANDLE_VERSION]) + HANDLE_TYPE + ipc_handle
-
-
 def runs(tensors: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """A chunk's tensors ({name, dtype, shape, offset, bytes}) in buffer order, split where
     one does not start where the one before ended (each run is one packed update)."""
@@ -65,17 +55,6 @@ def runs(tensors: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return result
 
 
-def rebuild_args(torch: Any, ipc_handle: bytes, storage_bytes: int, offset: int, nbytes: int,
-                 ref_counter: bytes) -> tuple:
-    """torch's ``rebuild_cuda_tensor`` arguments for ``nbytes`` uint8 elements from byte
-    ``offset`` of a whole exported buffer. The device index (6) is the consumer's to set. The
-    producer synchronized before sending: no event to wait on. ``ref_counter`` names a
-    shared-memory file the consumer decrements when it lets go (best effort in torch: a
-    missing file is ignored)."""
-    return (torch.Tensor, torch.Size([nbytes]), (1,), offset, torch.storage.TypedStorage, torch.uint8, 0,
-            storage_handle(ipc_handle), storage_bytes, 0, False, ref_counter, 0, b"", False)
-
-
 def update_info_v026(torch: Any, run: Sequence[dict[str, Any]], uuid: str, descriptor: str,
                      ref_counter: bytes) -> dict[str, Any]:
     """vLLM 0.26's ``update_info`` for one run of a chunk read from the buffer ``descriptor``
@@ -91,5 +70,5 @@ def update_info_v026(torch: Any, run: Sequence[dict[str, Any]], uuid: str, descr
         "shapes": [list(tensor["shape"]) for tensor in run],
         "packed": True,
         "tensor_sizes": [tensor["bytes"] for tensor in run],
-        "ipc_handles": {uuid: rebuild_args(torch, handle, storage_bytes, start, size, ref_counter)},
+        "ipc_handles": {uuid: cuda_ipc_rebuild_args(torch, handle, storage_bytes, start, size, ref_counter)},
     }
