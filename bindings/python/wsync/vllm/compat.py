@@ -68,7 +68,8 @@ UNSUPPORTED_VARIABLE = "WSYNC_VLLM_UNSUPPORTED"
 #: weights in its runner's ``routed_experts`` module.
 VLLM_NAME_INFIXES = ((".experts.routed_experts.", ".experts."),)
 
-#: torch's shareable-handle version that torch 2.11 to 2.13 all read.
+#: torch's shareable-handle version byte, as torch 2.11 writes and reads it (said to change in
+#: torch 2.13: not checked here, where only 2.11 runs).
 HANDLE_VERSION = 2
 #: The handle type of a plain cudaMalloc block.
 HANDLE_TYPE = b"c"
