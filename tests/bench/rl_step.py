@@ -29,7 +29,9 @@ two alternate on the same GPU and the same host load (an eager engine's speed mo
 start to the next and with the machine's load; one engine timed after the other is no
 comparison). Each rollout through wsync also says how long vLLM's LLM.generate took inside
 the runtime, so the rest is wsync's own path. That engine's ``reset_prefix_cache`` is timed
-too (what each commit paid before wsync salted its requests by version).
+too (what each commit paid before wsync salted its requests by version). With --control, a
+second engine of vLLM's own alternates as well: how far two engines of the same arguments
+differ in one run, beside how far the one through wsync differs.
 
 Ends with one line per model:
     rl step publish: MODEL: median X ms over N (floor Y ms, Z x), engine live
@@ -107,7 +109,7 @@ def with_steps(overrides: dict, steps: int) -> dict:
     return dict(overrides, **{"trainer.steps": steps + 1})
 
 
-def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict, own: "Own | None" = None) -> dict:
+def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict, owns: "list[Own] | None" = None) -> dict:
     from vllm_publish import trainer_storage  # (this directory: the same trainer storage)
     storage, tensors = trainer_storage(wsync, recipe)
     nbytes, count = storage.numel() * 2, len(tensors)
@@ -130,7 +132,7 @@ def run_model(wsync, torch, name: str, recipe: str, args, overrides: dict, own: 
         say(f"{name}: first publication (init, plan, the check against vLLM's own loader) {first_seconds * 1e3:.0f} "
             "ms")
         for step in range(2, args.steps + 2):
-            if own is not None:
+            for own in owns or ():
                 own.rollout()
             started = time.perf_counter()
             result = host.generate(prompts, max_tokens=max_tokens, temperature=1.0, ignore_eos=True)
@@ -235,6 +237,9 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=8, help="tokens per prompt (default 8)")
     parser.add_argument("--vllm-own", default=None,
                         help="the model whose batch vLLM's own LLM.generate also runs (default: the first; 'none')")
+    parser.add_argument("--control", action="store_true",
+                        help="a second engine of vLLM's own alternates too: how far two engines of the same "
+                             "arguments differ in one run")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--verbose", action="store_true", help="a line per publication")
     args = parser.parse_args()
@@ -253,22 +258,22 @@ def main() -> int:
         "completions then a publication")
     rows, failures, owns = [], [], []
     for name in models:
-        own = None
+        engines: list[Own] = []
         try:
             recipe, overrides = recipe_of(name)
             if name == own_model:
                 try:
-                    own = Own(torch, wsync, name.partition("+")[0], recipe, args)
+                    for _ in range(2 if args.control else 1):
+                        engines.append(Own(torch, wsync, name.partition("+")[0], recipe, args))
                 except Exception as error:  # (reported; the rest still runs)
                     failures.append(f"vLLM's own generate: {type(error).__name__}: {error}")
-            rows.append(run_model(wsync, torch, name, recipe, args, overrides, own))
+            rows.append(run_model(wsync, torch, name, recipe, args, overrides, engines))
         except Exception as error:  # (reported; the other models still run)
             failures.append(f"{name}: {type(error).__name__}: {error}")
             say(f"{name}: FAILED: {type(error).__name__}: {error}")
             continue
         finally:
-            if own is not None:
-                owns.append(own.close())
+            owns.extend(engine.close() for engine in engines)
         if rows[-1]["stale"]:
             failures.extend(f"{name}: {what}" for what in rows[-1]["stale"])
     print(f"\n{'model':<13} {'GB':>7} {'floor ms':>9} {'median ms':>10} {'p90 ms':>8} {'x floor':>8} "
@@ -293,6 +298,11 @@ def main() -> int:
               f"{theirs['tokens_per_s']:.0f} tokens/s vLLM's own LLM.generate, alternating over {theirs['rollouts']} "
               f"rollouts of {args.prompts} x {args.tokens or TOKENS[own_model.partition('+')[0]]} tokens "
               f"({overhead * 100:+.1f} % time through wsync)")
+        if len(owns) > 1 and owns[1]["rollouts"]:
+            spread = owns[0]["tokens_per_s"] / owns[1]["tokens_per_s"] - 1
+            print(f"rl step generate: {own_model}: a second engine of vLLM's own, the same arguments, alternating too: "
+                  f"{owns[1]['tokens_per_s']:.0f} tokens/s ({spread * 100:+.1f} % time in it against the first: "
+                  "what one engine differs from another)")
     for row in rows:
         print(f"rl step publish: {row['model']}: median {row['median_ms']:.2f} ms over {row['steps']} (floor "
               f"{row['floor_ms']:.3f} ms, {row['ratio']:.2f} x), engine live")
