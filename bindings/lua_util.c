@@ -2,6 +2,8 @@
 #include "lua_util.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 // The registry key of the exit sentinel's metatable.
 static const char exit_metatable_key = 'x';
@@ -137,7 +139,15 @@ void ws_lua_new_class(lua_State *L, const char *class_name,
 struct error_text {
   char *out;
   size_t size;
+  char *code; // NULL: ws_lua_error_text's form
+  size_t code_size;
 };
+
+// The string field `key` of the table at `index`, or NULL.
+static const char *string_field(lua_State *L, int index, const char *key) {
+  lua_getfield(L, index, key);
+  return lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+}
 
 // Runs protected (lua_pcall from ws_lua_error_text): [error value, context].
 static int error_text_protected(lua_State *L) {
@@ -148,20 +158,46 @@ static int error_text_protected(lua_State *L) {
   if (text == NULL)
     text = lua_tostring(L, 1);
   const char *traceback = NULL;
+  const char *code = NULL;
+  const char *cause = NULL;
   if (lua_type(L, 1) == LUA_TTABLE) {
-    lua_getfield(L, 1, "traceback");
-    traceback = lua_tostring(L, -1);
+    traceback = string_field(L, 1, "traceback");
+    if (context->code != NULL) {
+      code = string_field(L, 1, "code");
+      cause = string_field(L, 1, "cause");
+    }
   }
-  snprintf(context->out, context->size, "%s%s%s",
-           text ? text : "(error without a message)", traceback ? "\n" : "",
-           traceback ? traceback : "");
+  if (code == NULL) {
+    snprintf(context->out, context->size, "%s%s%s",
+             text ? text : "(error without a message)", traceback ? "\n" : "",
+             traceback ? traceback : "");
+    return 0;
+  }
+  const char *verbose = getenv("WSYNC_TRACEBACK");
+  if (strcmp(code, "LUA_ERROR") != 0 &&
+      !(verbose != NULL && strcmp(verbose, "1") == 0))
+    traceback = NULL;
+  int other_cause = cause != NULL && strcmp(cause, code) != 0;
+  snprintf(context->out, context->size, "%s (%s%s%s)%s%s",
+           text ? text : "(error without a message)", code,
+           other_cause ? ", cause " : "", other_cause ? cause : "",
+           traceback ? "\n" : "", traceback ? traceback : "");
+  snprintf(context->code, context->code_size, "%s", code);
   return 0;
 }
 
 void ws_lua_error_text(lua_State *L, int index, char *out, size_t size) {
+  ws_lua_error_coded(L, index, out, size, NULL, 0);
+}
+
+void ws_lua_error_coded(lua_State *L, int index, char *out, size_t size,
+                        char *code, size_t code_size) {
+  if (code != NULL && code_size > 0)
+    code[0] = '\0';
   index = index < 0 ? lua_gettop(L) + index + 1 : index;
   int top = lua_gettop(L);
-  struct error_text context = {out, size};
+  struct error_text context = {out, size, code_size > 0 ? code : NULL,
+                               code_size};
   // __tostring and field reads run Lua code that may raise; outside a
   // protected call that would end the process (LuaJIT's panic).
   lua_pushcfunction(L, error_text_protected);

@@ -18,6 +18,16 @@ int ws_lua_message_handler(lua_State *L);
 /// __tostring (or the string itself), then its traceback when it has one.
 void ws_lua_error_text(lua_State *L, int index, char *out, size_t size);
 
+/// As ws_lua_error_text, for an error that leaves wsync through its C API: a
+/// wsync error object (a table with a string `code`) is written as its
+/// __tostring then " (CODE)" (" (CODE, cause C)" when it names another cause),
+/// as the agent API writes its failures, with its traceback only when the code
+/// is LUA_ERROR (a bug) or $WSYNC_TRACEBACK is 1; the code goes into `code`
+/// (`code_size` bytes). Any other value is written as ws_lua_error_text writes
+/// it, and `code` is left empty.
+void ws_lua_error_coded(lua_State *L, int index, char *out, size_t size,
+                        char *code, size_t code_size);
+
 /// Raises the exit sentinel (what os.exit raises inside wsync): a table with
 /// `code` whose metatable is named "wsync exit". Does not return.
 int ws_lua_raise_exit(lua_State *L, int code);

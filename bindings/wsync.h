@@ -30,7 +30,13 @@ typedef struct ws_host ws_host;
 int ws_host_open(ws_host **out);
 
 /// Runs a Lua chunk, then the loop until no work is left. Returns 0, or a
-/// negative status with the message and traceback in ws_host_error().
+/// negative status with the failure in ws_host_error(). A failure of wsync's
+/// own reads as `wsync run` prints it, then its code in parentheses: "MESSAGE
+/// (CODE)", or "MESSAGE (CODE, cause C)"; its status is WS_EINVAL when what the
+/// caller gave is refused (codes RECIPE_INVALID, SCRIPT_INVALID, USAGE) and
+/// WS_EFAILED otherwise, with no traceback unless $WSYNC_TRACEBACK is 1. A Lua
+/// error (a bug in a script) is WS_ELUA, code LUA_ERROR, with its traceback.
+/// Every ws_host_* call that runs wsync's scripts reports failures so.
 int ws_host_run_string(ws_host *host, const char *code, const char *chunk_name);
 
 /// Runs a Lua chunk without running the loop (the chunk must not wait on it)

@@ -233,6 +233,23 @@ int ws_host_open(ws_host **out) {
   return WS_OK;
 }
 
+// Records the error value at `index` in the host's error text, as wsync's
+// C API gives it (ws_lua_error_coded: a wsync error with its code, its
+// traceback only for a bug or with $WSYNC_TRACEBACK=1); returns its status:
+// WS_EINVAL for what the caller gave (a recipe, a script, arguments),
+// WS_EFAILED for any other wsync error, WS_ELUA for a Lua error (a bug).
+static int record_failure(ws_host *host, int index) {
+  char code[64];
+  ws_lua_error_coded(host->L, index, host->error, sizeof host->error, code,
+                     sizeof code);
+  if (code[0] == '\0' || strcmp(code, "LUA_ERROR") == 0)
+    return WS_ELUA;
+  if (strcmp(code, "RECIPE_INVALID") == 0 ||
+      strcmp(code, "SCRIPT_INVALID") == 0 || strcmp(code, "USAGE") == 0)
+    return WS_EINVAL;
+  return WS_EFAILED;
+}
+
 // Calls require(module)[function](strings..., argv) under the message
 // handler, argv as a table. Returns 0 with the result copied into `text` (when
 // given) and the stack emptied, or a negative status with the error recorded
@@ -248,9 +265,9 @@ static int run_script(ws_host *host, const char *module, const char *function,
   lua_getglobal(L, "require");
   lua_pushstring(L, module);
   if (lua_pcall(L, 1, 1, 1) != 0) {
-    ws_lua_error_text(L, -1, host->error, sizeof host->error);
+    int status = record_failure(host, -1);
     lua_settop(L, 0);
-    return WS_ELUA;
+    return status;
   }
   lua_getfield(L, -1, function);
   lua_remove(L, -2); // [handler, function]
@@ -272,9 +289,9 @@ static int run_script(ws_host *host, const char *module, const char *function,
       snprintf(host->error, sizeof host->error, "exit %d", code);
       return WS_ELUA;
     }
-    ws_lua_error_text(L, -1, host->error, sizeof host->error);
+    int status = record_failure(host, -1);
     lua_settop(L, 0);
-    return WS_ELUA;
+    return status;
   }
   if (exit_code != NULL && lua_isnumber(L, -1))
     *exit_code = (int)lua_tointeger(L, -1);

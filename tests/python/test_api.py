@@ -219,6 +219,30 @@ class TestOrder:
         with pytest.raises(wsync.WsyncError, match="bad.lua"):
             wsync.Host(str(recipe))
 
+    def test_a_refused_recipe_carries_wsync_runs_code_and_message_without_a_traceback(self, tmp_path, monkeypatch):
+        recipe = tmp_path / "bad.lua"
+        recipe.write_text("return { name = 'bad', backend = 'host', model = { family = 'qwen3_moe', preset = 'tiny' },\n"
+                          "  trainer = { kind = 'external', ranks = 1 }, runtime = { kind = 'reference', tp = 1 } }\n")
+        run = subprocess.run([os.environ["WSYNC_BIN"], "run", str(recipe)], capture_output=True, text=True,
+                             check=False)
+        said = run.stderr.strip().splitlines()[-1]
+        assert run.returncode == 3 and said.startswith("wsync: "), run.stderr
+        monkeypatch.delenv("WSYNC_TRACEBACK", raising=False)
+        with pytest.raises(wsync.InvalidArgument) as caught:  # (a ValueError: the caller's recipe)
+            wsync.Host(str(recipe))
+        assert (caught.value.status, caught.value.code) == ("EINVAL", "RECIPE_INVALID")
+        assert str(caught.value) == f"Host({str(recipe)!r}): {said[len('wsync: '):]} (RECIPE_INVALID)"
+        monkeypatch.setenv("WSYNC_TRACEBACK", "1")
+        with pytest.raises(wsync.InvalidArgument, match="stack traceback"):
+            wsync.Host(str(recipe))
+
+    def test_a_wsync_error_raised_by_a_chunk_carries_its_code(self):
+        with wsync.Host() as host:
+            with pytest.raises(wsync.WsyncError) as caught:
+                host.run_string("require('wsync.errors').raise('X_FAILED', 'it failed', { cause = 'Y' })")
+            assert (caught.value.status, caught.value.code, caught.value.cause) == ("EFAILED", "X_FAILED", "Y")
+            assert str(caught.value) == "run_string: it failed (X_FAILED, cause Y)"
+
 
 class TestErrors:
     def test_fields_of_a_publication_failure(self):
