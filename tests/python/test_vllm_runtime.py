@@ -12,7 +12,8 @@ from vllm_stand_in import Engine as StandIn
 from wsync import Host
 from wsync.manifest import Manifest, digest
 from wsync.vllm import protocol
-from wsync.vllm.receipts import check_receipts, receipt
+from wsync.vllm.contract import check_receipts
+from wsync.vllm.receipts import receipt
 from wsync.vllm.runtime import Runtime
 from wsync.vllm.server import Failure, Server
 

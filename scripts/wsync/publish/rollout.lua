@@ -146,11 +146,11 @@ function Rollout:clients()
 end
 
 --- Validates the answer of `finish_update` to `header` (the host's check
---- after the runtime's own: wsync.publish.receipts.check_finish).
+--- after the runtime's own: wsync.runtime.contract.check_finish).
 ---@param header table
 ---@param result table
 function Rollout:check_finish(header, result)
-  require("wsync.publish.receipts").check_finish(header, result)
+  require("wsync.runtime.contract").check_finish(header, result)
 end
 
 --- A resident-check answer as one list of worker results per replica.

@@ -14,7 +14,7 @@ local fault_module = require("wsync.control.fault")
 local loop = require("wsync.loop")
 local process = require("wsync._process")
 local protocol = require("wsync.control.protocol")
-local receipts_module = require("wsync.publish.receipts")
+local contract = require("wsync.runtime.contract")
 local server_module = require("wsync.control.server")
 local util = require("wsync.util")
 
@@ -59,47 +59,16 @@ function Runtime:check_workers()
   end
 end
 
--- A header must match this runtime: protocol, transport, a 128-bit id, a
--- version above the committed one, a manifest, TP world and the workers'
+-- A header must match this runtime (wsync.runtime.contract.check_header):
+-- its protocol, transport, committed version, TP world and the workers'
 -- devices in order.
 function Runtime:check_header(header)
-  if type(header) ~= "table" then
-    errors.raise("BAD_HEADER", "start_update without a publication header", { fatal = true })
-  end
-  local function bad(message)
-    errors.raise("BAD_HEADER", message, { fatal = true })
-  end
-  if header.protocol ~= protocol.VERSION then
-    bad(string.format("header for protocol %s; this runtime speaks %d", tostring(header.protocol), protocol.VERSION))
-  end
-  if header.transport ~= self.transport then
-    bad(string.format("header for transport %s; the buffers this runtime imported are %s",
-      tostring(header.transport), tostring(self.transport)))
-  end
-  if type(header.publication_id) ~= "string" or not header.publication_id:match("^" .. string.rep("%x", 32) .. "$") then
-    bad(string.format("publication id %s is not 128 bits in hex", tostring(header.publication_id)))
-  end
-  if type(header.model_version) ~= "number" or header.model_version % 1 ~= 0
-      or header.model_version <= (self.model_version or 0) then
-    bad(string.format("model version %s does not follow the committed version %d", tostring(header.model_version),
-      self.model_version or 0))
-  end
-  if type(header.manifest) ~= "string" or not header.manifest:match("^" .. string.rep("%x", 64) .. "$") then
-    bad(string.format("manifest %s is not a SHA-256 in hex", tostring(header.manifest)))
-  end
-  if type(header.uuids) ~= "table" then
-    bad("header without the ordered device UUIDs")
-  end
-  if header.tp_world ~= #self.workers then
-    errors.raise("BAD_HEADER", string.format("header for TP %s, runtime has %d workers", tostring(header.tp_world),
-      #self.workers), { fatal = true })
-  end
+  local uuids = {}
   for rank, info in ipairs(self.worker_info) do
-    if header.uuids[rank] ~= info.device.uuid then
-      errors.raise("BAD_HEADER", string.format("header puts rank %d on device %s; TP worker %d is on %s", rank - 1,
-        tostring(header.uuids[rank]), rank - 1, info.device.uuid), { fatal = true })
-    end
+    uuids[rank] = info.device.uuid
   end
+  contract.check_header(header, { protocol = protocol.VERSION, transport = self.transport,
+    committed = self.model_version or 0, tp_world = #self.workers, uuids = uuids })
   self.expected_resident = header.resident_tensors
 end
 
@@ -303,7 +272,7 @@ function Runtime:handlers()
       end
       local receipts = self:broadcast("finish_update", payload)
       self.update = nil
-      receipts_module.check(header, receipts, self.expected_resident)
+      contract.check_receipts(header, receipts, self.expected_resident)
       -- Commit: the version is served from now on; cached prefixes computed
       -- with the old weights are dropped.
       self.model_version = header.model_version

@@ -16,21 +16,18 @@ vLLM's modes.
 from __future__ import annotations
 
 import os
-import re
 import resource
 import time
 from typing import Any, Optional, Protocol
 
 from . import protocol
+from .contract import check_header, check_receipts
 from .engine import SAMPLING_KEYS
-from .receipts import check_receipts
 from .server import Failure, Server
 from .streams import Streams
 
 SLEEP_LEVELS = (1, 2)
 WAKE_TAGS = ("weights", "kv_cache")
-_HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")
-_HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 class Engine(Protocol):
@@ -293,36 +290,11 @@ class Runtime:
         return {"workers": results, "ordered": ordered}
 
     def check_header(self, header: Any) -> None:
-        """A header must match this runtime: protocol, transport, a 128-bit id, a version
-        above the committed one, a manifest, the TP world and the workers' devices in
-        order (the reference runtime's rules)."""
-        def bad(message: str) -> Failure:
-            return Failure("BAD_HEADER", message, fatal=True)
-        if not isinstance(header, dict):
-            raise bad("start_update without a publication header")
-        if header.get("protocol") != protocol.VERSION:
-            raise bad(f"header for protocol {header.get('protocol')}; this runtime speaks {protocol.VERSION}")
-        if header.get("transport") != self.transport:
-            raise bad(f"header for transport {header.get('transport')}; the buffers this runtime imported are "
-                      f"{self.transport}")
-        if not isinstance(header.get("publication_id"), str) or not _HEX32.match(header["publication_id"]):
-            raise bad(f"publication id {header.get('publication_id')} is not 128 bits in hex")
-        version = header.get("model_version")
-        if isinstance(version, bool) or not isinstance(version, int) or version <= self.model_version:
-            raise bad(f"model version {version} does not follow the committed version {self.model_version}")
-        if not isinstance(header.get("manifest"), str) or not _HEX64.match(header["manifest"]):
-            raise bad(f"manifest {header.get('manifest')} is not a SHA-256 in hex")
-        uuids = header.get("uuids")
-        if not isinstance(uuids, list):
-            raise bad("header without the ordered device UUIDs")
-        if header.get("tp_world") != self.tp:
-            raise bad(f"header for TP {header.get('tp_world')}, runtime has {self.tp} workers")
-        for worker in self.engine.workers():
-            rank = worker["rank"]
-            named = uuids[rank] if rank < len(uuids) else None
-            if named != worker["device"]["uuid"]:
-                raise bad(f"header puts rank {rank} on device {named}; TP worker {rank} is on "
-                          f"{worker['device']['uuid']}")
+        """A header must match this runtime (wsync.vllm.contract.check_header): its protocol,
+        transport, committed version, TP world and the workers' devices in order."""
+        uuids = [worker["device"]["uuid"] for worker in sorted(self.engine.workers(), key=lambda w: w["rank"])]
+        check_header(header, {"protocol": protocol.VERSION, "transport": self.transport,
+                              "committed": self.model_version, "tp_world": self.tp, "uuids": uuids})
 
     def start_update(self, payload: dict[str, Any]) -> dict[str, Any]:
         self._check_alive()

@@ -125,7 +125,7 @@ local function stand_ins(options)
     return {}
   end
   function rollout:check_finish(checked_header, result)
-    require("wsync.publish.receipts").check_finish(checked_header, result)
+    require("wsync.runtime.contract").check_finish(checked_header, result)
   end
   function rollout:destroy(cause)
     self.destroyed = cause
