@@ -4,6 +4,7 @@ encoding it shares with the C core."""
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import pytest
@@ -638,3 +639,28 @@ def test_the_engines_timing_summary_gives_medians_the_workers_parts_and_the_firs
         "start_update x3: median 3.00 ms per call in the channel, 2.00 in the workers, fingerprint 0.60, loader "
         "0.70 (first 10.00, 9.00); finish_update x1: median 1.00 ms per call in the channel, 0.50 in the workers "
         "(first 1.00, 0.50)")
+
+
+class TestFaultSpecs:
+    """The one fault-spec grammar of the Python side (wsync.vllm.server.fault_items), as the
+    runtime's $WSYNC_RUNTIME_FAULT and the engine's $WSYNC_VLLM_FAULT read it."""
+
+    def test_items_with_and_without_n(self):
+        from wsync.vllm.server import fault_items
+        assert fault_items("crash@sleep,hang@load_chunk#2", ("crash", "hang"), "x") == [
+            {"kind": "crash", "cmd": "sleep", "nth": None}, {"kind": "hang", "cmd": "load_chunk", "nth": 2}]
+
+    @pytest.mark.parametrize("item", ["explode@sleep", "crash", "crash@", "crash@sleep#x", " crash@sleep",
+                                      "worker0:crash@sleep", "crash@sle-ep"])
+    def test_a_bad_item_is_refused_by_name(self, item):
+        from wsync.vllm.server import Faults
+        with pytest.raises(ValueError, match=f"bad fault spec item '{re.escape(item)}'"):
+            Faults("hang@info," + item)
+
+    def test_the_engines_faults_are_checked_at_its_start(self, monkeypatch):
+        from wsync.vllm import engine
+        monkeypatch.setenv("WSYNC_VLLM_FAULT", "kill_engine@load_chunk#2,bad_receipt@finish_update")
+        assert engine._faults() == {"load_chunk#2": "kill_engine", "finish_update": "bad_receipt"}
+        monkeypatch.setenv("WSYNC_VLLM_FAULT", "kill_engin@load_chunk#2")
+        with pytest.raises(ValueError, match="bad vLLM fault 'kill_engin@load_chunk#2'"):
+            engine._faults()

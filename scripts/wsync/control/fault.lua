@@ -18,25 +18,53 @@ M.KINDS = {
   wrong_protocol = true, bad_result = true, garbage = true, oversize = true, error = true,
 }
 
---- Parses a spec. Returns `{own = {{kind, cmd, nth}...}, workers = {[rank] =
---- "spec for that worker"}}`, or raises naming the bad item.
+--- The items of a fault spec, comma-separated: `[PREFIX<R>:]KIND@CMD[#N]`
+--- (KIND at the N-th request CMD, N absent: nil) or, where the grammar has
+--- them, bare FLAG words; `PREFIX<R>:` ("worker", "rank") aims an item at
+--- one process. `grammar` is {kinds (a set, or nil for any word), flags (a
+--- set), prefix, what, usage}. Returns a list of {kind, cmd, nth, text,
+--- target} and {flag, target} items (`text` the item without its prefix,
+--- `target` the prefix's number); raises "bad WHAT 'ITEM'USAGE" for any
+--- other item. The one parser of wsync's fault specs in Lua (the runtime's
+--- here, the synthetic trainer's $WSYNC_TRAINER_FAULT).
+---@param spec string?
+---@param grammar {kinds: table<string, boolean>?, flags: table<string, boolean>?, prefix: string?, what: string, usage: string?}
+---@return table[]
+function M.items(spec, grammar)
+  local items = {}
+  for item in (spec or ""):gmatch("[^,]+") do
+    local target, rest = nil, item
+    if grammar.prefix then
+      local number, tail = item:match("^" .. grammar.prefix .. "(%d+):(.+)$")
+      if number then
+        target, rest = tonumber(number), tail
+      end
+    end
+    local kind, cmd, nth = rest:match("^([%w_]+)@([%w_]+)#?(%d*)$")
+    if kind and (grammar.kinds == nil or grammar.kinds[kind]) then
+      items[#items + 1] = { kind = kind, cmd = cmd, nth = tonumber(nth), text = rest, target = target }
+    elseif not kind and grammar.flags and grammar.flags[rest] then
+      items[#items + 1] = { flag = rest, target = target }
+    else
+      error(string.format("bad %s '%s'%s", grammar.what, item, grammar.usage or ""), 0)
+    end
+  end
+  return items
+end
+
+--- Parses a runtime's spec. Returns `{own = {{kind, cmd, nth}...}, workers =
+--- {[rank] = "spec for that worker"}}`, or raises naming the bad item.
 ---@param spec string?
 function M.parse(spec)
   local parsed = { own = {}, workers = {} }
-  if spec == nil or spec == "" then
-    return parsed
-  end
-  for item in spec:gmatch("[^,]+") do
-    local rank, rest = item:match("^worker(%d+):(.+)$")
-    local kind, cmd, nth = (rest or item):match("^([%w_]+)@([%w_]+)#?(%d*)$")
-    if not kind or not M.KINDS[kind] then
-      error(string.format("bad fault spec item '%s' (want [worker<R>:]KIND@CMD[#N])", item), 2)
-    end
-    if rank then
-      local key = tonumber(rank)
-      parsed.workers[key] = parsed.workers[key] and (parsed.workers[key] .. "," .. rest) or rest
+  local items = M.items(spec, { kinds = M.KINDS, prefix = "worker", what = "fault spec item",
+    usage = " (want [worker<R>:]KIND@CMD[#N])" })
+  for _, item in ipairs(items) do
+    if item.target then
+      local rank = item.target
+      parsed.workers[rank] = parsed.workers[rank] and (parsed.workers[rank] .. "," .. item.text) or item.text
     else
-      parsed.own[#parsed.own + 1] = { kind = kind, cmd = cmd, nth = tonumber(nth) or 1, seen = 0 }
+      parsed.own[#parsed.own + 1] = { kind = item.kind, cmd = item.cmd, nth = item.nth or 1, seen = 0 }
     end
   end
   return parsed

@@ -32,23 +32,20 @@ local transport_module = require("wsync.transport")
 
 local M = {}
 
+-- $WSYNC_TRAINER_FAULT's items for this rank (wsync.control.fault.items):
+-- a list of {kind, cmd, nth} and the flags set by name.
 local function parse_faults(spec, rank)
   local faults = {}
-  for item in (spec or ""):gmatch("[^,]+") do
-    local only, rest = item:match("^rank(%d+):(.+)$")
-    if only and tonumber(only) ~= rank then
-      goto continue
+  local items = require("wsync.control.fault").items(spec, { flags = { drop_expert = true, wrong_device = true },
+    prefix = "rank", what = "trainer fault" })
+  for _, item in ipairs(items) do
+    if item.target == nil or item.target == rank then
+      if item.flag then
+        faults[item.flag] = true
+      else
+        faults[#faults + 1] = { kind = item.kind, cmd = item.cmd, nth = item.nth or 1, seen = 0 }
+      end
     end
-    item = rest or item
-    local kind, cmd, nth = item:match("^([%w_]+)@([%w_]+)#?(%d*)$")
-    if kind then
-      faults[#faults + 1] = { kind = kind, cmd = cmd, nth = tonumber(nth) or 1, seen = 0 }
-    elseif item == "drop_expert" or item == "wrong_device" then
-      faults[item] = true
-    else
-      error("bad trainer fault '" .. item .. "'")
-    end
-    ::continue::
   end
   return faults
 end

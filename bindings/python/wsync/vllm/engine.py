@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable, Optional, TypeVar
 
 from . import compat
-from .server import Failure
+from .server import Failure, fault_items
 
 #: What vLLM 0.26's LLM needs for wsync; a recipe's ``runtime.vllm`` may not set these.
 FIXED_ARGUMENTS = ("model", "tensor_parallel_size", "enable_sleep_mode", "weight_transfer_config",
@@ -69,11 +69,9 @@ def _faults() -> dict[str, str]:
     name and optionally its chunk ("load_chunk#2"). Kinds: kill_engine (SIGKILL to this
     process's children, vLLM's EngineCore, before the command), bad_receipt (TP rank 0's
     receipt names another manifest)."""
-    faults = {}
-    for item in filter(None, os.environ.get("WSYNC_VLLM_FAULT", "").split(",")):
-        kind, _, where = item.partition("@")
-        faults[where] = kind
-    return faults
+    items = fault_items(os.environ.get("WSYNC_VLLM_FAULT", ""), ("kill_engine", "bad_receipt"), "vLLM fault",
+                        " (want KIND@CMD[#CHUNK], KIND kill_engine or bad_receipt)")
+    return {item["cmd"] + ("" if item["nth"] is None else f"#{item['nth']}"): item["kind"] for item in items}
 
 
 def _inner(timeout: float) -> float:

@@ -34,6 +34,22 @@ FAULT_KINDS = ("crash", "hang", "stop", "stubborn", "eof", "wrong_id", "wrong_cm
                "garbage", "oversize", "error")
 
 
+def fault_items(spec: str, kinds: "tuple[str, ...]", what: str, usage: str = "") -> list[dict[str, Any]]:
+    """The items of a fault spec, comma-separated ``KIND@CMD[#N]`` (N absent: None), each
+    KIND one of ``kinds``; raises ValueError "bad WHAT 'ITEM'USAGE" for any other item. The
+    one parser of the Python side's fault specs (this runtime's $WSYNC_RUNTIME_FAULT and
+    the engine's $WSYNC_VLLM_FAULT), the grammar of scripts/wsync/control/fault.lua's."""
+    items = []
+    for item in filter(None, spec.split(",")):
+        kind, _, where = item.partition("@")
+        cmd, hash_, nth = where.partition("#")
+        if kind not in kinds or not cmd or not (cmd.replace("_", "").isalnum() and cmd.isascii()) \
+                or (hash_ and not (nth.isdigit() and nth.isascii())):
+            raise ValueError(f"bad {what} '{item}'{usage}")
+        items.append({"kind": kind, "cmd": cmd, "nth": int(nth) if hash_ else None})
+    return items
+
+
 class Faults:
     """Fault injection for tests: ``KIND@CMD[#N]`` items, comma-separated, make this process
     misbehave at the N-th (default first) request CMD, as the reference runtime's processes
@@ -42,14 +58,9 @@ class Faults:
     workers and are refused here."""
 
     def __init__(self, spec: str) -> None:
-        self.items: list[dict[str, Any]] = []
-        for item in filter(None, spec.split(",")):
-            kind, _, where = item.partition("@")
-            cmd, _, nth = where.partition("#")
-            if kind not in FAULT_KINDS or not cmd or (nth and not nth.isdigit()):
-                raise ValueError(f"bad fault spec item '{item}' (want KIND@CMD[#N]; this runtime has no "
-                                 "worker<R>: items)")
-            self.items.append({"kind": kind, "cmd": cmd, "nth": int(nth or 1), "seen": 0})
+        self.items = [dict(item, nth=item["nth"] or 1, seen=0)
+                      for item in fault_items(spec, FAULT_KINDS, "fault spec item",
+                                              " (want KIND@CMD[#N]; this runtime has no worker<R>: items)")]
 
     def take(self, cmd: str) -> Optional[str]:
         """The fault kind to perform for this request of ``cmd``, or None (every item of the

@@ -93,3 +93,31 @@ describe("wsync.control.fault.take", function()
     assert.is_nil(fault.take(fault.parse(nil), "info"))
   end)
 end)
+
+describe("wsync.control.fault.items: the one grammar of fault specs", function()
+  local trainer = { flags = { drop_expert = true }, prefix = "rank", what = "trainer fault" }
+
+  it("reads items with a prefix, flags, and N when given", function()
+    assert.are.same({
+      { kind = "die", cmd = "fill", nth = 2, text = "die@fill#2", target = 1 },
+      { flag = "drop_expert" },
+      { kind = "stale", cmd = "publish", text = "stale@publish" },
+    }, fault.items("rank1:die@fill#2,drop_expert,stale@publish", trainer))
+  end)
+
+  it("takes any kind when the grammar names none, only its own when it does", function()
+    assert.are.equal("anything", fault.items("anything@fill", trainer)[1].kind)
+    assert.has_error(function()
+      fault.items("anything@fill", { kinds = { die = true }, what = "fault" })
+    end, "bad fault 'anything@fill'")
+  end)
+
+  it("refuses an unknown flag and a prefix of another grammar, naming the whole item", function()
+    assert.has_error(function()
+      fault.items("rank0:die@fill,rank2:nonsense", trainer)
+    end, "bad trainer fault 'rank2:nonsense'")
+    assert.has_error(function()
+      fault.items("worker0:die@fill", trainer)
+    end, "bad trainer fault 'worker0:die@fill'")
+  end)
+end)
