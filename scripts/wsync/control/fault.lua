@@ -28,7 +28,9 @@ M.KINDS = {
 --- other item. The one parser of wsync's fault specs in Lua (the runtime's
 --- here, the synthetic trainer's $WSYNC_TRAINER_FAULT).
 ---@param spec string?
----@param grammar {kinds: table<string, boolean>?, flags: table<string, boolean>?, prefix: string?, what: string, usage: string?}
+---@alias wsync.FaultGrammar {kinds: table<string, boolean>?, flags: table<string, boolean>?, prefix: string?,
+---  what: string, usage: string?}
+---@param grammar wsync.FaultGrammar
 ---@return table[]
 function M.items(spec, grammar)
   local items = {}
