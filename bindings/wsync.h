@@ -33,7 +33,8 @@ int ws_host_open(ws_host **out);
 /// negative status with the failure in ws_host_error(). A failure of wsync's
 /// own reads as `wsync run` prints it, then its code in parentheses: "MESSAGE
 /// (CODE)", or "MESSAGE (CODE, cause C)"; its status is WS_EINVAL when what the
-/// caller gave is refused (codes RECIPE_INVALID, SCRIPT_INVALID, USAGE) and
+/// caller gave is refused (codes RECIPE_INVALID, SCRIPT_INVALID, USAGE,
+/// INVALID_ARGUMENT) and
 /// WS_EFAILED otherwise, with no traceback unless $WSYNC_TRACEBACK is 1. A Lua
 /// error (a bug in a script) is WS_ELUA, code LUA_ERROR, with its traceback.
 /// Every ws_host_* call that runs wsync's scripts reports failures so.
@@ -45,6 +46,20 @@ int ws_host_run_string(ws_host *host, const char *code, const char *chunk_name);
 /// failures as ws_host_run_string.
 int ws_host_eval(ws_host *host, const char *code, char *result,
                  size_t result_size);
+
+/// Calls one of wsync's functions for embedding programs by `name` with the
+/// JSON object `args_json`, without running the loop beyond what the call
+/// needs, and writes its answer as JSON into `result` (`result_size` bytes):
+/// {"ok": true, "result": ...}, or {"ok": false, "error": {"code", "message",
+/// "fields"}} when wsync refuses or fails (fields: phase, rank, field, fatal,
+/// cause... as the error has them). Returns 0 with either answer; WS_EINVAL
+/// when the answer does not fit; WS_ELUA for a bug, as ws_host_run_string.
+/// The calls (scripts/wsync/cli/embedded.lua, M.CALLS): "recipe" {recipe,
+/// overrides}, "trainer_tensors" {recipe, overrides}, "reports" {}, "rollout"
+/// {cmd, payload}, "loader_plan" {family, config, world, rank},
+/// "worker_command" {cmd, payload}, "device" {backend, index}.
+int ws_host_call(ws_host *host, const char *name, const char *args_json,
+                 char *result, size_t result_size);
 
 /// Runs a Lua file with `argc` arguments in `arg`, then the loop.
 int ws_host_run_file(ws_host *host, const char *path, int argc,

@@ -236,7 +236,8 @@ int ws_host_open(ws_host **out) {
 // Records the error value at `index` in the host's error text, as wsync's
 // C API gives it (ws_lua_error_coded: a wsync error with its code, its
 // traceback only for a bug or with $WSYNC_TRACEBACK=1); returns its status:
-// WS_EINVAL for what the caller gave (a recipe, a script, arguments),
+// WS_EINVAL for what the caller gave (a recipe, a script, arguments:
+// errors.py's CALLER_CODES),
 // WS_EFAILED for any other wsync error, WS_ELUA for a Lua error (a bug).
 static int record_failure(ws_host *host, int index) {
   char code[64];
@@ -245,7 +246,8 @@ static int record_failure(ws_host *host, int index) {
   if (code[0] == '\0' || strcmp(code, "LUA_ERROR") == 0)
     return WS_ELUA;
   if (strcmp(code, "RECIPE_INVALID") == 0 ||
-      strcmp(code, "SCRIPT_INVALID") == 0 || strcmp(code, "USAGE") == 0)
+      strcmp(code, "SCRIPT_INVALID") == 0 || strcmp(code, "USAGE") == 0 ||
+      strcmp(code, "INVALID_ARGUMENT") == 0)
     return WS_EINVAL;
   return WS_EFAILED;
 }
@@ -392,6 +394,25 @@ int ws_host_eval(ws_host *host, const char *code, char *result,
   }
   result[0] = '\0';
   return call_script_text(host, "wsync.cli.embedded", "eval", 1, &code, 0,
+                          NULL, NULL, result, result_size);
+}
+
+int ws_host_call(ws_host *host, const char *name, const char *args_json,
+                 char *result, size_t result_size) {
+  if (host == NULL) {
+    ws_set_last_error("ws_host_call: host is NULL");
+    return WS_EINVAL;
+  }
+  if (name == NULL || args_json == NULL || result == NULL ||
+      result_size == 0) {
+    snprintf(host->error, sizeof host->error,
+             "ws_host_call: a name, arguments and a result buffer are "
+             "required");
+    return WS_EINVAL;
+  }
+  result[0] = '\0';
+  const char *strings[] = {name, args_json};
+  return call_script_text(host, "wsync.cli.embedded", "call", 2, strings, 0,
                           NULL, NULL, result, result_size);
 }
 

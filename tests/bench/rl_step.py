@@ -71,11 +71,8 @@ def median_ms(values: list[float]) -> float:
 def engine_arguments(wsync, recipe: str) -> tuple[str, dict]:
     """The recipe's vLLM model directory and engine arguments, as the vllm runtime gets them."""
     with wsync.Host() as host:
-        text = host.eval("local r = require('wsync.recipe').load(" + wsync.host.lua_literal(recipe) + ") "
-                         "return require('cjson').encode({ model = require('wsync.runtime.vllm').model_dir(r), "
-                         "vllm = r.runtime.vllm })")
-    found = json.loads(text)
-    return found["model"], found["vllm"]
+        found = host.call("recipe", recipe=recipe)
+    return found["model_dir"], found["runtime"]["vllm"]
 
 
 def prompts_for(vocab: int, count: int, length: int, seed: int) -> list[list[int]]:

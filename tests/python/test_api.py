@@ -236,6 +236,29 @@ class TestOrder:
         with pytest.raises(wsync.InvalidArgument, match="stack traceback"):
             wsync.Host(str(recipe))
 
+    def test_call_takes_and_gives_json_and_refuses_with_a_structured_error(self, tmp_path):
+        with wsync.Host() as host:
+            summary = host.call("recipe", recipe="recipes/demo.lua")
+            assert (summary["name"], summary["backend"], summary["runtime"]["kind"]) == ("demo", "host", "reference")
+            tensors = host.call("trainer_tensors", recipe="recipes/demo.lua", overrides=["trainer.ranks=2"])
+            assert tensors == [dict(name=t.name, dtype=t.dtype, shape=list(t.shape))
+                               for t in wsync.trainer_tensors("recipes/demo.lua")]
+            with pytest.raises(wsync.InvalidArgument) as unknown:
+                host.call("nonsense")
+            assert unknown.value.code == "INVALID_ARGUMENT" and "there are: device, loader_plan" in str(unknown.value)
+            bad = tmp_path / "bad.lua"
+            bad.write_text("return { name = 'bad', backend = 'host', model = { family = 'qwen3_moe', preset = 'tiny' },"
+                           " trainer = { kind = 'external', ranks = 1 }, runtime = { kind = 'reference', tp = 1 },"
+                           " buffers = { bytes = -1 } }\n")
+            with pytest.raises(wsync.InvalidArgument) as refused:
+                host.call("recipe", recipe=str(bad))
+            assert refused.value.code == "RECIPE_INVALID" and refused.value.fields["field"] == "buffers.bytes"
+            assert str(bad) in str(refused.value) and "stack traceback" not in str(refused.value)
+            with pytest.raises(wsync.WsyncError) as failed:
+                host.call("worker_command", cmd="load_chunk", payload={})
+            assert failed.value.code == "NOT_INITIALIZED" and failed.value.fields["fatal"] is True
+            assert host.call("device", backend="host", index=0)["uuid"]
+
     def test_a_wsync_error_raised_by_a_chunk_carries_its_code(self):
         with wsync.Host() as host:
             with pytest.raises(wsync.WsyncError) as caught:

@@ -46,7 +46,7 @@ class Engine:
         self._state = {"weights": "awake", "kv_cache": "reserved"}
         # (The hosts first: a libwsync that cannot be loaded must leave no worker behind.)
         self.hosts = [Host() for _ in range(tp)]
-        self.uuids = [self.hosts[0].eval(f"return require('wsync.native.device').query('{backend}', {int(device)}).uuid")
+        self.uuids = [self.hosts[0].call("device", backend=backend, index=int(device))["uuid"]
                       for device in devices]
         self.processes = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
                           for _ in range(tp)]

@@ -50,7 +50,6 @@ from torch.distributed.fsdp import fully_shard
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 import wsync
-from wsync.host import lua_literal
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPES = {"cuda": ROOT / "recipes" / "grpo_tiny.lua", "cpu": ROOT / "recipes" / "grpo_tiny_cpu.lua"}
@@ -117,7 +116,7 @@ def parse_args() -> argparse.Namespace:
 def recipe_backend(recipe: str) -> str:
     """The backend of `recipe` as wsync reads it: "cuda" or "host"."""
     with wsync.Host() as host:
-        return host.eval(f"return require('wsync.recipe').load({lua_literal(recipe)}).backend")
+        return str(host.call("recipe", recipe=recipe)["backend"])
 
 
 def trainer(model_dir: Path, device: str, seed: int, lr: float) -> tuple[Any, torch.nn.Module, Any]:

@@ -106,6 +106,7 @@ def _declare(lib: ctypes.CDLL) -> None:
                                          ctypes.c_size_t]),
         "ws_host_finish_recipe": (c_int, [c_void_p]),
         "ws_host_eval": (c_int, [c_void_p, c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
+        "ws_host_call": (c_int, [c_void_p, c_char_p, c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
         "ws_host_error": (c_char_p, [c_void_p]),
         "ws_last_error": (c_char_p, []),
         "ws_version": (c_char_p, []),

@@ -3,7 +3,7 @@ when the host's error text names them (``[phase P, rank R] message (CODE, cause 
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 from ._native import STATUS_NAMES
 
@@ -34,6 +34,8 @@ class WsyncError(Exception):
         code = _CODE.search(first_line)
         self.code: Optional[str] = code.group("code") if code else None
         self.cause: Optional[str] = code.group("cause") if code else None
+        #: The error's other fields, when it came as an object (Host.call): fatal, field, ...
+        self.fields: dict[str, Any] = {}
         super().__init__(f"{call}: {text}" if call and not text.startswith(call) else text)
 
 
@@ -50,3 +52,27 @@ def from_status(status: int, text: str, call: str = "") -> WsyncError:
     name = STATUS_NAMES.get(status, str(status))
     kind = {"EINVAL": InvalidArgument, "ESTATE": StateError}.get(name, WsyncError)
     return kind(text or "(no error text)", name, call)
+
+
+#: The codes of a refusal of what the caller gave: InvalidArgument.
+CALLER_CODES = frozenset({"RECIPE_INVALID", "SCRIPT_INVALID", "USAGE", "INVALID_ARGUMENT"})
+
+
+def from_error(error: Mapping[str, Any], call: str = "") -> WsyncError:
+    """The exception for an error object of wsync's JSON seam (``Host.call``: {code,
+    message, fields}): the same text as the C API's ("MESSAGE (CODE[, cause C])"), code,
+    phase, rank and cause from the fields, every field in ``fields``."""
+    code = str(error.get("code") or "FAILED")
+    fields = dict(error.get("fields") or {})
+    cause = fields.get("cause")
+    suffix = f"{code}, cause {cause}" if cause is not None and cause != code else code
+    kind = InvalidArgument if code in CALLER_CODES else WsyncError
+    failure = kind(f"{error.get('message', '(no message)')} ({suffix})", "EINVAL" if kind is InvalidArgument
+                   else "EFAILED", call)
+    failure.fields = fields
+    if fields.get("phase") is not None:
+        failure.phase = str(fields["phase"])
+    if isinstance(fields.get("rank"), int):
+        failure.rank = fields["rank"]
+    return failure
+

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from . import _native
-from .errors import StateError, from_status
+from .errors import StateError, from_error, from_status
 
 
 class Host:
@@ -73,6 +73,23 @@ class Host:
             result = self._eval_buffer = ctypes.create_string_buffer(result_bytes)
         self._fail(self._lib.ws_host_eval(handle, code.encode(), result, result_bytes), "eval")
         return result.value.decode()
+
+    def call(self, name: str, result_bytes: int = 1 << 20, **args: Any) -> Any:
+        """Calls one of wsync's functions for embedding programs (bindings/wsync.h's
+        ws_host_call: "recipe", "trainer_tensors", "reports", "rollout", "loader_plan",
+        "worker_command", "device") with ``args`` as JSON, and returns its result decoded.
+        A refusal or failure of wsync's own raises WsyncError (InvalidArgument for what the
+        caller gave) with its code, message and ``fields``."""
+        handle = self._checked("call")
+        result = self._eval_buffer
+        if result is None or ctypes.sizeof(result) < result_bytes:
+            result = self._eval_buffer = ctypes.create_string_buffer(result_bytes)
+        self._fail(self._lib.ws_host_call(handle, name.encode(), json.dumps(args).encode(), result, result_bytes),
+                   f"call {name}")
+        answer = json.loads(result.value.decode())
+        if not answer.get("ok"):
+            raise from_error(answer.get("error") or {}, f"call {name}")
+        return answer.get("result")
 
     def run_file(self, path: str, *args: str) -> None:
         """Runs a Lua file with `args` in `arg`, then the loop."""
@@ -140,12 +157,10 @@ class Host:
         ``total``; ``fill_copy`` and ``load_copy`` the copies alone; ``commit`` the runtime's
         own commit within ``finish`` where it says; null for a phase not reached), ``overlaps`` (which phases run at once) and ``receipts`` (the TP workers'
         receipts, as the runtime gave them)."""
-        return json.loads(self.eval("return require('wsync.cli.embedded').reports()"))
+        return list(self.call("reports", result_bytes=16 << 20))
 
     def _rollout(self, cmd: str, payload: dict[str, Any]) -> dict[str, Any]:
-        text = json.dumps(payload)
-        code = (f"return require('wsync.cli.embedded').rollout({lua_literal(cmd)}, {lua_literal(text)})")
-        return json.loads(self.eval(code, result_bytes=64 << 20))
+        return dict(self.call("rollout", result_bytes=64 << 20, cmd=cmd, payload=payload))
 
     def finish(self) -> None:
         """Closes this host's agents and waits until the session of ``Host(recipe)`` ends:
@@ -202,10 +217,8 @@ def trainer_tensors(recipe: str, **overrides: Any) -> list[TrainerTensor]:
     each rank registers (its rows of dim 0 of each), e.g. to map a model's parameter names."""
     words = override_words(overrides)
     with Host() as host:
-        arguments = f"{lua_literal(recipe)}, {{{', '.join(lua_literal(word) for word in words)}}}"
-        text = host.eval(f"return require('wsync.cli.embedded').trainer_tensors({arguments})",
-                         result_bytes=64 << 20)
-    return [TrainerTensor(item["name"], item["dtype"], tuple(item["shape"])) for item in json.loads(text)]
+        items = host.call("trainer_tensors", result_bytes=64 << 20, recipe=recipe, overrides=words)
+    return [TrainerTensor(item["name"], item["dtype"], tuple(item["shape"])) for item in items]
 
 
 def override_words(overrides: dict[str, Any]) -> list[str]:
@@ -223,12 +236,12 @@ _LUA_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 
 
 def lua_literal(text: str) -> str:
-    """A Lua string literal of `text` (any text). A long bracket (``[==[...]==]``, its level
-    one that does not occur in `text`) where Lua reads `text` back unchanged: no carriage
-    return (Lua turns end-of-line sequences into newlines), no NUL (the chunk is a C string),
-    no leading newline (Lua skips it). Otherwise, or for non-ASCII text, every byte outside a
-    safe set escaped (milliseconds for a JSON payload of 60 KB, which the vllm runtime's
-    direct loader sends with every publication)."""
+    """A Lua string literal of `text` (any text), for a chunk given to ``Host.eval`` or
+    ``run_string``. A long bracket (``[==[...]==]``, its level one that does not occur in
+    `text`) where Lua reads `text` back unchanged: no carriage return (Lua turns end-of-line
+    sequences into newlines), no NUL (the chunk is a C string), no leading newline (Lua skips
+    it). Otherwise, or for non-ASCII text, every byte outside a safe set escaped. The package
+    itself calls wsync through ``Host.call``, with JSON, not Lua text."""
     if text.isascii() and "\r" not in text and "\0" not in text and not text.startswith("\n"):
         level = 0
         while "]" + "=" * level + "]" in text or text.endswith("]" + "=" * level):

@@ -235,4 +235,97 @@ function M.trainer_tensors(path, words)
   return require("cjson").encode(out)
 end
 
+--- The calls an embedding program makes with JSON in and JSON out
+--- (ws_host_call): name -> function(args table) -> a value cjson encodes.
+--- Each is a function of wsync's own; no Lua text crosses the seam.
+M.CALLS = {
+  --- {recipe, overrides?: ["key=value"...]} -> [{name, dtype, shape}]
+  trainer_tensors = function(args)
+    return require("cjson").decode(M.trainer_tensors(args.recipe, args.overrides))
+  end,
+  --- {recipe, overrides?} -> {name, backend, runtime = {kind, tp, load?, vllm?},
+  --- model_dir?}: what a trainer or a benchmark reads of a recipe (model_dir:
+  --- the directory the vllm runtime serves).
+  recipe = function(args)
+    local recipe_module = require("wsync.recipe")
+    local recipe = recipe_module.load(args.recipe, recipe_module.parse_overrides(args.overrides or {}))
+    local runtime = recipe.runtime or {}
+    local summary = { name = recipe.name, backend = recipe.backend, runtime = { kind = runtime.kind, tp = runtime.tp,
+      load = runtime.load, vllm = runtime.vllm } }
+    if runtime.kind == "vllm" then
+      summary.model_dir = require("wsync.runtime.vllm").model_dir(recipe)
+    end
+    return summary
+  end,
+  --- {} -> the started session's rounds (M.reports).
+  reports = function()
+    return require("cjson").decode(M.reports())
+  end,
+  --- {cmd, payload} -> the rollout runtime's answer (M.rollout).
+  rollout = function(args)
+    return require("cjson").decode(M.rollout(args.cmd, require("cjson").encode(args.payload or {})))
+  end,
+  --- {family, config, world, rank} -> {residents = [[name, dtype, shape,
+  --- bytes]...], writes = {canonical = [resident...]}}: one TP rank's loader
+  --- plan (wsync.plan's family module), as an engine's worker lists it.
+  loader_plan = function(args)
+    local family = require("wsync.plan").family(args.family)
+    local plan = family.loader_plan(family.config(args.config), args.world, args.rank)
+    local residents, writes = {}, {}
+    for index, tensor in ipairs(plan.tensors) do
+      residents[index] = { tensor.name, tensor.dtype, tensor.shape, tensor.bytes }
+    end
+    for canonical, slices in pairs(plan.copies) do
+      local names = {}
+      for index, slice in ipairs(slices) do
+        names[index] = slice.resident
+      end
+      writes[canonical] = names
+    end
+    return { residents = residents, writes = writes }
+  end,
+  --- {cmd, payload} -> the embedded TP worker's result
+  --- (wsync.runtime.worker.embedded_call), its failure as the call's.
+  worker_command = function(args)
+    return require("wsync.runtime.worker").embedded_call(args.cmd, args.payload or {})
+  end,
+  --- {backend, index} -> the device's identity (wsync.native.device.query).
+  device = function(args)
+    return require("wsync.native.device").query(args.backend, args.index)
+  end,
+}
+
+--- Runs the call `name` with the JSON object `args_text` (ws_host_call) and
+--- answers JSON: `{"ok": true, "result": ...}`, or `{"ok": false, "error":
+--- {code, message, fields}}` for a failure of wsync's own (fields: phase,
+--- rank, field, fatal, cause... as the error has them). A Lua error (a bug) is
+--- raised, not answered.
+---@param name string
+---@param args_text string
+---@return string
+function M.call(name, args_text)
+  local cjson = require("cjson")
+  local call = M.CALLS[name]
+  if not call then
+    return cjson.encode({ ok = false, error = { code = "INVALID_ARGUMENT", message = string.format(
+      "ws_host_call: no call '%s' (there are: %s)", tostring(name),
+      table.concat(require("wsync.util").sorted_keys(M.CALLS), ", ")), fields = {} } })
+  end
+  local decoded, args = pcall(cjson.decode, args_text)
+  if not decoded or type(args) ~= "table" then
+    return cjson.encode({ ok = false, error = { code = "INVALID_ARGUMENT", message = string.format(
+      "ws_host_call %s: the arguments are not a JSON object", name), fields = {} } })
+  end
+  local ok, result = pcall(call, args)
+  if ok then
+    return cjson.encode({ ok = true, result = result == nil and cjson.null or result })
+  end
+  if not errors.is(result) or result.code == "LUA_ERROR" then
+    error(result, 0)
+  end
+  local fields = errors.fields(result)
+  fields.code, fields.message, fields.traceback = nil, nil, nil
+  return cjson.encode({ ok = false, error = { code = result.code, message = tostring(result), fields = fields } })
+end
+
 return M

@@ -700,17 +700,16 @@ local embedded = nil
 local EMBEDDED_COMMANDS = { init_weights = true, start_update = true, load_chunk = true, finish_update = true,
   info = true, resident_values = true, mapped = true }
 
---- Runs one command on this process's external worker and answers JSON
---- `{ok, result}` or `{ok = false, error = {code, message, fatal}}`: the
---- entry of an engine's worker extension (bindings/python/wsync/vllm). "open"
---- makes the worker ({rank, world, backend, device}), "close" drops it.
+--- Runs one command on this process's external worker and returns its result,
+--- or raises its failure (a wsync error; a bug's as WORKER_FAILED, fatal): the
+--- entry of an engine's worker extension (bindings/python/wsync/vllm, through
+--- ws_host_call's `worker_command`). "open" makes the worker ({rank, world,
+--- backend, device}), "close" drops it.
 ---@param cmd string
----@param payload_text string  JSON
----@return string
-function M.embedded_command(cmd, payload_text)
-  local cjson = require("cjson")
+---@param payload table
+---@return table
+function M.embedded_call(cmd, payload)
   local ok, result = pcall(function()
-    local payload = cjson.decode(payload_text)
     if cmd == "open" then
       if embedded then
         embedded:release_all()
@@ -733,10 +732,13 @@ function M.embedded_command(cmd, payload_text)
     return embedded[cmd](embedded, payload)
   end)
   if ok then
-    return cjson.encode({ ok = true, result = result })
+    return result
   end
-  local err = errors.is(result) and result or errors.new("WORKER_FAILED", tostring(result), { fatal = true })
-  return cjson.encode({ ok = false, error = { code = err.code, message = err.message, fatal = err.fatal ~= false } })
+  if errors.is(result) then
+    result.fatal = result.fatal ~= false
+    error(result, 0)
+  end
+  errors.raise("WORKER_FAILED", tostring(result), { fatal = true })
 end
 
 ---@class wsync.ReferenceWorkerOptions

@@ -29,7 +29,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from ..host import lua_literal
+from ..errors import WsyncError
 from ..manifest import Manifest
 from . import compat
 from .receipts import receipt
@@ -41,15 +41,8 @@ class LoaderPlan:
     parameters it fills and, per canonical tensor, which of them it writes."""
 
     def __init__(self, host: Any, family: str, config: dict[str, Any], world: int, rank: int) -> None:
-        code = ("local cjson = require('cjson') local family = require('wsync.plan').family(" + repr(family) + ") "
-                "local config = family.config(cjson.decode(" + lua_literal(json.dumps(config)) + ")) "
-                f"local plan = family.loader_plan(config, {int(world)}, {int(rank)}) "
-                "local residents, writes = {}, {} "
-                "for _, t in ipairs(plan.tensors) do residents[#residents + 1] = { t.name, t.dtype, t.shape, t.bytes } end "
-                "for canonical, slices in pairs(plan.copies) do local names = {} "
-                "for _, s in ipairs(slices) do names[#names + 1] = s.resident end writes[canonical] = names end "
-                "return cjson.encode({ residents = residents, writes = writes })")
-        answer = json.loads(host.eval(code, result_bytes=256 << 20))
+        answer = host.call("loader_plan", result_bytes=256 << 20, family=family, config=config, world=int(world),
+                           rank=int(rank))
         self.residents = [{"name": name, "dtype": dtype, "shape": shape, "bytes": nbytes}
                           for name, dtype, shape, nbytes in answer["residents"]]
         self.writes: dict[str, list[str]] = answer["writes"]
@@ -148,14 +141,16 @@ class DirectLoader:
         self.bound: Any = None  # (the fingerprint of the parameters the loader holds, when known)
 
     def _call(self, cmd: str, payload: dict[str, Any]) -> dict[str, Any]:
-        answer = json.loads(self.host.eval(
-            "return require('wsync.runtime.worker').embedded_command(" + repr(cmd) + ", "
-            + lua_literal(json.dumps(payload)) + ")", result_bytes=16 << 20))
-        if not answer.get("ok"):
-            error = answer.get("error") or {}
-            raise Failure(error.get("code", "WORKER_FAILED"), error.get("message", "(no message)"),
-                          fatal=error.get("fatal", True), rank=self.identity["rank"])
-        return answer.get("result") or {}
+        try:
+            result = self.host.call("worker_command", result_bytes=16 << 20, cmd=cmd, payload=payload)
+        except WsyncError as failed:
+            if failed.code is None:
+                raise  # (not a refusal of wsync's: a bug, with its traceback)
+            # (The worker's own message: the text without the code wsync added to it.)
+            message = failed.text.split("\n", 1)[0].rsplit(f" ({failed.code}", 1)[0]
+            raise Failure(failed.code or "WORKER_FAILED", message, fatal=failed.fields.get("fatal") is not False,
+                          rank=self.identity["rank"]) from None
+        return result or {}
 
     def init_weights(self, payload: dict[str, Any]) -> dict[str, Any]:
         if not self.opened:
