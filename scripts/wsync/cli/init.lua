@@ -499,6 +499,9 @@ function M.main(argv)
   -- (The command's loop runs all the time: its children's lines can come
   -- through it, prefixed.)
   require("wsync.output").enable()
+  -- (Every child of the command line is the loop's: those it adopts while a
+  -- runtime holds it as a subreaper are its to reap.)
+  require("wsync.control.subreaper").claim_children()
   local ok, result = xpcall(function()
     local first = argv[1]
     if first == nil then
