@@ -29,9 +29,10 @@ static int push_ok(lua_State *L, int status) {
   return 1;
 }
 
-// _process.become_subreaper() -> true | nil, message, CODE
-static int process_become_subreaper(lua_State *L) {
-  return push_ok(L, ws_process_become_subreaper());
+// _process.set_subreaper(enabled) -> true | nil, message, CODE
+static int process_set_subreaper(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TBOOLEAN);
+  return push_ok(L, ws_process_set_subreaper(lua_toboolean(L, 1)));
 }
 
 // _process.die_with_parent(signal, expected_parent?) -> true | nil, message,
@@ -67,6 +68,49 @@ static int process_count_group(lua_State *L) {
   if (status != WS_OK)
     return ws_lua_push_failure(L, status);
   lua_pushinteger(L, count);
+  return 1;
+}
+
+// _process.children() -> {{pid = pid, exited = boolean}, ...} | nil, message,
+// CODE
+static int process_children(lua_State *L) {
+  int capacity = 64, count = 0;
+  for (;;) {
+    int *pids = malloc(sizeof *pids * (size_t)capacity * 2);
+    if (pids == NULL)
+      return luaL_error(L, "children: out of memory");
+    int *exited = pids + capacity;
+    int status = ws_process_children(pids, exited, capacity, &count);
+    if (status == WS_OK && count <= capacity) {
+      lua_createtable(L, count, 0); // [children]
+      for (int i = 0; i < count; i++) {
+        lua_createtable(L, 0, 2); // [children, child]
+        lua_pushinteger(L, pids[i]);
+        lua_setfield(L, -2, "pid");
+        lua_pushboolean(L, exited[i]);
+        lua_setfield(L, -2, "exited");
+        lua_rawseti(L, -2, i + 1); // [children]
+      }
+      free(pids);
+      return 1;
+    }
+    free(pids);
+    if (status != WS_OK)
+      return ws_lua_push_failure(L, status);
+    capacity = count + 64; // (more were found than fit: again, larger)
+  }
+}
+
+// _process.reap(pid) -> reaped | nil, message, CODE
+static int process_reap(lua_State *L) {
+  lua_Integer pid = luaL_checkinteger(L, 1);
+  if (pid <= 0 || pid > INT32_MAX)
+    luaL_argerror(L, 1, "not a process id");
+  int reaped = 0;
+  int status = ws_process_reap((int)pid, &reaped);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushboolean(L, reaped);
   return 1;
 }
 
@@ -129,11 +173,13 @@ static int process_find_marked(lua_State *L) {
 
 int luaopen_wsync_process(lua_State *L) {
   static const luaL_Reg functions[] = {
-      {"become_subreaper", process_become_subreaper},
+      {"set_subreaper", process_set_subreaper},
       {"die_with_parent", process_die_with_parent},
       {"signal_group", process_signal_group},
       {"reap_group", process_reap_group},
       {"count_group", process_count_group},
+      {"children", process_children},
+      {"reap", process_reap},
       {"watch", process_watch},
       {"find_marked", process_find_marked},
       {NULL, NULL},

@@ -15,9 +15,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-int ws_process_become_subreaper(void) {
+int ws_process_set_subreaper(int enabled) {
   ws_clear_error();
-  if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+  if (prctl(PR_SET_CHILD_SUBREAPER, enabled ? 1 : 0, 0, 0, 0) != 0)
     return ws_fail(WS_ESYS, "process: PR_SET_CHILD_SUBREAPER: %s",
                    strerror(errno));
   return WS_OK;
@@ -65,10 +65,11 @@ int ws_process_reap_group(int group, int *reaped) {
   }
 }
 
-// Reads the state, process group and session from /proc/PID/stat: the
-// third, fifth and sixth fields, after the command name in parentheses (which
+// Reads the state, parent, process group and session from /proc/PID/stat:
+// the third to sixth fields, after the command name in parentheses (which
 // may itself hold spaces and parentheses).
-static int read_stat(const char *pid, char *state, int *group, int *session) {
+static int read_stat(const char *pid, char *state, int *parent, int *group,
+                     int *session) {
   char path[64], line[512];
   snprintf(path, sizeof path, "/proc/%s/stat", pid);
   FILE *file = fopen(path, "r");
@@ -81,8 +82,7 @@ static int read_stat(const char *pid, char *state, int *group, int *session) {
   char *end = strrchr(line, ')');
   if (end == NULL)
     return 0;
-  int parent = 0;
-  return sscanf(end + 1, " %c %d %d %d", state, &parent, group, session) == 4;
+  return sscanf(end + 1, " %c %d %d %d", state, parent, group, session) == 4;
 }
 
 int ws_process_count_group(int group, int *count) {
@@ -95,14 +95,64 @@ int ws_process_count_group(int group, int *count) {
   while ((entry = readdir(proc)) != NULL) {
     if (!isdigit((unsigned char)entry->d_name[0]))
       continue;
-    int member_group = 0, session = 0;
+    int parent = 0, member_group = 0, session = 0;
     char state = 0;
-    if (read_stat(entry->d_name, &state, &member_group, &session) &&
+    if (read_stat(entry->d_name, &state, &parent, &member_group, &session) &&
         member_group == group)
       (*count)++;
   }
   closedir(proc);
   return WS_OK;
+}
+
+int ws_process_children(int *pids, int *exited, int capacity, int *count) {
+  ws_clear_error();
+  *count = 0;
+  if (capacity < 0 || (capacity > 0 && pids == NULL))
+    return ws_fail(WS_EINVAL, "process: children: bad capacity");
+  DIR *proc = opendir("/proc");
+  if (proc == NULL)
+    return ws_fail(WS_ESYS, "process: opendir /proc: %s", strerror(errno));
+  pid_t own = getpid();
+  struct dirent *entry;
+  while ((entry = readdir(proc)) != NULL) {
+    if (!isdigit((unsigned char)entry->d_name[0]))
+      continue;
+    int parent = 0, group = 0, session = 0;
+    char state = 0;
+    if (!read_stat(entry->d_name, &state, &parent, &group, &session) ||
+        parent != own)
+      continue;
+    if (*count < capacity) {
+      pids[*count] = atoi(entry->d_name);
+      if (exited != NULL)
+        exited[*count] = state == 'Z';
+    }
+    (*count)++;
+  }
+  closedir(proc);
+  return WS_OK;
+}
+
+int ws_process_reap(int pid, int *reaped) {
+  ws_clear_error();
+  *reaped = 0;
+  if (pid <= 0)
+    return ws_fail(WS_EINVAL, "process: cannot reap pid %d", pid);
+  for (;;) {
+    pid_t got = waitpid((pid_t)pid, NULL, WNOHANG);
+    if (got == (pid_t)pid) {
+      *reaped = 1;
+      return WS_OK;
+    }
+    if (got == 0)
+      return WS_OK;
+    if (errno == ECHILD)
+      return ws_fail(WS_ENOTFOUND, "process: %d is no child of this process",
+                     pid);
+    if (errno != EINTR)
+      return ws_fail(WS_ESYS, "process: waitpid(%d): %s", pid, strerror(errno));
+  }
 }
 
 int ws_process_watch(int pid, int *fd) {
@@ -185,10 +235,10 @@ int ws_process_find_marked(const char *entry, const int *sessions,
     int pid = atoi(item->d_name);
     if (pid == own)
       continue;
-    int in_session = 0, group = 0, session = 0;
+    int in_session = 0, parent = 0, group = 0, session = 0;
     char state = 0;
-    if (!read_stat(item->d_name, &state, &group, &session) || state == 'Z' ||
-        state == 'X')
+    if (!read_stat(item->d_name, &state, &parent, &group, &session) ||
+        state == 'Z' || state == 'X')
       continue; // (gone, or a zombie: it holds nothing any more)
     for (int i = 0; i < session_count && !in_session; i++)
       in_session = sessions[i] > 1 && session == sessions[i];

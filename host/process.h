@@ -8,9 +8,11 @@
 #include <sys/types.h>
 #endif
 
-/// Makes this process a child subreaper (PR_SET_CHILD_SUBREAPER): orphans of
-/// the processes it spawns are reparented to it, so it can reap them.
-int ws_process_become_subreaper(void);
+/// Makes this process a child subreaper (PR_SET_CHILD_SUBREAPER) when
+/// `enabled` is nonzero: orphans of the processes it spawns are reparented to
+/// it, so it can reap them. With 0 it stops being one; the orphans it already
+/// adopted stay its children.
+int ws_process_set_subreaper(int enabled);
 
 /// Asks the kernel to send `signal_number` to this process when its parent
 /// dies (PR_SET_PDEATHSIG); fails with WS_ESTATE when the parent is already
@@ -29,6 +31,16 @@ int ws_process_reap_group(int group, int *reaped);
 /// Counts the processes of group `group` that still exist (zombies included)
 /// by reading /proc, and stores the count in `*count`.
 int ws_process_count_group(int group, int *count);
+
+/// Lists this process's children, read from /proc: up to `capacity` pids in
+/// `pids` and, when `exited` is not NULL, 1 there for a child that exited and
+/// waits to be reaped (a zombie), 0 for one that runs. Stores how many
+/// children there are in `*count` (which may exceed `capacity`).
+int ws_process_children(int *pids, int *exited, int capacity, int *count);
+
+/// Reaps child `pid` if it exited, without waiting: `*reaped` is 1 then, 0
+/// while it runs. WS_ENOTFOUND: `pid` is no child of this process (any more).
+int ws_process_reap(int pid, int *reaped);
 
 /// Opens a descriptor that becomes readable when process `pid` exits (a
 /// pidfd, close-on-exec): a watch on that one process that a reused pid

@@ -33,7 +33,9 @@ usage: scripts/dev.sh COMMAND
   demo    install, then run the main job with the installed wsync:
           wsync run recipes/demo.lua
   test    build, then run every test tier through CTest (unit, bindings,
-          functional, gpu (pending without a device), embed, memcheck,
+          functional, functional-shuffled (the functional tier once more, its
+          spec files in a shuffled order; the seed is printed at the end),
+          gpu (pending without a device), embed, memcheck,
           python (pytest over the Python package, in build/venv from PyPI),
           wheel (the wheel built by pip and used from a fresh venv), install
           (cmake --install into a temporary prefix and used from there),
@@ -141,11 +143,14 @@ run_tests() {
   kill "$heartbeat" 2>/dev/null
   wait "$heartbeat" 2>/dev/null
   # Show the busted counts of every tier, the GPU tier's pending tests among
-  # them (never passed silently), and pytest's, then repeat CTest's summary so that it
-  # closes the run.
+  # them (never passed silently), and pytest's, the seed of the shuffled
+  # order (`wsync test --shuffle-files --seed=N tests/functional` runs it
+  # again), then repeat CTest's summary so that it closes the run.
   if [ -f Testing/Temporary/LastTest.log ]; then
     grep -E '^[0-9]+ successes? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' \
       Testing/Temporary/LastTest.log | sed 's/^/busted: /' || true
+    grep -E '^wsync test: a shuffled order, seed [0-9]+' Testing/Temporary/LastTest.log \
+      | sed 's/^wsync test: /functional-shuffled: /' || true
     grep -E '^[0-9]+ (passed|failed|skipped|errors?)(, [0-9]+ [a-z]+)* in [0-9.]+s' \
       Testing/Temporary/LastTest.log | sed 's/^/pytest: /' || true
   fi

@@ -8,9 +8,11 @@
 ---@class wsync._process
 local process = {}
 
---- Makes this process the reaper of its orphaned descendants.
+--- Makes this process the reaper of its orphaned descendants (true), or no
+--- longer (false: those it adopted stay its children).
+---@param enabled boolean
 ---@return true|nil ok, string? message, string? code
-function process.become_subreaper() end
+function process.set_subreaper(enabled) end
 
 --- Asks the kernel to send `signal` when the parent dies; fails at once when
 --- the parent is no longer `expected_parent` (it died already).
@@ -33,6 +35,16 @@ function process.reap_group(group) end
 ---@param group integer
 ---@return integer|nil count, string? message, string? code
 function process.count_group(group) end
+
+--- This process's children (from /proc); `exited`: it waits to be reaped.
+---@return {pid: integer, exited: boolean}[]|nil children, string? message, string? code
+function process.children() end
+
+--- Reaps child `pid` if it exited, without waiting: true then, false while it
+--- runs. Code "ENOTFOUND": no child of this process.
+---@param pid integer
+---@return boolean|nil reaped, string? message, string? code
+function process.reap(pid) end
 
 --- A descriptor (pidfd) that becomes readable when process `pid` exits;
 --- close it with uv.fs_close. Code "ENOTFOUND": no such process; "ENODEV":

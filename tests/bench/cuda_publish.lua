@@ -61,9 +61,6 @@ for token in (arg[1] or "4,8,direct,direct-tensor"):gmatch("[%w%.%-:@]+") do
   sizes[#sizes + 1] = size
   counts[#sizes] = tonumber(count) or 2
 end
-local publication_module = require("wsync.publish.publication")
-publication_module.trace = true
-
 -- Chunk by chunk, the publication `report`'s trace, in ms since it started.
 local function print_trace(label, report)
   local trace = report.trace or {}
@@ -138,12 +135,11 @@ loop.spawn(function()
       recipe.buffers.order = ordered[index] and "device" or "host"
     end
     recipe.trainer.steps = publications
-    publication_module.serial = serial[index]
     if tiles[index] then
       uv.os_setenv("WSYNC_CUDA_COPY_TILE", tiles[index]) -- (the ranks and the runtime inherit it)
     end
-    local reports = session.run(recipe)
-    publication_module.serial = false
+    -- (Every publication traced, for the chunk-by-chunk table after this one.)
+    local reports = session.run(recipe, { publication = { trace = true, serial = serial[index] } })
     uv.os_unsetenv("WSYNC_CUDA_COPY_TILE")
     local totals, fills, loads, copies = {}, {}, {}, {}
     local label = (serial[index] and "serial " or "") .. (ordered[index] and "device-ordered " or "")

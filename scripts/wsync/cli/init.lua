@@ -25,7 +25,11 @@ usage: wsync FILE.lua [ARGS...]        run a Lua file in the host (ARGS in `arg`
        wsync repl [RECIPE]             interactive Lua with wsync loaded; with a
                                        model recipe, step through publications
        wsync repl --attach ENDPOINT    read a running host's live state (read-only)
-       wsync test [BUSTED ARGS...]     run busted specs inside the host
+       wsync test [BUSTED ARGS...]     run busted specs inside the host;
+                                       --shuffle-files runs the spec files in a
+                                       random order (--shuffle: the tests in
+                                       each file too) and prints its seed;
+                                       --seed=N with it runs that order again
        wsync --version                 print the version, the commit, the build
                                        type, and whether CUDA and NCCL are in
        wsync --help                    print this help
@@ -499,6 +503,9 @@ function M.main(argv)
   -- (The command's loop runs all the time: its children's lines can come
   -- through it, prefixed.)
   require("wsync.output").enable()
+  -- (Every child of the command line is the loop's: those it adopts while a
+  -- runtime holds it as a subreaper are its to reap.)
+  require("wsync.control.subreaper").claim_children()
   local ok, result = xpcall(function()
     local first = argv[1]
     if first == nil then

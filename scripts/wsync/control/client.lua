@@ -16,6 +16,7 @@ local inflight_module = require("wsync.control.inflight")
 local loop = require("wsync.loop")
 local messages = require("wsync.control.messages")
 local process = require("wsync._process")
+local subreaper = require("wsync.control.subreaper")
 local timeouts_module = require("wsync.control.timeouts")
 local util = require("wsync.util")
 
@@ -54,13 +55,12 @@ end
 --- overrides.
 M.SPIN_MICROSECONDS = tonumber(os.getenv("WSYNC_CLIENT_SPIN_US") or "") or (loop.SPARE_CORES and 300 or 0)
 
-local became_subreaper = false
-
 ---@class wsync.RuntimeClient
 ---@field name string
 ---@field state "IDLE"|"INFLIGHT"|"BROKEN"|"CLOSED"
 ---@field pid integer
 ---@field group integer?   process group of the tree (own group when detached)
+---@field subreaper_hold wsync.SubreaperHold? held from the spawn of a detached tree until it is gone
 ---@field cause wsync.Error? why it broke
 ---@field startup_info table? the answer to the startup `info`
 local Client = {}
@@ -112,11 +112,11 @@ function M.spawn(options)
   }, Client)
 
   local detached = options.detached ~= false
-  if detached and not became_subreaper then
+  if detached then
     -- Orphans of the runtime (its workers, once its main process is gone) come
-    -- back to the host so that they can be reaped, not left to init.
-    process.become_subreaper()
-    became_subreaper = true
+    -- back to the host so that they can be reaped, not left to init, until
+    -- the tree is gone (_mark_dead).
+    self.subreaper_hold = subreaper.hold()
   end
 
   -- The child gets this process's environment with options.env's entries
@@ -148,6 +148,9 @@ function M.spawn(options)
   end
   if not handle then
     control:close()
+    if self.subreaper_hold then
+      self.subreaper_hold:release()
+    end
     errors.raise("RUNTIME_START", string.format("cannot start %s (%s): %s", self.name, argv[1],
       tostring(pid_or_error)))
   end
@@ -391,6 +394,9 @@ function Client:_mark_dead()
   self.dead = true
   if self.group then
     guard.unwatch(self.group)
+  end
+  if self.subreaper_hold then
+    self.subreaper_hold:release()
   end
   loop.cancel(self.kill_timer)
   self.kill_timer = nil

@@ -24,17 +24,6 @@ local rollout_module = require("wsync.publish.rollout")
 
 local M = {}
 
---- When true, each report carries `trace`: per chunk, when its fill and its
---- load were asked for and answered (seconds since the publication started)
---- and their copies' own seconds, {fill = {asked, answered, copy}, load = ...}.
---- For benchmarks (tests/bench/cuda_publish.lua); off, nothing is kept.
-M.trace = false
-
---- When true, chunks move one at a time, fill k and then load k, never at
---- once: for benchmarks that time each side alone (tests/bench/cuda_publish.lua
---- `serial:`). Off, chunk k+1 fills while chunk k loads.
-M.serial = false
-
 local function now()
   return uv.hrtime() / 1e9
 end
@@ -129,6 +118,8 @@ end
 ---@field fills table[]       per chunk, the agents' consensus reports
 ---@field loads table[]       per chunk, the runtime's load answer
 ---@field result table?       the runtime's finish answer (receipts)
+---@field trace table[]?      per chunk, its fill's and load's times (kept with the context's `trace`)
+---@field serial boolean      chunks move one at a time (the context's `serial`)
 local Publication = {}
 Publication.__index = Publication
 
@@ -142,6 +133,11 @@ Publication.__index = Publication
 ---@field transport string
 ---@field headroom_bytes integer?
 ---@field step integer
+---@field trace boolean?  each report carries `trace`: per chunk, when its fill and its load were asked for and
+---  answered (seconds since the publication started) and their copies' own seconds, {fill = {asked, answered,
+---  copy}, load = ...}; for benchmarks (tests/bench/cuda_publish.lua). Off, nothing is kept.
+---@field serial boolean?  chunks move one at a time, fill k and then load k, never at once: for benchmarks that
+---  time each side alone (tests/bench/cuda_publish.lua `serial:`). Off, chunk k+1 fills while chunk k loads.
 
 --- Starts a publication of trainer step `context.step`: nothing moves until
 --- its phases run (`run()` runs them all; the REPL steps through them).
@@ -152,6 +148,7 @@ function M.new(context)
     plan = context.plan, topology = context.topology, ranks = context.ranks, rollout = context.rollout,
     versions = context.versions, timeouts = context.timeouts, transport = context.transport,
     headroom_bytes = context.headroom_bytes, step = context.step,
+    trace = context.trace and {} or nil, serial = context.serial == true,
     phase = "new", timings = { fill_copy = 0, load_copy = 0 }, next_chunk = 1, fills = {}, loads = {},
     started = now(), completed = {},
   }, Publication)
@@ -159,10 +156,9 @@ end
 
 -- Chunk `k` once: every rank fills it (the consensus gate), then the runtime
 -- loads it. Adds the phases' times and the copies' own times.
--- Notes chunk k's `side` ("fill" or "load") in the trace, when M.trace.
+-- Notes chunk k's `side` ("fill" or "load") in the trace, when it keeps one.
 function Publication:_note(k, side, started, copy)
-  if M.trace then
-    self.trace = self.trace or {}
+  if self.trace then
     self.trace[k] = self.trace[k] or {}
     self.trace[k][side] = { started - self.started, now() - self.started, copy }
   end
@@ -233,10 +229,10 @@ end
 --- wait for it; a failed fill still poisons.
 function Publication:_move_chunks(first, after_fills)
   local plan = self.plan
-  if plan.gated and self.rollout.ordered and first == 1 and not M.serial then
+  if plan.gated and self.rollout.ordered and first == 1 and not self.serial then
     return self:_move_chunks_ordered(after_fills)
   end
-  if M.serial then
+  if self.serial then
     for k = first, #plan.chunks do
       self:_fill(k)
       self:_load(k)
@@ -561,10 +557,10 @@ function Publication:release()
 end
 
 --- Which of the publication's phases run at once ({phases, within, why}),
---- as its chunks move: none when they move one at a time (M.serial).
+--- as its chunks move: none when they move one at a time (`serial`).
 ---@return table[]
 function Publication:overlaps()
-  if M.serial then
+  if self.serial then
     return {}
   end
   if self.plan.gated and self.rollout.ordered then

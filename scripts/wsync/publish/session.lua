@@ -558,8 +558,10 @@ end
 --- when every rank may publish. Must run in a spawned coroutine.
 ---@param recipe table  a validated recipe with a model
 ---@return wsync.Session
----@param options {on_open: fun(session: table)?, on_listen: fun(path: string)?}?  on_open sees the session
----  before anything starts; on_listen gets the control endpoint's path once it listens
+---@param options {on_open: fun(session: table)?, on_listen: fun(path: string)?, publication: table?}?  on_open
+---  sees the session before anything starts; on_listen gets the control endpoint's path once it listens;
+---  publication: {trace: boolean?, serial: boolean?}, the options of every publication of the session
+---  (wsync.PublicationContext), for benchmarks
 function M.open(recipe, options)
   local started = uv.hrtime() / 1e9
   local plan, topology, memory_report, bootstrap, steps = prepare_module.prepare(recipe)
@@ -577,6 +579,7 @@ function M.open(recipe, options)
   }, Session)
   M.open_sessions[session] = true
   session.on_listen = options and options.on_listen
+  session.publication_options = options and options.publication or {}
   if options and options.on_open then
     options.on_open(session)
   end
@@ -766,7 +769,7 @@ function Session:begin_round()
   self.publication = publication_module.new({
     plan = self.plan, topology = self.topology, ranks = self.ranks, rollout = self.rollout, versions = self.versions,
     timeouts = self.timeouts, transport = self.transport.NAME, headroom_bytes = self.recipe.memory.headroom_bytes,
-    step = step,
+    step = step, trace = self.publication_options.trace, serial = self.publication_options.serial,
   })
   return self.publication
 end
@@ -1199,10 +1202,10 @@ end
 --- first failure after everything was closed.
 ---@param recipe table
 ---@param options {signals: boolean?, on_open: fun(session: table)?, on_listen: fun(path: string)?,
----  report_file: file*?}?
----  signals = false installs no SIGINT/SIGTERM handler (an embedding host's session); on_open and
----  on_listen as in M.open; report_file: the run report's file (wsync.publish.report), written as the
----  run goes and closed at its end, also when it fails
+---  report_file: file*?, publication: table?}?
+---  signals = false installs no SIGINT/SIGTERM handler (an embedding host's session); on_open,
+---  on_listen and publication as in M.open; report_file: the run report's file (wsync.publish.report),
+---  written as the run goes and closed at its end, also when it fails
 function M.run(recipe, options)
   options = options or {}
   -- Ctrl-C or SIGTERM: fail-stop, leaving nothing behind, exit 128 + signal
@@ -1235,7 +1238,7 @@ function M.run(recipe, options)
     if options.on_open then
       options.on_open(created)
     end
-  end, on_listen = options.on_listen })
+  end, on_listen = options.on_listen, publication = options.publication })
   if not open_ok then
     -- (open closed everything it had started.)
     stop_signals()

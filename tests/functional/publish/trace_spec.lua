@@ -1,26 +1,20 @@
--- The publication trace (wsync.publish.publication.trace) that
--- tests/bench/cuda_publish.lua prints: per chunk, when its fill and its load
--- were asked for and answered, and their copies' own time; the demo run in
--- this process on the host backend.
+-- A publication's trace (its `trace` option) that tests/bench/cuda_publish.lua
+-- prints: per chunk, when its fill and its load were asked for and
+-- answered, and their copies' own time; the demo run in this process on the
+-- host backend, with the session's publication options.
 local process = require("tests.helpers.process")
-local publication = require("wsync.publish.publication")
 local recipe_module = require("wsync.recipe")
 local session = require("wsync.publish.session")
 
-local function demo()
+local function demo(publication)
   return process.in_coroutine(function()
-    return session.run(recipe_module.load("recipes/demo.lua"))
+    return session.run(recipe_module.load("recipes/demo.lua"), { publication = publication })
   end)
 end
 
-describe("wsync.publish.publication.trace", function()
-  after_each(function()
-    publication.trace, publication.serial = false, false
-  end)
-
+describe("a publication's trace option", function()
   it("gives each report every chunk's fill and load, asked before answered, in the pipeline's order", function()
-    publication.trace = true
-    local reports = demo()
+    local reports = demo({ trace = true })
     assert.are.equal(3, #reports)
     for _, report in ipairs(reports) do
       assert.are.equal(report.chunks, #report.trace)
@@ -40,9 +34,8 @@ describe("wsync.publish.publication.trace", function()
     end
   end)
 
-  it("with publication.serial, moves each chunk's fill and then its load, never at once", function()
-    publication.trace, publication.serial = true, true
-    local reports = demo()
+  it("with the serial option, moves each chunk's fill and then its load, never at once", function()
+    local reports = demo({ trace = true, serial = true })
     assert.are.equal(3, #reports)
     for _, report in ipairs(reports) do
       assert.are.equal(report.chunks, #report.trace)

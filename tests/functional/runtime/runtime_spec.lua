@@ -10,6 +10,7 @@ local loop = require("wsync.loop")
 local process = require("wsync._process")
 local protocol = require("wsync.control.protocol")
 local shm = require("wsync.native.shm")
+local subreaper = require("wsync.control.subreaper")
 
 local run_async = async.run_async
 local runtime_helper = require("tests.helpers.runtime")
@@ -376,6 +377,11 @@ describe("the reference runtime", function()
   end)
 
   it("refuses another protocol version at the first frame and exits", function()
+    -- (As a client does: the runtime's orphaned worker comes back here.)
+    local hold = subreaper.hold()
+    finally(function()
+      hold:release()
+    end)
     run_async(function()
       local pipe = uv.new_pipe(false)
       local exited = nil

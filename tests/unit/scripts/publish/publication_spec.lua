@@ -134,11 +134,13 @@ local function stand_ins(options)
   return ranks, rollout, log, gates
 end
 
-local function new(plan, ranks, rollout, versions)
+-- `options`: the context's trace and serial.
+local function new(plan, ranks, rollout, versions, options)
+  options = options or {}
   return publication_module.new({
     plan = plan, topology = { world = 2, tp = 2 }, ranks = ranks, rollout = rollout,
     versions = versions or versions_module.new(), timeouts = { start = 1, init = 1, fill = 1, verify = 1 },
-    transport = "shm", step = 1,
+    transport = "shm", step = 1, trace = options.trace, serial = options.serial,
   })
 end
 
@@ -189,6 +191,42 @@ describe("wsync.publish.publication", function()
         assert.is_true(at["start fill " .. (k + 2)] > at["end load " .. k], "buffer of chunk " .. k .. " refilled "
           .. "before its load ended")
       end
+    end)
+  end)
+
+  it("with serial, fills chunk k+1 only after chunk k loaded, and says that no phases overlap", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins({ delay = 5 })
+      local report = new(plan_of(3), ranks, rollout, nil, { serial = true }):run()
+      local moves = {}
+      for _, line in ipairs(log) do
+        local kind, k = line:match("^(%a+)#%d+ chunk (%d+)")
+        if kind then
+          moves[#moves + 1] = "start " .. kind .. " " .. k
+        elseif line:match("^end %a+ %d+$") then
+          moves[#moves + 1] = line
+        end
+      end
+      assert.are.same({ "start fill 1", "end fill 1", "start load 1", "end load 1", "start fill 2", "end fill 2",
+        "start load 2", "end load 2", "start fill 3", "end fill 3", "start load 3", "end load 3" }, moves)
+      assert.are.same({}, report.overlaps)
+      assert.is_nil(report.trace) -- (none kept unless asked for)
+    end)
+  end)
+
+  it("with trace, keeps each chunk's fill and load times in its report, and only its own", function()
+    async.run_async(function()
+      local ranks, rollout = stand_ins()
+      local traced = new(plan_of(2), ranks, rollout, nil, { trace = true }):run()
+      local plain_ranks, plain_rollout = stand_ins()
+      local plain = new(plan_of(2), plain_ranks, plain_rollout):run()
+      assert.are.equal(2, #traced.trace)
+      for k = 1, 2 do
+        assert.are.equal(0.002, traced.trace[k].fill[3]) -- (the slowest rank's copy)
+        assert.are.equal(0.003, traced.trace[k].load[3])
+      end
+      assert.is_nil(plain.trace)
+      assert.are_not.same({}, plain.overlaps)
     end)
   end)
 
