@@ -7,7 +7,9 @@ runtime does. Modules:
 - ``protocol``, ``server``: the framing and the serving end of wsync's control protocol;
 - ``runtime``: the runtime's state machine and commands (versions, headers, receipts,
   generation stamped with the committed version);
-- ``receipts``: per-worker receipts and their check;
+- ``contract``: the runtime contract, the checks of a header, the workers' receipts and a
+  finish answer (the twin of scripts/wsync/runtime/contract.lua, tested on the same cases);
+- ``receipts``: the receipt a TP worker builds;
 - ``engine``: the engine behind it, vLLM's ``LLM`` with wsync's worker extension;
 - ``extension``: the worker extension that runs inside each of vLLM's TP workers;
 - ``wire``: vLLM 0.26's packed IPC ``update_info``, for the ``native`` load mode;

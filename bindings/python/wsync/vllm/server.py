@@ -11,19 +11,22 @@ import sys
 import traceback
 from typing import Any, Callable, Optional
 
+from ..errors import WsyncError
 from . import protocol
 
 Handler = Callable[[dict[str, Any]], Optional[dict[str, Any]]]
 
 
-class Failure(Exception):
+class Failure(WsyncError):
     """A command failed. ``fatal``: this process can no longer be trusted (the host
     destroys its tree); otherwise only the command was refused. ``rank``: the TP rank
-    that failed, when one did."""
+    that failed, when one did. A WsyncError, as every exception of the package: its text
+    "MESSAGE (CODE)", its code ``code``."""
 
     def __init__(self, code: str, message: str, fatal: bool = False, rank: Optional[int] = None) -> None:
-        super().__init__(message)
+        super().__init__(f"{message} ({code})", "EFAILED")
         self.code, self.message, self.fatal, self.rank = code, message, fatal, rank
+        self.fields = {"fatal": fatal} if rank is None else {"fatal": fatal, "rank": rank}
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
