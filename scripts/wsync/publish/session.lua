@@ -14,13 +14,13 @@ local plan_module = require("wsync.plan")
 local publication_module = require("wsync.publish.publication")
 local ranks_module = require("wsync.publish.ranks")
 local report_module = require("wsync.publish.report")
+local resident_check_module = require("wsync.publish.resident_check")
 local rollout_module = require("wsync.publish.rollout")
 local transport_module = require("wsync.transport")
 local versions_module = require("wsync.publish.versions")
 local prepare_module = require("wsync.recipe.prepare")
 local schedule_module = require("wsync.plan.schedule")
 local timeouts_module = require("wsync.control.timeouts")
-local verify = require("wsync.publish.verify")
 local process = require("wsync._process")
 
 local M = {}
@@ -774,42 +774,6 @@ function Session:begin_round()
   return self.publication
 end
 
--- Runs `check(workers)` ({workers, tensors} checked) on every replica's
--- part of a resident-check answer; the counts of all.
-local function check_replicas(session, reported, check)
-  local verified = { workers = 0, tensors = 0 }
-  for _, workers in ipairs(session.rollout:by_replica(reported)) do
-    local one = check(workers)
-    verified.workers, verified.tensors = verified.workers + one.workers, verified.tensors + one.tensors
-  end
-  return verified
-end
-
--- The values check (wsync.plan.values): every rank's sums of its rows, for
--- every TP worker's resident tensors, against what the workers hold.
-local function check_values(session)
-  local plan, tp = session.plan, session.topology.tp
-  local payload = { family = plan.family, config = plan.config, tp = tp }
-  local ranks = session.ranks:all("values_sums", function()
-    return payload
-  end, session.timeouts.values_sums)
-  local by_rank = {}
-  for r, result in ipairs(ranks) do
-    by_rank[r] = result.workers
-  end
-  if not session.values_loaders then
-    local family = plan_module.family(plan.family)
-    session.values_loaders = {}
-    for w = 1, tp do
-      session.values_loaders[w] = family.loader_plan(plan.config, tp, w - 1)
-    end
-  end
-  -- (Every replica holds the same: each is checked against the same sums.)
-  return check_replicas(session, session.rollout:request("resident_values", {}), function(workers)
-    return require("wsync.plan.values").check(session.values_loaders, by_rank, workers)
-  end)
-end
-
 --- After the publication: checks resident slices when the recipe asks, runs
 --- the schedule steps after "publish", answers every rank. Returns the report.
 ---@param publication wsync.Publication
@@ -820,18 +784,10 @@ function Session:end_round(publication)
   self.report:add_publication(round, report, "ok", self.publish_where)
   local mode = require("wsync.recipe").verify_mode(self.recipe)
   if mode then
+    self.resident_check = self.resident_check or resident_check_module.new({ mode = mode, plan = self.plan,
+      tp = self.topology.tp, ranks = self.ranks, transport = self.transport, timeouts = self.timeouts })
     round.verified = report_module.timed(round, "resident_check", "check", function()
-      if mode == "values" then
-        return check_values(self)
-      elseif self.transport.check_synthetic then
-        -- On the device: every resident slice against the synthetic values
-        -- of the step (reading 61 GB back to the host is not a check one runs).
-        local reported = self.rollout:request("resident_check", { step = publication.step })
-        return verify.check_on_device(publication.step, reported.workers)
-      end
-      return check_replicas(self, self.rollout:request("resident_checksums", {}), function(workers)
-        return verify.check(self.plan, self.topology.tp, publication.step, workers)
-      end)
+      return self.resident_check:check(self.rollout, publication.step)
     end)
     report.verified = round.verified
   end
