@@ -239,7 +239,12 @@ end
 ---@param parent string
 ---@return string[]
 function M.remove_files(pids, parent)
-  local removed = require("wsync.transport.shm").remove_leftovers({}, pids)
+  local removed = {}
+  for _, transport in ipairs(require("wsync.transport").with("named_leftovers")) do
+    for _, path in ipairs((transport.remove_leftovers({}, pids))) do
+      removed[#removed + 1] = path
+    end
+  end
   for entry, pid in require("wsync.util").named_entries(parent, "^wsync%-(%d+)%-%w%w%w%w%w%w$") do
     local path = parent .. "/" .. entry
     if pids[pid] then

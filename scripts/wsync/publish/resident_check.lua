@@ -7,7 +7,7 @@
 ---   holds (`resident_values`), and the sums must agree
 ---   (wsync.plan.values).
 --- - synthetic values on the device: where the transport can check a slice
----   on the device (`check_synthetic`), each worker checks every resident
+---   on the device (its capability `device_check`), each worker checks every resident
 ---   slice against the step's synthetic values (`resident_check`), with no
 ---   copy to the host (61 GB is not read back for a check).
 --- - synthetic checksums: each worker's SHA-256 of every resident tensor
@@ -86,7 +86,7 @@ end
 function Check:check(rollout, step)
   if self.mode == "values" then
     return self:_values(rollout)
-  elseif self.transport.check_synthetic then
+  elseif require("wsync.transport").can(self.transport, "device_check") then
     local reported = rollout:request("resident_check", { step = step })
     return verify.check_on_device(step, reported.workers)
   end

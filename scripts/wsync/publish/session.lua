@@ -424,9 +424,11 @@ end
 local function listen(session)
   -- (Segments of this user's processes that died with SIGKILL hold memory
   -- until someone removes them: a host does, as it does their directories.)
-  require("wsync.transport.shm").remove_dead_segments(function(line)
-    say("%s", line)
-  end)
+  for _, transport in ipairs(transport_module.with("named_leftovers")) do
+    transport.remove_dead_segments(function(line)
+      say("%s", line)
+    end)
+  end
   -- (A token the recipe gives stays where it is: the ranks read it there
   -- too. One the host draws is printed.)
   local token, token_place, field = require("wsync.recipe").control_token(session.recipe)

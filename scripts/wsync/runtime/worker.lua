@@ -213,7 +213,7 @@ function Worker:init_weights(payload)
   self.imported = imported
   if payload.gate ~= nil then
     -- (Chunks ordered on the device: the rank's gate, wsync.transport.cuda_ipc.)
-    if not self.transport.import_gate then
+    if not transport_module.can(self.transport, "gates") then
       fatal("TRANSPORT", string.format("TP worker %d: the %s transport cannot order chunks on the device", self.rank,
         self.transport.NAME))
     end
@@ -474,7 +474,7 @@ function Worker:resident_check(payload)
   if not self.plan or not self.weights then
     refuse("no resident weights to check (not initialized, or asleep)")
   end
-  if not self.transport.check_synthetic then
+  if not transport_module.can(self.transport, "device_check") then
     refuse(string.format("the %s transport checks resident weights on the host (resident_checksums)",
       self.transport.NAME))
   end

@@ -399,7 +399,7 @@ function Agent:_init_buffers(payload)
   if payload.direct then
     return self:_export_storage()
   end
-  if payload.gate and not self.transport.gate_descriptor then
+  if payload.gate and not transport_module.can(self.transport, "gates") then
     refuse(self, "AGENT_STATE", "init", "the " .. self.transport.NAME .. " transport cannot order chunks on the device")
   end
   local own, message, code = self.transport.create(payload.count, payload.bytes,
@@ -415,7 +415,7 @@ end
 -- The direct path (one rank): no packed buffers; the rank's own storage is
 -- exported for the TP worker to read, with where each tensor lies in it.
 function Agent:_export_storage()
-  if not self.transport.export_memories then
+  if not transport_module.can(self.transport, "direct") then
     refuse(self, "AGENT_STATE", "init", "the " .. self.transport.NAME .. " transport has no direct path")
   end
   local names, offsets, code = self.transport.export_memories(self.memories, self.device_index)

@@ -104,7 +104,7 @@ end
 ---@param version integer
 ---@param transport table?  the backend's transport (wsync.transport)
 function M.generate(shards, version, transport)
-  if transport and transport.fill_synthetic then
+  if transport and transport_module.can(transport, "device_check") then
     if not shards.ops then
       shards.ops = {}
       for _, shard in ipairs(shards.tensors) do

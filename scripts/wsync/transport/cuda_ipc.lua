@@ -34,6 +34,11 @@ local M = {}
 --- The name a publication header gives this transport.
 M.NAME = "cuda_ipc"
 
+--- What it has beyond the interface (wsync.transport.CAPABILITIES): chunks
+--- ordered on the device through gates, the direct path from a trainer's own
+--- storage, synthetic values filled and checked on the device.
+M.CAPABILITIES = { gates = true, direct = true, device_check = true }
+
 local cuda_module, cuda_reason = nil, nil
 
 -- wsync._cuda, or raises naming why this build or machine has none.

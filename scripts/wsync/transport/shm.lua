@@ -37,6 +37,10 @@ local M = {}
 --- The name a publication header gives this transport.
 M.NAME = "shm"
 
+--- What it has beyond the interface (wsync.transport.CAPABILITIES): names in
+--- /dev/shm that a process killed with SIGKILL leaves behind.
+M.CAPABILITIES = { named_leftovers = true }
+
 -- True for a list of memories (resident parameters of another engine), as
 -- opposed to one memory.
 local function is_list(memory)

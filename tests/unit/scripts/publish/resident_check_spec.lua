@@ -68,7 +68,7 @@ describe("wsync.publish.resident_check", function()
   end)
 
   it("checks synthetic values on the device where the transport can", function()
-    local check = check_with(true, { check_synthetic = function() end })
+    local check = check_with(true, { CAPABILITIES = { device_check = true }, check_synthetic = function() end })
     local runtime = rollout(1, { resident_check = { workers = {
       { ops = 3, checked = 30, mismatches = 0 }, { ops = 2, checked = 20, mismatches = 0 } } } })
     assert.are.same({ workers = 2, slices = 5, elements = 50 }, check:check(runtime, 7))
@@ -76,7 +76,7 @@ describe("wsync.publish.resident_check", function()
   end)
 
   it("passes on the device check's refusal, naming the worker", function()
-    local check = check_with(true, { check_synthetic = function() end })
+    local check = check_with(true, { CAPABILITIES = { device_check = true }, check_synthetic = function() end })
     local runtime = rollout(1, { resident_check = { workers = {
       { ops = 3, checked = 30, mismatches = 0 }, { ops = 2, checked = 20, mismatches = 4, op = 1, element = 9 } } } })
     local ok, err = pcall(check.check, check, runtime, 7)
