@@ -52,11 +52,10 @@ int ws_shm_create(size_t size, ws_shm **out) {
     free(shm);
     return ws_fail(WS_ESYS, "shm: getrandom: %s", strerror(errno));
   }
-  int used = snprintf(shm->name, sizeof shm->name, "/wsync-%ld-",
-                      (long)getpid());
-  for (size_t i = 0; i < sizeof random_bytes; i++)
-    used += snprintf(shm->name + used, sizeof shm->name - used, "%02x",
-                     random_bytes[i]);
+  char random_hex[2 * sizeof random_bytes + 1];
+  ws_hex_encode(random_bytes, sizeof random_bytes, random_hex);
+  snprintf(shm->name, sizeof shm->name, "/wsync-%ld-%s", (long)getpid(),
+           random_hex);
   shm->size = size;
   shm->owner = 1;
 

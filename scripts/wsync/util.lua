@@ -80,21 +80,12 @@ function M.leftovers(parent, pattern)
   end
 end
 
---- `bytes` (a string) in lowercase hexadecimal.
----@param bytes string
----@return string
-function M.hex(bytes)
-  return (bytes:gsub(".", function(c)
-    return string.format("%02x", c:byte())
-  end))
-end
-
 --- `count` random bytes from the kernel, in lowercase hexadecimal: tokens,
 --- publication ids, marks.
 ---@param count integer
 ---@return string
 function M.random_hex(count)
-  return M.hex(uv.random(count))
+  return require("wsync.native.digest").hex(uv.random(count))
 end
 
 --- The keys of `map`, sorted.

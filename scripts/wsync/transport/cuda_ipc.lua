@@ -50,13 +50,8 @@ local function cuda()
   return module
 end
 
-local hex = require("wsync.util").hex
-
-local function unhex(text)
-  return (text:gsub("%x%x", function(pair)
-    return string.char(tonumber(pair, 16))
-  end))
-end
+local hex = require("wsync.native.digest").hex
+local unhex = require("wsync.native.digest").unhex
 
 -- A stream per device, made once per process.
 local streams = {}
