@@ -20,26 +20,25 @@ static void check_range(lua_State *L, ws_shm *shm, lua_Number offset,
                offset + length, size);
 }
 
-// _shm.create(bytes) -> buffer | nil, message, CODE
-static int shm_create(lua_State *L) {
+// Pushes a new buffer of the size at argument 1, made by `create`: the buffer
+// or nil, message, CODE.
+static int push_created(lua_State *L,
+                        int (*create)(size_t size, ws_shm **out)) {
   lua_Number size = luaL_checknumber(L, 1);
   if (size < 1 || size != (lua_Number)(size_t)size)
     luaL_argerror(L, 1, "size must be a positive integer");
   ws_lua_push_box(L, shm_class, NULL); // first: its allocation may raise
   ws_shm *shm = NULL;
-  int status = ws_shm_create((size_t)size, &shm);
+  int status = create((size_t)size, &shm);
   return ws_lua_fill_box(L, status, shm);
 }
 
+// _shm.create(bytes) -> buffer | nil, message, CODE
+static int shm_create(lua_State *L) { return push_created(L, ws_shm_create); }
+
 // _shm.anonymous(bytes) -> buffer | nil, message, CODE (private memory)
 static int shm_anonymous(lua_State *L) {
-  lua_Number size = luaL_checknumber(L, 1);
-  if (size < 1 || size != (lua_Number)(size_t)size)
-    luaL_argerror(L, 1, "size must be a positive integer");
-  ws_lua_push_box(L, shm_class, NULL); // first: its allocation may raise
-  ws_shm *shm = NULL;
-  int status = ws_shm_create_anonymous((size_t)size, &shm);
-  return ws_lua_fill_box(L, status, shm);
+  return push_created(L, ws_shm_create_anonymous);
 }
 
 static size_t check_size(lua_State *L, int index) {
