@@ -88,6 +88,22 @@ function M.random_hex(count)
   return require("wsync.native.digest").hex(uv.random(count))
 end
 
+--- Request handlers (the `handlers` of wsync.control.server and peer) that
+--- forward to `object`'s methods: the handler of command `name` returns
+--- `methods[name](object, payload)`.
+---@param object table
+---@param methods table<string, fun(self: table, payload: table): table>
+---@return table<string, fun(payload: table): table>
+function M.method_handlers(object, methods)
+  local handlers = {}
+  for name, method in pairs(methods) do
+    handlers[name] = function(payload)
+      return method(object, payload)
+    end
+  end
+  return handlers
+end
+
 --- The keys of `map`, sorted.
 ---@param map table
 ---@return any[]

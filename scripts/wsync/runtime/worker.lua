@@ -778,61 +778,30 @@ function M.main(options)
     errors.raise("RUNTIME_START", string.format("TP worker %d: dummy weights: %s", self.rank, tostring(reason)))
   end
 
-  local handlers = {
-    info = function()
-      return self:info()
-    end,
-    sleep = function(payload)
-      return self:sleep(payload)
-    end,
-    wake = function(payload)
-      return self:wake(payload)
-    end,
-    checksum = function()
-      return self:checksum()
-    end,
-    init_weights = function(payload)
-      return self:init_weights(payload)
-    end,
-    start_update = function(payload)
-      return self:start_update(payload)
-    end,
-    load_chunk = function(payload)
-      return self:load_chunk(payload)
-    end,
-    finish_update = function(payload)
-      return self:finish_update(payload)
-    end,
-    resident_checksums = function()
-      return self:resident_checksums()
-    end,
-    resident_check = function(payload)
-      return self:resident_check(payload)
-    end,
-    resident_values = function()
-      return self:resident_values()
-    end,
-    weights_digest = function()
-      return self:weights_digest()
-    end,
-    process_memory = function()
-      return util.memory_usage()
-    end,
-    release = function()
-      -- Buffers stay mapped (policy "keep"); nothing reads them now.
-      if self.update then
-        refuse("release during an update")
-      end
-      return { rank = self.rank, mapped = #(self.imported or {}) }
-    end,
-    shutdown = function()
-      self.server.after_answer = function()
-        self:release_all()
-        self.server:close_after_flush()
-      end
-      return {}
-    end,
-  }
+  local handlers = util.method_handlers(self, {
+    info = Worker.info, sleep = Worker.sleep, wake = Worker.wake, checksum = Worker.checksum,
+    init_weights = Worker.init_weights, start_update = Worker.start_update, load_chunk = Worker.load_chunk,
+    finish_update = Worker.finish_update, resident_checksums = Worker.resident_checksums,
+    resident_check = Worker.resident_check, resident_values = Worker.resident_values,
+    weights_digest = Worker.weights_digest,
+  })
+  handlers.process_memory = function()
+    return util.memory_usage()
+  end
+  handlers.release = function()
+    -- Buffers stay mapped (policy "keep"); nothing reads them now.
+    if self.update then
+      refuse("release during an update")
+    end
+    return { rank = self.rank, mapped = #(self.imported or {}) }
+  end
+  handlers.shutdown = function()
+    self.server.after_answer = function()
+      self:release_all()
+      self.server:close_after_flush()
+    end
+    return {}
+  end
   self.server = server_module.serve({
     name = string.format("TP worker %d", self.rank),
     -- No polling after an answer: the TP workers answer one main process at
