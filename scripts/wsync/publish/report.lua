@@ -252,13 +252,7 @@ function M.round_json(round)
   for _, extra in ipairs({ "total", "fill_copy", "load_copy", "commit" }) do
     timings[extra] = or_null(round.timings and round.timings[extra])
   end
-  local error_json = null
-  if round.error then
-    error_json = {}
-    for key, value in pairs(round.error) do
-      error_json[key] = value
-    end
-  end
+  local error_json = round.error and util.merged(round.error) or null
   local overlaps = util.json_array({})
   for index, overlap in ipairs(round.overlaps or {}) do
     overlaps[index] = { phases = util.json_array({ unpack(overlap.phases) }), within = overlap.within,
