@@ -104,6 +104,18 @@ function M.method_handlers(object, methods)
   return handlers
 end
 
+--- The value at `key` of every table in `list`, in the list's order.
+---@param list table[]
+---@param key any
+---@return any[]
+function M.field_values(list, key)
+  local values = {}
+  for index, item in ipairs(list) do
+    values[index] = item[key]
+  end
+  return values
+end
+
 --- The keys of `map`, sorted.
 ---@param map table
 ---@return any[]
