@@ -88,18 +88,26 @@ function M.random_hex(count)
   return require("wsync.native.digest").hex(uv.random(count))
 end
 
+--- `method` bound to `object`: a function that returns method(object, ...).
+---@param object table
+---@param method function
+---@return function
+function M.bind(object, method)
+  return function(...)
+    return method(object, ...)
+  end
+end
+
 --- Request handlers (the `handlers` of wsync.control.server and peer) that
 --- forward to `object`'s methods: the handler of command `name` returns
---- `methods[name](object, payload)`.
+--- `methods[name](object, payload, ...)`.
 ---@param object table
 ---@param methods table<string, fun(self: table, payload: table): table>
 ---@return table<string, fun(payload: table): table>
 function M.method_handlers(object, methods)
   local handlers = {}
   for name, method in pairs(methods) do
-    handlers[name] = function(payload)
-      return method(object, payload)
-    end
+    handlers[name] = M.bind(object, method)
   end
   return handlers
 end
