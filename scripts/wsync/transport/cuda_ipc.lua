@@ -466,11 +466,7 @@ function M.import_gate(descriptor, context)
 end
 
 --- Unmaps imported buffers (the last mapping of one closes its IPC handle).
-function M.close_imported(imported)
-  for _, mapping in pairs(imported or {}) do
-    mapping:close()
-  end
-end
+M.close_imported = require("wsync.transport").close_imported
 
 --- A chunk's loads for one TP worker, planned once: copies from `buffer`
 --- (imported) into `resident`, `{target_offset, source_offset, rows, width,
