@@ -992,11 +992,8 @@ static int launch_synth(ws_cuda_synth_plan *plan, uint32_t version,
                         ws_cuda_stream *stream, int check) {
   ws_clear_error();
   void *raw = NULL;
-  int status = ws_cuda_stream_for(stream, plan->device, &raw);
-  if (status != WS_OK)
-    return status;
   int previous = 0;
-  status = ws_cuda_enter(plan->device, &previous);
+  int status = ws_cuda_enter_stream(stream, plan->device, &raw, &previous);
   if (status != WS_OK)
     return status;
   ws_cuda_check_state *state = plan->memory;
