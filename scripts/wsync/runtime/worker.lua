@@ -353,16 +353,21 @@ function Worker:_plan_chunk(k, tensors)
   return chunk
 end
 
+-- The update in progress; without one, fails NOT_UPDATING with `refusal`.
+function Worker:_update(refusal)
+  if not self.update then
+    fatal("NOT_UPDATING", refusal)
+  end
+  return self.update
+end
+
 --- load_chunk{chunk, buffer, tensors}: copies this rank's TP slice of every
 --- canonical tensor of the chunk from the packed buffer into resident storage,
 --- in one transport call. `tensors` comes with a chunk's first load after
 --- init_weights; the chunk's plan is made from it then and kept by chunk
 --- number, and later loads omit it.
 function Worker:load_chunk(payload)
-  local update = self.update
-  if not update then
-    fatal("NOT_UPDATING", "load_chunk outside start_update/finish_update")
-  end
+  local update = self:_update("load_chunk outside start_update/finish_update")
   local buffer = self.imported[payload.buffer]
   if not buffer then
     fatal("NO_BUFFER", string.format("load_chunk names buffer %s; %d are mapped", tostring(payload.buffer),
@@ -423,10 +428,7 @@ end
 --- this worker's receipt, made from the header this worker got at
 --- start_update (the request must name the same publication).
 function Worker:finish_update(payload)
-  local update = self.update
-  if not update then
-    fatal("NOT_UPDATING", "finish_update without start_update")
-  end
+  local update = self:_update("finish_update without start_update")
   local header = update.header or {}
   if payload.publication_id ~= header.publication_id or payload.model_version ~= header.model_version then
     fatal("WRONG_PUBLICATION", string.format("finish_update for publication %s version %s; this worker is updating "
@@ -462,18 +464,24 @@ function Worker:finish_update(payload)
   }
 end
 
+-- Refuses to `action` ("check") the resident weights unless this worker holds
+-- them itself: planned, awake, not the engine's parameters.
+function Worker:_own_residents(action)
+  if self.external then
+    refuse("the resident tensors are the engine's parameters: this worker does not read them back")
+  end
+  if not self.plan or not self.weights then
+    refuse(string.format("no resident weights to %s (not initialized, or asleep)", action))
+  end
+end
+
 --- resident_check{step}: checks every resident slice that a chunk filled
 --- against wsync's synthetic values of trainer step `step`, on the device
 --- where the transport can (the synthetic trainer's values; for checks of
 --- models too large to read back). Returns {rank, checked, mismatches, op?,
 --- element?}.
 function Worker:resident_check(payload)
-  if self.external then
-    refuse("the resident tensors are the engine's parameters: this worker does not read them back")
-  end
-  if not self.plan or not self.weights then
-    refuse("no resident weights to check (not initialized, or asleep)")
-  end
+  self:_own_residents("check")
   if not self.transport.check_synthetic then
     refuse(string.format("the %s transport checks resident weights on the host (resident_checksums)",
       self.transport.NAME))
@@ -522,12 +530,7 @@ end
 
 --- resident_checksums{}: SHA-256 of every resident tensor, by name.
 function Worker:resident_checksums()
-  if self.external then
-    refuse("the resident tensors are the engine's parameters: this worker does not read them back")
-  end
-  if not self.plan or not self.weights then
-    refuse("no resident weights to checksum (not initialized, or asleep)")
-  end
+  self:_own_residents("checksum")
   local sums = {}
   for _, tensor in ipairs(self.plan.tensors) do
     local sum, message = self.transport.checksum(self.weights, tensor.offset, tensor.bytes)
