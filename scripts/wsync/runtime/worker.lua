@@ -293,7 +293,7 @@ function Worker:_plan_chunk(k, tensors)
   if not segment then
     fatal("MANIFEST", string.format("TP worker %d: %s", self.rank, tostring(message)))
   end
-  local ok, err = pcall(function()
+  manifest_module.fill_segment(segment, function()
     for _, tensor in ipairs(tensors) do
       if type(tensor) ~= "table" or type(tensor.name) ~= "string" or type(tensor.offset) ~= "number"
           or type(tensor.bytes) ~= "number" then
@@ -335,10 +335,6 @@ function Worker:_plan_chunk(k, tensors)
       end
     end
   end)
-  if not ok then
-    segment:close()
-    error(err, 0)
-  end
   -- (A tensor that names its `buffer` is read from that imported memory: the
   -- direct path, where the memories are the trainer's storage.)
   local direct = tensors[1] ~= nil and tensors[1].buffer ~= nil

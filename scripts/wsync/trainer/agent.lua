@@ -510,7 +510,7 @@ end
 -- transport's own plan is made at the first fill (M._fill).
 function Agent:_plan_fill(k, slots)
   local spans, roots, segment = {}, {}, assert(manifest_module.segment())
-  local ok, err = pcall(function()
+  manifest_module.fill_segment(segment, function()
     for _, slot in ipairs(slots) do
       if type(slot) ~= "table" or type(slot.name) ~= "string" or type(slot.offset) ~= "number" or slot.offset < 0
           or slot.offset % 1 ~= 0 then
@@ -565,10 +565,6 @@ function Agent:_plan_fill(k, slots)
       end
     end
   end)
-  if not ok then
-    segment:close()
-    error(err, 0)
-  end
   local fill = { spans = spans, roots = roots, segment = segment, tensors = #slots }
   self.fill_plans[k], self.fill_segments[k] = fill, segment
   self.digests:clear()
