@@ -158,15 +158,16 @@ static int release_box(lua_State *L) {
   return ws_lua_push_ok(L, info->release(ws_lua_take_box(L, 1, info->name)));
 }
 
-// __gc: releases what close() did not; raises nothing.
+// __gc: releases what close() did not; raises nothing, and does nothing for
+// a closed box (not even clear the thread's error detail).
 static int collect_box(lua_State *L) {
   const ws_lua_class *info = class_of(L);
   void **box = lua_touserdata(L, 1);
   void *object = *box;
   *box = NULL;
-  if (info->collect != NULL)
+  if (object != NULL && info->collect != NULL)
     info->collect(object);
-  else
+  else if (object != NULL)
     info->release(object);
   return 0;
 }
