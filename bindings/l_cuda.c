@@ -377,26 +377,31 @@ static uint32_t check_word(lua_State *L, int index) {
   return (uint32_t)value;
 }
 
-// stream:wait_value(region, offset, value) -> true | nil, message, CODE
-// (queued: the device waits until the word reaches `value`, cyclically)
-static int stream_wait_value(lua_State *L) {
+// Queues `operation` (a wait for or a write of a word) on the stream at 1 for
+// the word at (region 2, offset 3) and the value at 4: true | nil, message,
+// CODE.
+static int queue_word(lua_State *L,
+                      int (*operation)(ws_cuda_stream *stream,
+                                       const ws_cuda_region *region,
+                                       uint64_t offset, uint32_t value)) {
   ws_cuda_stream *stream = ws_lua_check_box(L, 1, stream_class);
   ws_cuda_region region;
   ws_lua_check_cuda_region(L, 2, &region);
   uint64_t offset = ws_lua_check_count(L, 3);
-  return ws_lua_push_ok(
-      L, ws_cuda_stream_wait_value(stream, &region, offset, check_word(L, 4)));
+  uint32_t value = check_word(L, 4);
+  return ws_lua_push_ok(L, operation(stream, &region, offset, value));
+}
+
+// stream:wait_value(region, offset, value) -> true | nil, message, CODE
+// (queued: the device waits until the word reaches `value`, cyclically)
+static int stream_wait_value(lua_State *L) {
+  return queue_word(L, ws_cuda_stream_wait_value);
 }
 
 // stream:write_value(region, offset, value) -> true | nil, message, CODE
 // (queued: written once the work before it finished)
 static int stream_write_value(lua_State *L) {
-  ws_cuda_stream *stream = ws_lua_check_box(L, 1, stream_class);
-  ws_cuda_region region;
-  ws_lua_check_cuda_region(L, 2, &region);
-  uint64_t offset = ws_lua_check_count(L, 3);
-  return ws_lua_push_ok(
-      L, ws_cuda_stream_write_value(stream, &region, offset, check_word(L, 4)));
+  return queue_word(L, ws_cuda_stream_write_value);
 }
 
 // stream:device() -> index
@@ -640,20 +645,24 @@ static uint32_t check_version(lua_State *L, int index) {
   return (uint32_t)version;
 }
 
-// plan:fill(version[, stream]) -> true | nil, message, CODE (queued)
-static int synth_plan_fill(lua_State *L) {
+// Queues `launch` (a fill or a check) of the synthetic plan at 1 at the
+// version at 2 on the stream at 3: true | nil, message, CODE.
+static int queue_synth(lua_State *L,
+                       int (*launch)(ws_cuda_synth_plan *plan, uint32_t version,
+                                     ws_cuda_stream *stream)) {
   ws_cuda_synth_plan *plan = ws_lua_check_box(L, 1, synth_plan_class);
   uint32_t version = check_version(L, 2);
-  return ws_lua_push_ok(
-      L, ws_cuda_synth_plan_fill(plan, version, ws_lua_opt_cuda_stream(L, 3)));
+  return ws_lua_push_ok(L, launch(plan, version, ws_lua_opt_cuda_stream(L, 3)));
+}
+
+// plan:fill(version[, stream]) -> true | nil, message, CODE (queued)
+static int synth_plan_fill(lua_State *L) {
+  return queue_synth(L, ws_cuda_synth_plan_fill);
 }
 
 // plan:check(version[, stream]) -> true | nil, message, CODE (queued)
 static int synth_plan_check(lua_State *L) {
-  ws_cuda_synth_plan *plan = ws_lua_check_box(L, 1, synth_plan_class);
-  uint32_t version = check_version(L, 2);
-  return ws_lua_push_ok(
-      L, ws_cuda_synth_plan_check(plan, version, ws_lua_opt_cuda_stream(L, 3)));
+  return queue_synth(L, ws_cuda_synth_plan_check);
 }
 
 // plan:result() -> {mismatches, op (from 1), element} | nil, message, CODE;
