@@ -40,8 +40,7 @@ int luaopen_wsync_core(lua_State *L) {
       {"status_message", core_status_message},
       {NULL, NULL},
   };
-  lua_newtable(L);
-  luaL_register(L, NULL, functions);
+  ws_lua_new_module(L, functions); // [module]
   lua_pushstring(L, WSYNC_VERSION);
   lua_setfield(L, -2, "version");
   push_status_codes(L);

@@ -20,13 +20,6 @@ static const char synth_plan_class[] = "wsync.cuda.synth_plan";
 
 static const lua_Number exact_limit = 9007199254740992.0; // 2^53
 
-static int push_true_or_failure(lua_State *L, int status) {
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
 static int is_count(lua_Number value) {
   return value >= 0 && value <= exact_limit && value == floor(value);
 }
@@ -219,7 +212,7 @@ static int cuda_write(lua_State *L) {
   size_t length = 0;
   const char *bytes = luaL_checklstring(L, 3, &length);
   ws_cuda_stream *stream = ws_lua_opt_cuda_stream(L, 4);
-  return push_true_or_failure(
+  return ws_lua_push_ok(
       L, ws_cuda_write(&region, offset, bytes, length, stream));
 }
 
@@ -252,7 +245,7 @@ static int cuda_fill(lua_State *L) {
   if (value < 0 || value > 255)
     luaL_argerror(L, 4, "expected a byte value 0..255");
   ws_cuda_stream *stream = ws_lua_opt_cuda_stream(L, 5);
-  return push_true_or_failure(
+  return ws_lua_push_ok(
       L, ws_cuda_memset(&region, offset, length, (int)value, stream));
 }
 
@@ -266,7 +259,7 @@ static int cuda_memcpy(lua_State *L) {
   uint64_t source_offset = ws_lua_check_count(L, 4);
   uint64_t length = ws_lua_check_count(L, 5);
   ws_cuda_stream *stream = ws_lua_opt_cuda_stream(L, 6);
-  return push_true_or_failure(L, ws_cuda_memcpy(&target, target_offset, &source,
+  return ws_lua_push_ok(L, ws_cuda_memcpy(&target, target_offset, &source,
                                                 source_offset, length, stream));
 }
 
@@ -314,32 +307,18 @@ static int cuda_export_region(lua_State *L) {
   return 3;
 }
 
-// buffer:close() -> true | nil, message, CODE
-static int buffer_close(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, buffer_class);
-  ws_cuda_buffer *buffer = *slot;
-  *slot = NULL;
-  return push_true_or_failure(L, ws_cuda_buffer_close(buffer));
+// "BYTES bytes on device INDEX", after a buffer's or a mapping's class name.
+static void describe_region(lua_State *L, const ws_cuda_region *region) {
+  lua_pushfstring(L, "%f bytes on device %d", (lua_Number)region->size,
+                  (int)region->device);
 }
 
-static int buffer_gc(lua_State *L) {
-  void **slot = lua_touserdata(L, 1);
-  ws_cuda_buffer_close(*slot);
-  *slot = NULL;
-  return 0;
-}
+static int close_buffer(void *buffer) { return ws_cuda_buffer_close(buffer); }
 
-static int buffer_tostring(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, buffer_class);
-  if (*slot == NULL) {
-    lua_pushstring(L, "wsync.cuda.buffer (closed)");
-    return 1;
-  }
+static void describe_buffer(lua_State *L, void *buffer) {
   ws_cuda_region region;
-  ws_cuda_buffer_region(*slot, &region);
-  lua_pushfstring(L, "wsync.cuda.buffer %f bytes on device %d",
-                  (lua_Number)region.size, (int)region.device);
-  return 1;
+  ws_cuda_buffer_region(buffer, &region);
+  describe_region(L, &region);
 }
 
 // ---------------------------------------------------------------------------
@@ -362,32 +341,14 @@ static int cuda_import(lua_State *L) {
   return ws_lua_fill_box(L, status, mapping);
 }
 
-// mapping:close() -> true | nil, message, CODE
-static int mapping_close(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, mapping_class);
-  ws_cuda_mapping *mapping = *slot;
-  *slot = NULL;
-  return push_true_or_failure(L, ws_cuda_mapping_close(mapping));
+static int close_mapping(void *mapping) {
+  return ws_cuda_mapping_close(mapping);
 }
 
-static int mapping_gc(lua_State *L) {
-  void **slot = lua_touserdata(L, 1);
-  ws_cuda_mapping_close(*slot);
-  *slot = NULL;
-  return 0;
-}
-
-static int mapping_tostring(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, mapping_class);
-  if (*slot == NULL) {
-    lua_pushstring(L, "wsync.cuda.mapping (closed)");
-    return 1;
-  }
+static void describe_mapping(lua_State *L, void *mapping) {
   ws_cuda_region region;
-  ws_cuda_mapping_region(*slot, &region);
-  lua_pushfstring(L, "wsync.cuda.mapping %f bytes on device %d",
-                  (lua_Number)region.size, (int)region.device);
-  return 1;
+  ws_cuda_mapping_region(mapping, &region);
+  describe_region(L, &region);
 }
 
 // ---------------------------------------------------------------------------
@@ -404,7 +365,7 @@ static int cuda_stream(lua_State *L) {
 
 // stream:synchronize() -> true | nil, message, CODE (blocks, no spinning)
 static int stream_synchronize(lua_State *L) {
-  return push_true_or_failure(
+  return ws_lua_push_ok(
       L, ws_cuda_stream_synchronize(ws_lua_check_box(L, 1, stream_class)));
 }
 
@@ -416,26 +377,31 @@ static uint32_t check_word(lua_State *L, int index) {
   return (uint32_t)value;
 }
 
-// stream:wait_value(region, offset, value) -> true | nil, message, CODE
-// (queued: the device waits until the word reaches `value`, cyclically)
-static int stream_wait_value(lua_State *L) {
+// Queues `operation` (a wait for or a write of a word) on the stream at 1 for
+// the word at (region 2, offset 3) and the value at 4: true | nil, message,
+// CODE.
+static int queue_word(lua_State *L,
+                      int (*operation)(ws_cuda_stream *stream,
+                                       const ws_cuda_region *region,
+                                       uint64_t offset, uint32_t value)) {
   ws_cuda_stream *stream = ws_lua_check_box(L, 1, stream_class);
   ws_cuda_region region;
   ws_lua_check_cuda_region(L, 2, &region);
   uint64_t offset = ws_lua_check_count(L, 3);
-  return push_true_or_failure(
-      L, ws_cuda_stream_wait_value(stream, &region, offset, check_word(L, 4)));
+  uint32_t value = check_word(L, 4);
+  return ws_lua_push_ok(L, operation(stream, &region, offset, value));
+}
+
+// stream:wait_value(region, offset, value) -> true | nil, message, CODE
+// (queued: the device waits until the word reaches `value`, cyclically)
+static int stream_wait_value(lua_State *L) {
+  return queue_word(L, ws_cuda_stream_wait_value);
 }
 
 // stream:write_value(region, offset, value) -> true | nil, message, CODE
 // (queued: written once the work before it finished)
 static int stream_write_value(lua_State *L) {
-  ws_cuda_stream *stream = ws_lua_check_box(L, 1, stream_class);
-  ws_cuda_region region;
-  ws_lua_check_cuda_region(L, 2, &region);
-  uint64_t offset = ws_lua_check_count(L, 3);
-  return push_true_or_failure(
-      L, ws_cuda_stream_write_value(stream, &region, offset, check_word(L, 4)));
+  return queue_word(L, ws_cuda_stream_write_value);
 }
 
 // stream:device() -> index
@@ -445,29 +411,12 @@ static int stream_device(lua_State *L) {
   return 1;
 }
 
-// stream:close() -> true | nil, message, CODE
-static int stream_close(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, stream_class);
-  ws_cuda_stream *stream = *slot;
-  *slot = NULL;
-  return push_true_or_failure(L, ws_cuda_stream_destroy(stream));
+static int destroy_stream(void *stream) {
+  return ws_cuda_stream_destroy(stream);
 }
 
-static int stream_gc(lua_State *L) {
-  void **slot = lua_touserdata(L, 1);
-  ws_cuda_stream_destroy(*slot);
-  *slot = NULL;
-  return 0;
-}
-
-static int stream_tostring(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, stream_class);
-  if (*slot == NULL)
-    lua_pushstring(L, "wsync.cuda.stream (closed)");
-  else
-    lua_pushfstring(L, "wsync.cuda.stream on device %d",
-                    ws_cuda_stream_device(*slot));
-  return 1;
+static void describe_stream(lua_State *L, void *stream) {
+  lua_pushfstring(L, "on device %d", ws_cuda_stream_device(stream));
 }
 
 // _cuda.event(device[, timing]) -> event | nil, message, CODE
@@ -483,7 +432,7 @@ static int cuda_event(lua_State *L) {
 // event:record([stream]) -> true | nil, message, CODE
 static int event_record(lua_State *L) {
   ws_cuda_event *event = ws_lua_check_box(L, 1, event_class);
-  return push_true_or_failure(
+  return ws_lua_push_ok(
       L, ws_cuda_event_record(event, ws_lua_opt_cuda_stream(L, 2)));
 }
 
@@ -491,15 +440,12 @@ static int event_record(lua_State *L) {
 static int event_query(lua_State *L) {
   int done = 0;
   int status = ws_cuda_event_query(ws_lua_check_box(L, 1, event_class), &done);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushboolean(L, done);
-  return 1;
+  return ws_lua_push_boolean_result(L, status, done);
 }
 
 // event:synchronize() -> true | nil, message, CODE (blocks, no spinning)
 static int event_synchronize(lua_State *L) {
-  return push_true_or_failure(
+  return ws_lua_push_ok(
       L, ws_cuda_event_synchronize(ws_lua_check_box(L, 1, event_class)));
 }
 
@@ -515,27 +461,7 @@ static int event_elapsed(lua_State *L) {
   return 1;
 }
 
-// event:close() -> true | nil, message, CODE
-static int event_close(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, event_class);
-  ws_cuda_event *event = *slot;
-  *slot = NULL;
-  return push_true_or_failure(L, ws_cuda_event_destroy(event));
-}
-
-static int event_gc(lua_State *L) {
-  void **slot = lua_touserdata(L, 1);
-  ws_cuda_event_destroy(*slot);
-  *slot = NULL;
-  return 0;
-}
-
-static int event_tostring(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, event_class);
-  lua_pushstring(L, *slot == NULL ? "wsync.cuda.event (closed)"
-                                  : "wsync.cuda.event");
-  return 1;
-}
+static int destroy_event(void *event) { return ws_cuda_event_destroy(event); }
 
 // ---------------------------------------------------------------------------
 // Plans
@@ -560,6 +486,12 @@ static void push_info(lua_State *L, const ws_cuda_plan_info *info) {
   lua_setfield(L, -2, "bulk");
   lua_pushnumber(L, (lua_Number)info->bulk_bytes);
   lua_setfield(L, -2, "bulk_bytes");
+}
+
+// "OPS ops, BYTES bytes", after a plan's class name.
+static void describe_plan(lua_State *L, const ws_cuda_plan_info *info) {
+  lua_pushfstring(L, "%f ops, %f bytes", (lua_Number)info->ops,
+                  (lua_Number)info->bytes);
 }
 
 // A region index of a table op: 1-based in Lua, 0-based in the core.
@@ -633,7 +565,7 @@ static int cuda_copy_plan(lua_State *L) {
 // plan:launch([stream]) -> true | nil, message, CODE (queued)
 static int copy_plan_launch(lua_State *L) {
   ws_cuda_copy_plan *plan = ws_lua_check_box(L, 1, copy_plan_class);
-  return push_true_or_failure(
+  return ws_lua_push_ok(
       L, ws_cuda_copy_plan_launch(plan, ws_lua_opt_cuda_stream(L, 2)));
 }
 
@@ -645,32 +577,14 @@ static int copy_plan_info(lua_State *L) {
   return 1;
 }
 
-// plan:close() -> true | nil, message, CODE
-static int copy_plan_close(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, copy_plan_class);
-  ws_cuda_copy_plan *plan = *slot;
-  *slot = NULL;
-  return push_true_or_failure(L, ws_cuda_copy_plan_close(plan));
+static int close_copy_plan(void *plan) {
+  return ws_cuda_copy_plan_close(plan);
 }
 
-static int copy_plan_gc(lua_State *L) {
-  void **slot = lua_touserdata(L, 1);
-  ws_cuda_copy_plan_close(*slot);
-  *slot = NULL;
-  return 0;
-}
-
-static int copy_plan_tostring(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, copy_plan_class);
-  if (*slot == NULL) {
-    lua_pushstring(L, "wsync.cuda.copy_plan (closed)");
-    return 1;
-  }
+static void describe_copy_plan(lua_State *L, void *plan) {
   ws_cuda_plan_info info;
-  ws_cuda_copy_plan_info(*slot, &info);
-  lua_pushfstring(L, "wsync.cuda.copy_plan %f ops, %f bytes",
-                  (lua_Number)info.ops, (lua_Number)info.bytes);
-  return 1;
+  ws_cuda_copy_plan_info(plan, &info);
+  describe_plan(L, &info);
 }
 
 // {region, dtype, offset, rows, elements, pitch, first, element_pitch, name |
@@ -731,20 +645,24 @@ static uint32_t check_version(lua_State *L, int index) {
   return (uint32_t)version;
 }
 
-// plan:fill(version[, stream]) -> true | nil, message, CODE (queued)
-static int synth_plan_fill(lua_State *L) {
+// Queues `launch` (a fill or a check) of the synthetic plan at 1 at the
+// version at 2 on the stream at 3: true | nil, message, CODE.
+static int queue_synth(lua_State *L,
+                       int (*launch)(ws_cuda_synth_plan *plan, uint32_t version,
+                                     ws_cuda_stream *stream)) {
   ws_cuda_synth_plan *plan = ws_lua_check_box(L, 1, synth_plan_class);
   uint32_t version = check_version(L, 2);
-  return push_true_or_failure(
-      L, ws_cuda_synth_plan_fill(plan, version, ws_lua_opt_cuda_stream(L, 3)));
+  return ws_lua_push_ok(L, launch(plan, version, ws_lua_opt_cuda_stream(L, 3)));
+}
+
+// plan:fill(version[, stream]) -> true | nil, message, CODE (queued)
+static int synth_plan_fill(lua_State *L) {
+  return queue_synth(L, ws_cuda_synth_plan_fill);
 }
 
 // plan:check(version[, stream]) -> true | nil, message, CODE (queued)
 static int synth_plan_check(lua_State *L) {
-  ws_cuda_synth_plan *plan = ws_lua_check_box(L, 1, synth_plan_class);
-  uint32_t version = check_version(L, 2);
-  return push_true_or_failure(
-      L, ws_cuda_synth_plan_check(plan, version, ws_lua_opt_cuda_stream(L, 3)));
+  return queue_synth(L, ws_cuda_synth_plan_check);
 }
 
 // plan:result() -> {mismatches, op (from 1), element} | nil, message, CODE;
@@ -776,32 +694,14 @@ static int synth_plan_info(lua_State *L) {
   return 1;
 }
 
-// plan:close() -> true | nil, message, CODE
-static int synth_plan_close(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, synth_plan_class);
-  ws_cuda_synth_plan *plan = *slot;
-  *slot = NULL;
-  return push_true_or_failure(L, ws_cuda_synth_plan_close(plan));
+static int close_synth_plan(void *plan) {
+  return ws_cuda_synth_plan_close(plan);
 }
 
-static int synth_plan_gc(lua_State *L) {
-  void **slot = lua_touserdata(L, 1);
-  ws_cuda_synth_plan_close(*slot);
-  *slot = NULL;
-  return 0;
-}
-
-static int synth_plan_tostring(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, synth_plan_class);
-  if (*slot == NULL) {
-    lua_pushstring(L, "wsync.cuda.synth_plan (closed)");
-    return 1;
-  }
+static void describe_synth_plan(lua_State *L, void *plan) {
   ws_cuda_plan_info info;
-  ws_cuda_synth_plan_info(*slot, &info);
-  lua_pushfstring(L, "wsync.cuda.synth_plan %f ops, %f bytes",
-                  (lua_Number)info.ops, (lua_Number)info.bytes);
-  return 1;
+  ws_cuda_synth_plan_info(plan, &info);
+  describe_plan(L, &info);
 }
 
 // ---------------------------------------------------------------------------
@@ -830,58 +730,55 @@ static int cuda_counters(lua_State *L) {
 }
 
 int luaopen_wsync_cuda(lua_State *L) {
+  static const ws_lua_class buffers = {buffer_class, "close", close_buffer,
+                                       NULL, describe_buffer};
+  static const ws_lua_class mappings = {mapping_class, "close", close_mapping,
+                                        NULL, describe_mapping};
+  static const ws_lua_class streams = {stream_class, "close", destroy_stream,
+                                       NULL, describe_stream};
+  static const ws_lua_class events = {event_class, "close", destroy_event,
+                                      NULL, NULL};
+  static const ws_lua_class copy_plans = {copy_plan_class, "close",
+                                          close_copy_plan, NULL,
+                                          describe_copy_plan};
+  static const ws_lua_class synth_plans = {synth_plan_class, "close",
+                                           close_synth_plan, NULL,
+                                           describe_synth_plan};
   static const luaL_Reg buffer_methods[] = {
       {"region", region_table}, {"pointer", region_pointer},
       {"size", region_size},    {"device", region_device},
       {"read", cuda_read},      {"write", cuda_write},
       {"fill", cuda_fill},      {"export", buffer_export},
-      {"close", buffer_close},  {NULL, NULL},
+      {NULL, NULL},
   };
-  static const luaL_Reg buffer_meta[] = {
-      {"__gc", buffer_gc}, {"__tostring", buffer_tostring}, {NULL, NULL}};
   static const luaL_Reg mapping_methods[] = {
       {"region", region_table}, {"pointer", region_pointer},
       {"size", region_size},    {"device", region_device},
       {"read", cuda_read},      {"write", cuda_write},
-      {"fill", cuda_fill},      {"close", mapping_close},
-      {NULL, NULL},
+      {"fill", cuda_fill},      {NULL, NULL},
   };
-  static const luaL_Reg mapping_meta[] = {
-      {"__gc", mapping_gc}, {"__tostring", mapping_tostring}, {NULL, NULL}};
   static const luaL_Reg stream_methods[] = {
       {"synchronize", stream_synchronize},
       {"wait_value", stream_wait_value},
       {"write_value", stream_write_value},
       {"device", stream_device},
-      {"close", stream_close},
       {NULL, NULL},
   };
-  static const luaL_Reg stream_meta[] = {
-      {"__gc", stream_gc}, {"__tostring", stream_tostring}, {NULL, NULL}};
   static const luaL_Reg event_methods[] = {
       {"record", event_record},   {"query", event_query},
       {"synchronize", event_synchronize}, {"elapsed", event_elapsed},
-      {"close", event_close},     {NULL, NULL},
+      {NULL, NULL},
   };
-  static const luaL_Reg event_meta[] = {
-      {"__gc", event_gc}, {"__tostring", event_tostring}, {NULL, NULL}};
   static const luaL_Reg copy_plan_methods[] = {
       {"launch", copy_plan_launch},
       {"info", copy_plan_info},
-      {"close", copy_plan_close},
       {NULL, NULL},
   };
-  static const luaL_Reg copy_plan_meta[] = {
-      {"__gc", copy_plan_gc}, {"__tostring", copy_plan_tostring}, {NULL, NULL}};
   static const luaL_Reg synth_plan_methods[] = {
       {"fill", synth_plan_fill},     {"check", synth_plan_check},
       {"result", synth_plan_result}, {"info", synth_plan_info},
-      {"close", synth_plan_close},   {NULL, NULL},
+      {NULL, NULL},
   };
-  static const luaL_Reg synth_plan_meta[] = {
-      {"__gc", synth_plan_gc},
-      {"__tostring", synth_plan_tostring},
-      {NULL, NULL}};
   static const luaL_Reg functions[] = {
       {"buffer", cuda_buffer},         {"import", cuda_import},
       {"stream", cuda_stream},         {"event", cuda_event},
@@ -891,14 +788,13 @@ int luaopen_wsync_cuda(lua_State *L) {
       {"counters", cuda_counters},     {"export_region", cuda_export_region},
       {NULL, NULL},
   };
-  ws_lua_new_class(L, buffer_class, buffer_methods, buffer_meta);
-  ws_lua_new_class(L, mapping_class, mapping_methods, mapping_meta);
-  ws_lua_new_class(L, stream_class, stream_methods, stream_meta);
-  ws_lua_new_class(L, event_class, event_methods, event_meta);
-  ws_lua_new_class(L, copy_plan_class, copy_plan_methods, copy_plan_meta);
-  ws_lua_new_class(L, synth_plan_class, synth_plan_methods, synth_plan_meta);
-  lua_newtable(L);
-  luaL_register(L, NULL, functions);
+  ws_lua_new_class(L, &buffers, buffer_methods);
+  ws_lua_new_class(L, &mappings, mapping_methods);
+  ws_lua_new_class(L, &streams, stream_methods);
+  ws_lua_new_class(L, &events, event_methods);
+  ws_lua_new_class(L, &copy_plans, copy_plan_methods);
+  ws_lua_new_class(L, &synth_plans, synth_plan_methods);
+  ws_lua_new_module(L, functions); // [module]
   lua_pushboolean(L, ws_device_cuda_built());
   lua_setfield(L, -2, "built");
   return 1;

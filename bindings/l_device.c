@@ -12,10 +12,7 @@ static ws_backend check_backend(lua_State *L, int index) {
 static int device_count(lua_State *L) {
   int count = 0;
   int status = ws_device_count(check_backend(L, 1), &count);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushinteger(L, count);
-  return 1;
+  return ws_lua_push_integer_result(L, status, count);
 }
 
 // _device.query(backend, index) -> {index, uuid, name, total_bytes,
@@ -47,7 +44,5 @@ int luaopen_wsync_device(lua_State *L) {
       {"query", device_query},
       {NULL, NULL},
   };
-  lua_newtable(L);
-  luaL_register(L, NULL, functions);
-  return 1;
+  return ws_lua_new_module(L, functions);
 }

@@ -37,6 +37,31 @@ static int check_shape(lua_State *L, int index, int64_t *shape) {
   return dims;
 }
 
+// A record's arguments (name, dtype, shape at 2, 3 and 4) as the core takes
+// them.
+struct record {
+  const char *name;
+  size_t name_length;
+  ws_dtype dtype;
+  int64_t shape[WS_MANIFEST_MAX_DIMS];
+  int dims;
+};
+
+static void check_record(lua_State *L, struct record *out) {
+  out->name = luaL_checklstring(L, 2, &out->name_length);
+  out->dtype = check_dtype(L, 3);
+  out->dims = check_shape(L, 4, out->shape);
+}
+
+// Returns the object at 1 (calls chain) when `status` is WS_OK; nil,
+// message, CODE otherwise.
+static int push_self_or_failure(lua_State *L, int status) {
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_settop(L, 1);
+  return 1;
+}
+
 // _manifest.new() -> manifest | nil, message, CODE
 static int manifest_new(lua_State *L) {
   ws_lua_push_box(L, manifest_class, NULL); // first: its allocation may raise
@@ -48,16 +73,11 @@ static int manifest_new(lua_State *L) {
 // manifest:add(name, dtype, shape) -> manifest | nil, message, CODE
 static int manifest_add(lua_State *L) {
   ws_manifest *manifest = ws_lua_check_box(L, 1, manifest_class);
-  size_t name_length = 0;
-  const char *name = luaL_checklstring(L, 2, &name_length);
-  ws_dtype dtype = check_dtype(L, 3);
-  int64_t shape[WS_MANIFEST_MAX_DIMS];
-  int dims = check_shape(L, 4, shape);
-  int status = ws_manifest_add(manifest, name, name_length, dtype, shape, dims);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_settop(L, 1);
-  return 1;
+  struct record record;
+  check_record(L, &record);
+  return push_self_or_failure(
+      L, ws_manifest_add(manifest, record.name, record.name_length,
+                         record.dtype, record.shape, record.dims));
 }
 
 // manifest:finish() -> hex digest | nil, message, CODE
@@ -85,22 +105,19 @@ static int manifest_bytes(lua_State *L) {
   return 1;
 }
 
-// manifest:close(); also the __gc safety net
+// manifest:close() (no results); __gc frees the same way.
 static int manifest_close(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, manifest_class);
-  ws_manifest_free(*slot);
-  *slot = NULL;
+  ws_manifest_free(ws_lua_take_box(L, 1, manifest_class));
   return 0;
 }
 
-static int manifest_tostring(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, manifest_class);
-  if (*slot == NULL)
-    lua_pushstring(L, "wsync.manifest (closed)");
-  else
-    lua_pushfstring(L, "wsync.manifest (%d records)",
-                    (int)ws_manifest_count(*slot));
-  return 1;
+static int free_manifest(void *manifest) {
+  ws_manifest_free(manifest);
+  return WS_OK;
+}
+
+static void describe_manifest(lua_State *L, void *manifest) {
+  lua_pushfstring(L, "(%d records)", (int)ws_manifest_count(manifest));
 }
 
 // _manifest.segment() -> segment | nil, message, CODE
@@ -114,17 +131,11 @@ static int segment_new(lua_State *L) {
 // segment:add(name, dtype, shape) -> segment | nil, message, CODE
 static int segment_add(lua_State *L) {
   ws_manifest_segment *segment = ws_lua_check_box(L, 1, segment_class);
-  size_t name_length = 0;
-  const char *name = luaL_checklstring(L, 2, &name_length);
-  ws_dtype dtype = check_dtype(L, 3);
-  int64_t shape[WS_MANIFEST_MAX_DIMS];
-  int dims = check_shape(L, 4, shape);
-  int status =
-      ws_manifest_segment_add(segment, name, name_length, dtype, shape, dims);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_settop(L, 1);
-  return 1;
+  struct record record;
+  check_record(L, &record);
+  return push_self_or_failure(
+      L, ws_manifest_segment_add(segment, record.name, record.name_length,
+                                 record.dtype, record.shape, record.dims));
 }
 
 // segment:count() -> records in the segment
@@ -134,36 +145,33 @@ static int segment_count(lua_State *L) {
   return 1;
 }
 
-// segment:close(); also the __gc safety net
+// segment:close() (no results); __gc frees the same way.
 static int segment_close(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, segment_class);
-  ws_manifest_segment_free(*slot);
-  *slot = NULL;
+  ws_manifest_segment_free(ws_lua_take_box(L, 1, segment_class));
   return 0;
 }
 
-static int segment_tostring(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, segment_class);
-  if (*slot == NULL)
-    lua_pushstring(L, "wsync.manifest_segment (closed)");
-  else
-    lua_pushfstring(L, "wsync.manifest_segment (%d records)",
-                    (int)ws_manifest_segment_count(*slot));
-  return 1;
+static int free_segment(void *segment) {
+  ws_manifest_segment_free(segment);
+  return WS_OK;
+}
+
+static void describe_segment(lua_State *L, void *segment) {
+  lua_pushfstring(L, "(%d records)", (int)ws_manifest_segment_count(segment));
 }
 
 // manifest:add_segment(segment) -> manifest | nil, message, CODE
 static int manifest_add_segment(lua_State *L) {
   ws_manifest *manifest = ws_lua_check_box(L, 1, manifest_class);
   ws_manifest_segment *segment = ws_lua_check_box(L, 2, segment_class);
-  int status = ws_manifest_add_segment(manifest, segment);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_settop(L, 1);
-  return 1;
+  return push_self_or_failure(L, ws_manifest_add_segment(manifest, segment));
 }
 
 int luaopen_wsync_manifest(lua_State *L) {
+  static const ws_lua_class manifests = {manifest_class, NULL, free_manifest,
+                                         NULL, describe_manifest};
+  static const ws_lua_class segments = {segment_class, NULL, free_segment,
+                                        NULL, describe_segment};
   static const luaL_Reg methods[] = {
       {"add", manifest_add},       {"finish", manifest_finish},
       {"count", manifest_count},   {"bytes", manifest_bytes},
@@ -176,24 +184,12 @@ int luaopen_wsync_manifest(lua_State *L) {
       {"close", segment_close},
       {NULL, NULL},
   };
-  static const luaL_Reg segment_metamethods[] = {
-      {"__gc", segment_close},
-      {"__tostring", segment_tostring},
-      {NULL, NULL},
-  };
-  static const luaL_Reg metamethods[] = {
-      {"__gc", manifest_close},
-      {"__tostring", manifest_tostring},
-      {NULL, NULL},
-  };
   static const luaL_Reg functions[] = {
       {"new", manifest_new},
       {"segment", segment_new},
       {NULL, NULL},
   };
-  ws_lua_new_class(L, manifest_class, methods, metamethods);
-  ws_lua_new_class(L, segment_class, segment_methods, segment_metamethods);
-  lua_newtable(L);
-  luaL_register(L, NULL, functions);
-  return 1;
+  ws_lua_new_class(L, &manifests, methods);
+  ws_lua_new_class(L, &segments, segment_methods);
+  return ws_lua_new_module(L, functions);
 }

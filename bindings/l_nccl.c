@@ -6,26 +6,16 @@
 
 static const char comm_class[] = "wsync.nccl.comm";
 
-static int push_true_or_failure(lua_State *L, int status) {
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
 // _nccl.load() -> true | nil, message, CODE (ENODEV names what is missing)
 static int nccl_load(lua_State *L) {
-  return push_true_or_failure(L, ws_nccl_load());
+  return ws_lua_push_ok(L, ws_nccl_load());
 }
 
 // _nccl.version() -> 22809 | nil, message, CODE
 static int nccl_version(lua_State *L) {
   int version = 0;
   int status = ws_nccl_version(&version);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushinteger(L, version);
-  return 1;
+  return ws_lua_push_integer_result(L, status, version);
 }
 
 // _nccl.unique_id() -> 128-byte id | nil, message, CODE
@@ -66,10 +56,7 @@ static int nccl_init(lua_State *L) {
 static int comm_ready(lua_State *L) {
   int ready = 0;
   int status = ws_nccl_comm_ready(ws_lua_check_box(L, 1, comm_class), &ready);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushboolean(L, ready);
-  return 1;
+  return ws_lua_push_boolean_result(L, status, ready);
 }
 
 // comm:rank(), comm:world(), comm:device() -> integer
@@ -118,7 +105,7 @@ static int comm_fill(lua_State *L) {
       ws_lua_check_cuda_regions(L, 4, &source_count);
   const ws_nccl_broadcast *ops = ws_lua_check_ops(
       L, 5, sizeof(ws_nccl_broadcast), convert_broadcast, &count);
-  return push_true_or_failure(L, ws_nccl_fill(comm, stream, &target, sources,
+  return ws_lua_push_ok(L, ws_nccl_fill(comm, stream, &target, sources,
                                               source_count, ops, count));
 }
 
@@ -133,56 +120,37 @@ static int comm_all_gather(lua_State *L) {
   ws_lua_check_cuda_region(L, 5, &source);
   uint64_t source_offset = ws_lua_check_count(L, 6);
   uint64_t bytes = ws_lua_check_count(L, 7);
-  return push_true_or_failure(
+  return ws_lua_push_ok(
       L, ws_nccl_all_gather(comm, stream, &target, target_offset, &source,
                             source_offset, bytes));
 }
 
-// comm:destroy() -> true | nil, message, CODE (after its queued work)
-static int comm_destroy(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, comm_class);
-  ws_nccl_comm *comm = *slot;
-  *slot = NULL;
-  return push_true_or_failure(L, ws_nccl_comm_destroy(comm));
-}
-
 // comm:abort() -> true | nil, message, CODE (without waiting: poison)
 static int comm_abort(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, comm_class);
-  ws_nccl_comm *comm = *slot;
-  *slot = NULL;
-  return push_true_or_failure(L, ws_nccl_comm_abort(comm));
+  ws_nccl_comm *comm = ws_lua_take_box(L, 1, comm_class);
+  return ws_lua_push_ok(L, ws_nccl_comm_abort(comm));
 }
+
+// comm:destroy(): after its queued work.
+static int destroy_comm(void *comm) { return ws_nccl_comm_destroy(comm); }
 
 // The safety net aborts: a finalizer must not wait for peers.
-static int comm_gc(lua_State *L) {
-  void **slot = lua_touserdata(L, 1);
-  ws_nccl_comm_abort(*slot);
-  *slot = NULL;
-  return 0;
-}
+static int abort_comm(void *comm) { return ws_nccl_comm_abort(comm); }
 
-static int comm_tostring(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, comm_class);
-  if (*slot == NULL)
-    lua_pushstring(L, "wsync.nccl.comm (closed)");
-  else
-    lua_pushfstring(L, "wsync.nccl.comm rank %d of %d on device %d",
-                    ws_nccl_comm_rank(*slot), ws_nccl_comm_world(*slot),
-                    ws_nccl_comm_device(*slot));
-  return 1;
+static void describe_comm(lua_State *L, void *comm) {
+  lua_pushfstring(L, "rank %d of %d on device %d", ws_nccl_comm_rank(comm),
+                  ws_nccl_comm_world(comm), ws_nccl_comm_device(comm));
 }
 
 int luaopen_wsync_nccl(lua_State *L) {
+  static const ws_lua_class comms = {comm_class, "destroy", destroy_comm,
+                                     abort_comm, describe_comm};
   static const luaL_Reg methods[] = {
       {"ready", comm_ready},   {"rank", comm_rank},
       {"world", comm_world},   {"device", comm_device},
       {"fill", comm_fill},     {"all_gather", comm_all_gather},
-      {"destroy", comm_destroy}, {"abort", comm_abort},
-      {NULL, NULL},
+      {"abort", comm_abort},   {NULL, NULL},
   };
-  static const luaL_Reg metamethods[] = {
-      {"__gc", comm_gc}, {"__tostring", comm_tostring}, {NULL, NULL}};
   static const luaL_Reg functions[] = {
       {"load", nccl_load},
       {"version", nccl_version},
@@ -190,8 +158,6 @@ int luaopen_wsync_nccl(lua_State *L) {
       {"init", nccl_init},
       {NULL, NULL},
   };
-  ws_lua_new_class(L, comm_class, methods, metamethods);
-  lua_newtable(L);
-  luaL_register(L, NULL, functions);
-  return 1;
+  ws_lua_new_class(L, &comms, methods);
+  return ws_lua_new_module(L, functions);
 }

@@ -22,17 +22,10 @@ static int check_group(lua_State *L, int index) {
   return (int)group;
 }
 
-static int push_ok(lua_State *L, int status) {
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushboolean(L, 1);
-  return 1;
-}
-
 // _process.set_subreaper(enabled) -> true | nil, message, CODE
 static int process_set_subreaper(lua_State *L) {
   luaL_checktype(L, 1, LUA_TBOOLEAN);
-  return push_ok(L, ws_process_set_subreaper(lua_toboolean(L, 1)));
+  return ws_lua_push_ok(L, ws_process_set_subreaper(lua_toboolean(L, 1)));
 }
 
 // _process.die_with_parent(signal, expected_parent?) -> true | nil, message,
@@ -42,33 +35,33 @@ static int process_die_with_parent(lua_State *L) {
   lua_Integer parent = luaL_optinteger(L, 2, 0);
   if (parent < 0 || parent > INT32_MAX)
     luaL_argerror(L, 2, "not a process id");
-  return push_ok(L, ws_process_die_with_parent(signal_number, (int)parent));
+  return ws_lua_push_ok(L,
+                        ws_process_die_with_parent(signal_number, (int)parent));
 }
 
 // _process.signal_group(group, signal) -> true | nil, message, CODE
 static int process_signal_group(lua_State *L) {
   int group = check_group(L, 1);
-  return push_ok(L, ws_process_signal_group(group, check_signal(L, 2)));
+  return ws_lua_push_ok(L, ws_process_signal_group(group, check_signal(L, 2)));
+}
+
+// Pushes how many processes `count` (reaping or counting) finds in the group
+// at argument 1, or nil, message, CODE.
+static int push_group_count(lua_State *L,
+                            int (*count)(int group, int *count_out)) {
+  int found = 0;
+  int status = count(check_group(L, 1), &found);
+  return ws_lua_push_integer_result(L, status, found);
 }
 
 // _process.reap_group(group) -> reaped | nil, message, CODE
 static int process_reap_group(lua_State *L) {
-  int reaped = 0;
-  int status = ws_process_reap_group(check_group(L, 1), &reaped);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushinteger(L, reaped);
-  return 1;
+  return push_group_count(L, ws_process_reap_group);
 }
 
 // _process.count_group(group) -> count | nil, message, CODE
 static int process_count_group(lua_State *L) {
-  int count = 0;
-  int status = ws_process_count_group(check_group(L, 1), &count);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushinteger(L, count);
-  return 1;
+  return push_group_count(L, ws_process_count_group);
 }
 
 // _process.children() -> {{pid = pid, exited = boolean}, ...} | nil, message,
@@ -121,10 +114,7 @@ static int process_watch(lua_State *L) {
     luaL_argerror(L, 1, "not a process id");
   int fd = -1;
   int status = ws_process_watch((int)pid, &fd);
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushinteger(L, fd);
-  return 1;
+  return ws_lua_push_integer_result(L, status, fd);
 }
 
 // _process.find_marked("NAME=VALUE", {session, ...}?) -> {pid, ...} | nil,
@@ -184,7 +174,5 @@ int luaopen_wsync_process(lua_State *L) {
       {"find_marked", process_find_marked},
       {NULL, NULL},
   };
-  lua_newtable(L);
-  luaL_register(L, NULL, functions);
-  return 1;
+  return ws_lua_new_module(L, functions);
 }

@@ -20,26 +20,25 @@ static void check_range(lua_State *L, ws_shm *shm, lua_Number offset,
                offset + length, size);
 }
 
-// _shm.create(bytes) -> buffer | nil, message, CODE
-static int shm_create(lua_State *L) {
+// Pushes a new buffer of the size at argument 1, made by `create`: the buffer
+// or nil, message, CODE.
+static int push_created(lua_State *L,
+                        int (*create)(size_t size, ws_shm **out)) {
   lua_Number size = luaL_checknumber(L, 1);
   if (size < 1 || size != (lua_Number)(size_t)size)
     luaL_argerror(L, 1, "size must be a positive integer");
   ws_lua_push_box(L, shm_class, NULL); // first: its allocation may raise
   ws_shm *shm = NULL;
-  int status = ws_shm_create((size_t)size, &shm);
+  int status = create((size_t)size, &shm);
   return ws_lua_fill_box(L, status, shm);
 }
 
+// _shm.create(bytes) -> buffer | nil, message, CODE
+static int shm_create(lua_State *L) { return push_created(L, ws_shm_create); }
+
 // _shm.anonymous(bytes) -> buffer | nil, message, CODE (private memory)
 static int shm_anonymous(lua_State *L) {
-  lua_Number size = luaL_checknumber(L, 1);
-  if (size < 1 || size != (lua_Number)(size_t)size)
-    luaL_argerror(L, 1, "size must be a positive integer");
-  ws_lua_push_box(L, shm_class, NULL); // first: its allocation may raise
-  ws_shm *shm = NULL;
-  int status = ws_shm_create_anonymous((size_t)size, &shm);
-  return ws_lua_fill_box(L, status, shm);
+  return push_created(L, ws_shm_create_anonymous);
 }
 
 static size_t check_size(lua_State *L, int index) {
@@ -54,12 +53,8 @@ static size_t check_size(lua_State *L, int index) {
 static int shm_copy_from(lua_State *L) {
   ws_shm *target = ws_lua_check_box(L, 1, shm_class);
   ws_shm *source = ws_lua_check_box(L, 2, shm_class);
-  int status = ws_shm_copy(target, check_size(L, 4), source, check_size(L, 3),
-                           check_size(L, 5));
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushboolean(L, 1);
-  return 1;
+  return ws_lua_push_ok(L, ws_shm_copy(target, check_size(L, 4), source,
+                                       check_size(L, 3), check_size(L, 5)));
 }
 
 // buffer:sha256([offset, length]) -> hex | nil, message, CODE
@@ -133,58 +128,26 @@ static int shm_read(lua_State *L) {
 
 // buffer:unlink() -> true | nil, message, CODE
 static int shm_unlink_name(lua_State *L) {
-  int status = ws_shm_unlink(ws_lua_check_box(L, 1, shm_class));
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushboolean(L, 1);
-  return 1;
+  return ws_lua_push_ok(L, ws_shm_unlink(ws_lua_check_box(L, 1, shm_class)));
 }
 
-// buffer:close() -> true | nil, message, CODE; unmaps, and unlinks when owner
-static int shm_close(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, shm_class);
-  if (*slot == NULL) {
-    lua_pushboolean(L, 1);
-    return 1;
-  }
-  int status = ws_shm_close(*slot);
-  *slot = NULL;
-  if (status != WS_OK)
-    return ws_lua_push_failure(L, status);
-  lua_pushboolean(L, 1);
-  return 1;
-}
+// buffer:close(): unmaps, and unlinks when owner.
+static int close_shm(void *shm) { return ws_shm_close(shm); }
 
-static int shm_gc(lua_State *L) {
-  void **slot = lua_touserdata(L, 1);
-  ws_shm_close(*slot);
-  *slot = NULL;
-  return 0;
-}
-
-static int shm_tostring(lua_State *L) {
-  void **slot = ws_lua_check_slot(L, 1, shm_class);
-  if (*slot == NULL)
-    lua_pushstring(L, "wsync.shm (closed)");
-  else
-    lua_pushfstring(L, "wsync.shm %s (%f bytes)", ws_shm_name(*slot),
-                    (lua_Number)ws_shm_size(*slot));
-  return 1;
+static void describe_shm(lua_State *L, void *shm) {
+  lua_pushfstring(L, "%s (%f bytes)", ws_shm_name(shm),
+                  (lua_Number)ws_shm_size(shm));
 }
 
 int luaopen_wsync_shm(lua_State *L) {
+  static const ws_lua_class buffers = {shm_class, "close", close_shm, NULL,
+                                       describe_shm};
   static const luaL_Reg methods[] = {
       {"name", shm_name},         {"size", shm_size},
       {"is_owner", shm_is_owner}, {"pointer", shm_pointer},
       {"write", shm_write},       {"read", shm_read},
-      {"unlink", shm_unlink_name}, {"close", shm_close},
-      {"copy_from", shm_copy_from}, {"sha256", shm_sha256},
-      {NULL, NULL},
-  };
-  static const luaL_Reg metamethods[] = {
-      {"__gc", shm_gc},
-      {"__tostring", shm_tostring},
-      {NULL, NULL},
+      {"unlink", shm_unlink_name}, {"copy_from", shm_copy_from},
+      {"sha256", shm_sha256},     {NULL, NULL},
   };
   static const luaL_Reg functions[] = {
       {"create", shm_create},
@@ -192,8 +155,6 @@ int luaopen_wsync_shm(lua_State *L) {
       {"anonymous", shm_anonymous},
       {NULL, NULL},
   };
-  ws_lua_new_class(L, shm_class, methods, metamethods);
-  lua_newtable(L);
-  luaL_register(L, NULL, functions);
-  return 1;
+  ws_lua_new_class(L, &buffers, methods);
+  return ws_lua_new_module(L, functions);
 }

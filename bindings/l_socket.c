@@ -28,7 +28,5 @@ int luaopen_wsync_socket(lua_State *L) {
       {"own_uid", socket_own_uid},
       {NULL, NULL},
   };
-  lua_newtable(L);
-  luaL_register(L, NULL, functions);
-  return 1;
+  return ws_lua_new_module(L, functions);
 }

@@ -89,6 +89,24 @@ int ws_lua_push_failure(lua_State *L, int status) {
   return 3;
 }
 
+int ws_lua_push_ok(lua_State *L, int status) {
+  return ws_lua_push_boolean_result(L, status, 1);
+}
+
+int ws_lua_push_boolean_result(lua_State *L, int status, int value) {
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushboolean(L, value);
+  return 1;
+}
+
+int ws_lua_push_integer_result(lua_State *L, int status, lua_Integer value) {
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_pushinteger(L, value);
+  return 1;
+}
+
 void ws_lua_push_box(lua_State *L, const char *class_name, void *pointer) {
   void **box = lua_newuserdata(L, sizeof *box);
   *box = pointer;
@@ -124,14 +142,81 @@ void *ws_lua_check_box(lua_State *L, int index, const char *class_name) {
   return *box;
 }
 
-void ws_lua_new_class(lua_State *L, const char *class_name,
-                      const luaL_Reg *methods, const luaL_Reg *metamethods) {
-  luaL_newmetatable(L, class_name); // [meta]
-  luaL_register(L, NULL, metamethods);
+void *ws_lua_take_box(lua_State *L, int index, const char *class_name) {
+  void **box = ws_lua_check_slot(L, index, class_name);
+  void *object = *box;
+  *box = NULL;
+  return object;
+}
+
+// The class of the methods below: their upvalue.
+static const ws_lua_class *class_of(lua_State *L) {
+  return lua_touserdata(L, lua_upvalueindex(1));
+}
+
+// box:close() (or the class's name for it) -> true | nil, message, CODE
+static int release_box(lua_State *L) {
+  const ws_lua_class *info = class_of(L);
+  return ws_lua_push_ok(L, info->release(ws_lua_take_box(L, 1, info->name)));
+}
+
+// __gc: releases what close() did not; raises nothing, and does nothing for
+// a closed box (not even clear the thread's error detail).
+static int collect_box(lua_State *L) {
+  const ws_lua_class *info = class_of(L);
+  void **box = lua_touserdata(L, 1);
+  void *object = *box;
+  *box = NULL;
+  if (object != NULL && info->collect != NULL)
+    info->collect(object);
+  else if (object != NULL)
+    info->release(object);
+  return 0;
+}
+
+// __tostring: "NAME DESCRIPTION", "NAME" or "NAME (closed)"
+static int describe_box(lua_State *L) {
+  const ws_lua_class *info = class_of(L);
+  void **box = ws_lua_check_slot(L, 1, info->name);
+  if (*box == NULL) {
+    lua_pushfstring(L, "%s (closed)", info->name);
+    return 1;
+  }
+  lua_pushstring(L, info->name);
+  if (info->describe != NULL) {
+    lua_pushliteral(L, " ");
+    info->describe(L, *box); // [name, " ", description]
+    lua_concat(L, 3);
+  }
+  return 1;
+}
+
+// Sets field `name` of the table on top to `function` with `info` as its
+// upvalue.
+static void set_class_function(lua_State *L, const ws_lua_class *info,
+                               const char *name, lua_CFunction function) {
+  lua_pushlightuserdata(L, (void *)info);
+  lua_pushcclosure(L, function, 1);
+  lua_setfield(L, -2, name);
+}
+
+int ws_lua_new_module(lua_State *L, const luaL_Reg *functions) {
+  lua_newtable(L);
+  luaL_register(L, NULL, functions);
+  return 1;
+}
+
+void ws_lua_new_class(lua_State *L, const ws_lua_class *info,
+                      const luaL_Reg *methods) {
+  luaL_newmetatable(L, info->name); // [meta]
+  set_class_function(L, info, "__gc", collect_box);
+  set_class_function(L, info, "__tostring", describe_box);
   lua_newtable(L); // [meta, methods]
   luaL_register(L, NULL, methods);
+  if (info->release_method != NULL)
+    set_class_function(L, info, info->release_method, release_box);
   lua_setfield(L, -2, "__index");
-  lua_pushstring(L, class_name);
+  lua_pushstring(L, info->name);
   lua_setfield(L, -2, "__name");
   lua_pop(L, 1);
 }

@@ -41,6 +41,17 @@ int ws_lua_exit_code(lua_State *L, int index, int *code);
 /// message of the status.
 int ws_lua_push_failure(lua_State *L, int status);
 
+/// Pushes `true` and returns 1 when `status` is WS_OK; pushes `nil, message,
+/// CODE` and returns 3 otherwise (ws_lua_push_failure).
+int ws_lua_push_ok(lua_State *L, int status);
+
+/// Pushes a core call's boolean result `value` and returns 1 when `status` is
+/// WS_OK; pushes `nil, message, CODE` and returns 3 otherwise.
+int ws_lua_push_boolean_result(lua_State *L, int status, int value);
+
+/// The same for an integer result.
+int ws_lua_push_integer_result(lua_State *L, int status, lua_Integer value);
+
 /// Creates a boxed-pointer userdata holding `pointer` with the named metatable
 /// (created by ws_lua_new_class) and leaves it on the stack.
 void ws_lua_push_box(lua_State *L, const char *class_name, void *pointer);
@@ -59,7 +70,34 @@ void *ws_lua_check_box(lua_State *L, int index, const char *class_name);
 /// that close() can read and NULL it; the slot may hold NULL.
 void **ws_lua_check_slot(lua_State *L, int index, const char *class_name);
 
-/// Creates the metatable `class_name` with `methods` as __index and `__gc`,
-/// `__tostring` taken from `metamethods`; leaves nothing on the stack.
-void ws_lua_new_class(lua_State *L, const char *class_name,
-                      const luaL_Reg *methods, const luaL_Reg *metamethods);
+/// Empties the box at `index` (raising when it is the wrong class) and returns
+/// the object it held, NULL when it was closed already: what close() frees.
+void *ws_lua_take_box(lua_State *L, int index, const char *class_name);
+
+/// A boxed-pointer class: how its object is released and shown. Every class
+/// gets its release method, `__gc` and `__tostring` from this description.
+typedef struct ws_lua_class {
+  const char *name; // the metatable's name, "wsync.shm"
+  /// The method that releases the object and pushes true or nil, message,
+  /// CODE: "close", "destroy" (NULL: the class registers its own).
+  const char *release_method;
+  /// Releases an object (NULL accepted) and returns a status.
+  int (*release)(void *object);
+  /// The finalizer's release when it must differ from `release` (it may not
+  /// block); NULL: `release`.
+  int (*collect)(void *object);
+  /// Pushes what `__tostring` shows of an open object after the class name;
+  /// NULL: the name alone.
+  void (*describe)(lua_State *L, void *object);
+} ws_lua_class;
+
+/// Pushes a new module table holding `functions` and returns 1, what the
+/// module's luaopen function returns.
+int ws_lua_new_module(lua_State *L, const luaL_Reg *functions);
+
+/// Creates the metatable of `info` (which outlives the state: static) with
+/// `methods` and the release method as __index, `__gc` (the safety net: a
+/// no-op after the release) and `__tostring` ("NAME DESCRIPTION" or "NAME
+/// (closed)"); leaves nothing on the stack.
+void ws_lua_new_class(lua_State *L, const ws_lua_class *info,
+                      const luaL_Reg *methods);

@@ -65,6 +65,12 @@ WS_INTERNAL int ws_cuda_check_region(const ws_cuda_region *region, int device,
 WS_INTERNAL int ws_cuda_stream_for(ws_cuda_stream *stream, int device,
                                    void **raw);
 
+/// Resolves `stream` for work on `device` (ws_cuda_stream_for, into `*raw`),
+/// then makes `device` current (ws_cuda_enter, the caller's device in
+/// `*previous` for ws_cuda_leave); leaves nothing entered when it fails.
+WS_INTERNAL int ws_cuda_enter_stream(ws_cuda_stream *stream, int device,
+                                     void **raw, int *previous);
+
 /// Waits for the work queued on `stream` (a cudaStream_t, NULL: legacy
 /// default) so far with an event that blocks in the driver: `event` (a
 /// cudaEvent_t with cudaEventBlockingSync) when the caller has one, a

@@ -10,6 +10,7 @@
 // bytes at any moment.
 #include "cuda_internal.h"
 #include "cuda_tiles.h"
+#include "hash.h"
 
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -233,14 +234,6 @@ __global__ void __launch_bounds__(WS_CUDA_THREADS, 4)
   }
 }
 
-// host/synth.c's generator, bit for bit.
-__device__ __forceinline__ uint64_t mix(uint64_t value) {
-  value += 0x9e3779b97f4a7c15ULL;
-  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  value = (value ^ (value >> 27)) * 0x94d049bb133111ebULL;
-  return value ^ (value >> 31);
-}
-
 __device__ __forceinline__ uint32_t float_bits(uint64_t bits) {
   uint32_t sign = (uint32_t)(bits >> 63) << 31;
   uint32_t exponent = 119u + (uint32_t)(bits >> 40) % 9u; // bits >> 40 < 2^24
@@ -271,7 +264,7 @@ __device__ __forceinline__ void
 synth_piece(const ws_cuda_synth_piece &piece, uint64_t version_mix, int check,
             unsigned lane, unsigned long long *mismatches,
             unsigned long long *first_bad) {
-  const uint64_t key = mix(piece.seed ^ version_mix);
+  const uint64_t key = ws_hash_mix(piece.seed ^ version_mix);
   const uint32_t total = piece.rows * piece.row_elements;
   const unsigned long long op_bits = (unsigned long long)piece.op
                                      << WS_CUDA_CHECK_ELEMENT_BITS;
@@ -283,7 +276,7 @@ synth_piece(const ws_cuda_synth_piece &piece, uint64_t version_mix, int check,
     }
     uint64_t element =
         piece.first + (uint64_t)row * piece.element_pitch + column;
-    uint32_t bits = float_bits(mix(key + element));
+    uint32_t bits = float_bits(ws_hash_mix(key + element));
     char *address = reinterpret_cast<char *>(piece.target) +
                     (uint64_t)row * piece.target_pitch +
                     (uint64_t)column * piece.element_bytes;
@@ -318,7 +311,7 @@ __global__ void __launch_bounds__(WS_CUDA_THREADS)
   unsigned lane = threadIdx.x % kWarp;
   if (warp >= warps)
     return;
-  const uint64_t version_mix = mix((uint64_t)version * 0x632be59bd9b4e019ULL);
+  const uint64_t version_mix = ws_hash_version(version);
   unsigned long long mismatches = 0, first_bad = ~0ULL;
   for (uint32_t p = warp_start[warp], end = warp_start[warp + 1]; p < end;
        p++)

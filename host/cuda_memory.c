@@ -597,6 +597,14 @@ int ws_cuda_stream_for(ws_cuda_stream *stream, int device, void **raw) {
   return WS_OK;
 }
 
+int ws_cuda_enter_stream(ws_cuda_stream *stream, int device, void **raw,
+                         int *previous) {
+  int status = ws_cuda_stream_for(stream, device, raw);
+  if (status != WS_OK)
+    return status;
+  return ws_cuda_enter(device, previous);
+}
+
 int ws_cuda_stream_synchronize(ws_cuda_stream *stream) {
   ws_clear_error();
   int previous = 0;
@@ -703,11 +711,8 @@ int ws_cuda_event_create(int device, int timing, ws_cuda_event **out) {
 int ws_cuda_event_record(ws_cuda_event *event, ws_cuda_stream *stream) {
   ws_clear_error();
   void *raw = NULL;
-  int status = ws_cuda_stream_for(stream, event->device, &raw);
-  if (status != WS_OK)
-    return status;
   int previous = 0;
-  status = ws_cuda_enter(event->device, &previous);
+  int status = ws_cuda_enter_stream(stream, event->device, &raw, &previous);
   if (status != WS_OK)
     return status;
   cudaError_t error = cudaEventRecord(event->event, (cudaStream_t)raw);
@@ -773,10 +778,7 @@ static int begin_transfer(const ws_cuda_region *region, uint64_t offset,
   int status = check_range(region, offset, length, what);
   if (status != WS_OK)
     return status;
-  status = ws_cuda_stream_for(stream, region->device, raw);
-  if (status != WS_OK)
-    return status;
-  status = ws_cuda_enter(region->device, previous);
+  status = ws_cuda_enter_stream(stream, region->device, raw, previous);
   if (status != WS_OK)
     return status;
   status = ws_cuda_check_region(region, region->device, what, 0);

@@ -179,15 +179,23 @@ static int check_regions(const ws_cuda_region *regions, size_t region_count) {
   return WS_OK;
 }
 
+// Checks what a plan's ops of either kind (`kind`: "copy", "synthetic") need
+// before each is looked at: at most WS_CUDA_OPS_MAX of them, in an array, and
+// regions that do not overflow.
+static int check_op_list(const ws_cuda_region *regions, size_t region_count,
+                         const void *ops, size_t count, const char *kind) {
+  if (count > WS_CUDA_OPS_MAX)
+    return ws_fail(WS_EINVAL, "cuda: %zu %s ops in one plan (at most %d)",
+                   count, kind, WS_CUDA_OPS_MAX);
+  if (count > 0 && ops == NULL)
+    return ws_fail(WS_EINVAL, "cuda: %zu %s ops and no array", count, kind);
+  return check_regions(regions, region_count);
+}
+
 static int check_copy_ops(const ws_cuda_region *regions, size_t region_count,
                           const ws_cuda_copy_op *ops, size_t count,
                           uint64_t *total) {
-  if (count > WS_CUDA_OPS_MAX)
-    return ws_fail(WS_EINVAL, "cuda: %zu copy ops in one plan (at most %d)",
-                   count, WS_CUDA_OPS_MAX);
-  if (count > 0 && ops == NULL)
-    return ws_fail(WS_EINVAL, "cuda: %zu copy ops and no array", count);
-  int status = check_regions(regions, region_count);
+  int status = check_op_list(regions, region_count, ops, count, "copy");
   if (status != WS_OK)
     return status;
   *total = 0;
@@ -405,6 +413,18 @@ static int check_tile(uint64_t tile) {
   return WS_OK;
 }
 
+// What every copy plan's creation checks first, with or without CUDA: the
+// tile (0: per-warp ranges) and the ops, whose bytes it stores in `*total`.
+static int check_copy_plan(const ws_cuda_region *regions, size_t region_count,
+                           const ws_cuda_copy_op *ops, size_t count,
+                           uint64_t tile, uint64_t *total) {
+  ws_clear_error();
+  int status = tile != 0 ? check_tile(tile) : WS_OK;
+  if (status == WS_OK)
+    status = check_copy_ops(regions, region_count, ops, count, total);
+  return status;
+}
+
 int ws_cuda_copy_tile_layout(const ws_cuda_region *regions,
                              size_t region_count, const ws_cuda_copy_op *ops,
                              size_t count, ws_cuda_copy_desc *descs,
@@ -474,12 +494,7 @@ static const uint64_t ELEMENT_LIMIT = (uint64_t)1 << WS_CUDA_CHECK_ELEMENT_BITS;
 static int check_synth_ops(const ws_cuda_region *regions, size_t region_count,
                            const ws_cuda_synth_op *ops, size_t count,
                            uint64_t *total_elements, uint64_t *total_bytes) {
-  if (count > WS_CUDA_OPS_MAX)
-    return ws_fail(WS_EINVAL, "cuda: %zu synthetic ops in one plan (at most %d)",
-                   count, WS_CUDA_OPS_MAX);
-  if (count > 0 && ops == NULL)
-    return ws_fail(WS_EINVAL, "cuda: %zu synthetic ops and no array", count);
-  int status = check_regions(regions, region_count);
+  int status = check_op_list(regions, region_count, ops, count, "synthetic");
   if (status != WS_OK)
     return status;
   *total_elements = 0;
@@ -732,11 +747,9 @@ static int create_copy_plan(int device, const ws_cuda_region *regions,
                             size_t region_count, const ws_cuda_copy_op *ops,
                             size_t count, uint64_t tile, uint64_t bulk_min,
                             ws_cuda_copy_plan **out) {
-  ws_clear_error();
   uint64_t total = 0;
-  int status = tile != 0 ? check_tile(tile) : WS_OK;
-  if (status == WS_OK)
-    status = check_copy_ops(regions, region_count, ops, count, &total);
+  int status =
+      check_copy_plan(regions, region_count, ops, count, tile, &total);
   if (status != WS_OK)
     return status;
   int previous = 0;
@@ -804,35 +817,6 @@ done:
     free(plan->bulk);
   free(plan);
   return status;
-}
-
-int ws_cuda_copy_plan_create(int device, const ws_cuda_region *regions,
-                             size_t region_count, const ws_cuda_copy_op *ops,
-                             size_t count, ws_cuda_copy_plan **out) {
-  return create_copy_plan(device, regions, region_count, ops, count, 0, 0,
-                          out);
-}
-
-int ws_cuda_copy_plan_create_with(int device, const ws_cuda_region *regions,
-                                  size_t region_count,
-                                  const ws_cuda_copy_op *ops, size_t count,
-                                  const ws_cuda_copy_options *options,
-                                  ws_cuda_copy_plan **out) {
-  return create_copy_plan(device, regions, region_count, ops, count,
-                          options != NULL ? options->tile : 0,
-                          options != NULL ? options->bulk : 0, out);
-}
-
-int ws_cuda_copy_plan_create_tiled(int device, const ws_cuda_region *regions,
-                                   size_t region_count,
-                                   const ws_cuda_copy_op *ops, size_t count,
-                                   uint64_t tile, ws_cuda_copy_plan **out) {
-  if (tile == 0) {
-    ws_clear_error();
-    return check_tile(tile);
-  }
-  return create_copy_plan(device, regions, region_count, ops, count, tile, 0,
-                          out);
 }
 
 int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
@@ -992,11 +976,8 @@ static int launch_synth(ws_cuda_synth_plan *plan, uint32_t version,
                         ws_cuda_stream *stream, int check) {
   ws_clear_error();
   void *raw = NULL;
-  int status = ws_cuda_stream_for(stream, plan->device, &raw);
-  if (status != WS_OK)
-    return status;
   int previous = 0;
-  status = ws_cuda_enter(plan->device, &previous);
+  int status = ws_cuda_enter_stream(stream, plan->device, &raw, &previous);
   if (status != WS_OK)
     return status;
   ws_cuda_check_state *state = plan->memory;
@@ -1040,16 +1021,6 @@ static int launch_synth(ws_cuda_synth_plan *plan, uint32_t version,
                            "synthetic %s of %zu ops on device %d",
                            check ? "check" : "fill", plan->ops, plan->device);
   return WS_OK;
-}
-
-int ws_cuda_synth_plan_fill(ws_cuda_synth_plan *plan, uint32_t version,
-                            ws_cuda_stream *stream) {
-  return launch_synth(plan, version, stream, 0);
-}
-
-int ws_cuda_synth_plan_check(ws_cuda_synth_plan *plan, uint32_t version,
-                             ws_cuda_stream *stream) {
-  return launch_synth(plan, version, stream, 1);
 }
 
 int ws_cuda_synth_plan_result(ws_cuda_synth_plan *plan,
@@ -1096,41 +1067,16 @@ static int not_built(void) {
   return ws_fail(WS_ENODEV, "cuda backend: this wsync was built without CUDA");
 }
 
-int ws_cuda_copy_plan_create(int device, const ws_cuda_region *regions,
-                             size_t region_count, const ws_cuda_copy_op *ops,
-                             size_t count, ws_cuda_copy_plan **out) {
-  ws_clear_error();
-  (void)device, (void)out;
+// The copy plan ws_cuda_copy_plan_create_with would build: its arguments are
+// checked as with CUDA.
+static int create_copy_plan(int device, const ws_cuda_region *regions,
+                            size_t region_count, const ws_cuda_copy_op *ops,
+                            size_t count, uint64_t tile, uint64_t bulk_min,
+                            ws_cuda_copy_plan **out) {
+  (void)device, (void)bulk_min, (void)out;
   uint64_t total = 0;
-  int status = check_copy_ops(regions, region_count, ops, count, &total);
-  return status != WS_OK ? status : not_built();
-}
-
-int ws_cuda_copy_plan_create_tiled(int device, const ws_cuda_region *regions,
-                                   size_t region_count,
-                                   const ws_cuda_copy_op *ops, size_t count,
-                                   uint64_t tile, ws_cuda_copy_plan **out) {
-  ws_clear_error();
-  (void)device, (void)out;
-  uint64_t total = 0;
-  int status = check_tile(tile);
-  if (status == WS_OK)
-    status = check_copy_ops(regions, region_count, ops, count, &total);
-  return status != WS_OK ? status : not_built();
-}
-
-int ws_cuda_copy_plan_create_with(int device, const ws_cuda_region *regions,
-                                  size_t region_count,
-                                  const ws_cuda_copy_op *ops, size_t count,
-                                  const ws_cuda_copy_options *options,
-                                  ws_cuda_copy_plan **out) {
-  ws_clear_error();
-  (void)device, (void)out;
-  uint64_t total = 0;
-  int status = options != NULL && options->tile != 0 ? check_tile(options->tile)
-                                                      : WS_OK;
-  if (status == WS_OK)
-    status = check_copy_ops(regions, region_count, ops, count, &total);
+  int status =
+      check_copy_plan(regions, region_count, ops, count, tile, &total);
   return status != WS_OK ? status : not_built();
 }
 
@@ -1156,17 +1102,10 @@ int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
   return status != WS_OK ? status : not_built();
 }
 
-int ws_cuda_synth_plan_fill(ws_cuda_synth_plan *plan, uint32_t version,
-                            ws_cuda_stream *stream) {
+static int launch_synth(ws_cuda_synth_plan *plan, uint32_t version,
+                        ws_cuda_stream *stream, int check) {
   ws_clear_error();
-  (void)plan, (void)version, (void)stream;
-  return not_built();
-}
-
-int ws_cuda_synth_plan_check(ws_cuda_synth_plan *plan, uint32_t version,
-                             ws_cuda_stream *stream) {
-  ws_clear_error();
-  (void)plan, (void)version, (void)stream;
+  (void)plan, (void)version, (void)stream, (void)check;
   return not_built();
 }
 
@@ -1183,3 +1122,45 @@ int ws_cuda_synth_plan_close(ws_cuda_synth_plan *plan) {
 }
 
 #endif
+
+// ---------------------------------------------------------------------------
+// The public constructors and launches, over what either build provides
+
+int ws_cuda_copy_plan_create(int device, const ws_cuda_region *regions,
+                             size_t region_count, const ws_cuda_copy_op *ops,
+                             size_t count, ws_cuda_copy_plan **out) {
+  return create_copy_plan(device, regions, region_count, ops, count, 0, 0,
+                          out);
+}
+
+int ws_cuda_copy_plan_create_with(int device, const ws_cuda_region *regions,
+                                  size_t region_count,
+                                  const ws_cuda_copy_op *ops, size_t count,
+                                  const ws_cuda_copy_options *options,
+                                  ws_cuda_copy_plan **out) {
+  return create_copy_plan(device, regions, region_count, ops, count,
+                          options != NULL ? options->tile : 0,
+                          options != NULL ? options->bulk : 0, out);
+}
+
+int ws_cuda_copy_plan_create_tiled(int device, const ws_cuda_region *regions,
+                                   size_t region_count,
+                                   const ws_cuda_copy_op *ops, size_t count,
+                                   uint64_t tile, ws_cuda_copy_plan **out) {
+  if (tile == 0) {
+    ws_clear_error();
+    return check_tile(tile);
+  }
+  return create_copy_plan(device, regions, region_count, ops, count, tile, 0,
+                          out);
+}
+
+int ws_cuda_synth_plan_fill(ws_cuda_synth_plan *plan, uint32_t version,
+                            ws_cuda_stream *stream) {
+  return launch_synth(plan, version, stream, 0);
+}
+
+int ws_cuda_synth_plan_check(ws_cuda_synth_plan *plan, uint32_t version,
+                             ws_cuda_stream *stream) {
+  return launch_synth(plan, version, stream, 1);
+}

@@ -378,11 +378,8 @@ int ws_nccl_fill(ws_nccl_comm *comm, ws_cuda_stream *stream,
   if (status != WS_OK)
     return status;
   void *raw = NULL;
-  status = ws_cuda_stream_for(stream, comm->device, &raw);
-  if (status != WS_OK)
-    return status;
   int previous = 0;
-  status = ws_cuda_enter(comm->device, &previous);
+  status = ws_cuda_enter_stream(stream, comm->device, &raw, &previous);
   if (status != WS_OK)
     return status;
   status = ws_cuda_check_region(target, comm->device, "fill target", 0);
@@ -454,11 +451,8 @@ int ws_nccl_all_gather(ws_nccl_comm *comm, ws_cuda_stream *stream,
                    (unsigned long long)bytes,
                    (unsigned long long)source->size);
   void *raw = NULL;
-  int status = ws_cuda_stream_for(stream, comm->device, &raw);
-  if (status != WS_OK)
-    return status;
   int previous = 0;
-  status = ws_cuda_enter(comm->device, &previous);
+  int status = ws_cuda_enter_stream(stream, comm->device, &raw, &previous);
   if (status != WS_OK)
     return status;
   status = ws_cuda_check_region(target, comm->device, "all-gather target", 0);

@@ -39,35 +39,44 @@ static int map_segment(ws_shm *shm, int fd) {
   return WS_OK;
 }
 
-int ws_shm_create(size_t size, ws_shm **out) {
+// Begins a constructor: a new buffer object of `size` bytes that this process
+// owns, not mapped yet.
+static int new_owned(size_t size, ws_shm **out) {
   ws_clear_error();
   if (size == 0)
     return ws_fail(WS_EINVAL, "shm: size must be positive");
   ws_shm *shm = calloc(1, sizeof *shm);
   if (shm == NULL)
     return ws_fail(WS_ENOMEM, "shm: cannot allocate");
+  shm->size = size;
+  shm->owner = 1;
+  *out = shm;
+  return WS_OK;
+}
+
+int ws_shm_create(size_t size, ws_shm **out) {
+  ws_shm *shm = NULL;
+  int status = new_owned(size, &shm);
+  if (status != WS_OK)
+    return status;
   unsigned char random_bytes[8];
   if (getrandom(random_bytes, sizeof random_bytes, 0) !=
       (ssize_t)sizeof random_bytes) {
     free(shm);
     return ws_fail(WS_ESYS, "shm: getrandom: %s", strerror(errno));
   }
-  int used = snprintf(shm->name, sizeof shm->name, "/wsync-%ld-",
-                      (long)getpid());
-  for (size_t i = 0; i < sizeof random_bytes; i++)
-    used += snprintf(shm->name + used, sizeof shm->name - used, "%02x",
-                     random_bytes[i]);
-  shm->size = size;
-  shm->owner = 1;
+  char random_hex[2 * sizeof random_bytes + 1];
+  ws_hex_encode(random_bytes, sizeof random_bytes, random_hex);
+  snprintf(shm->name, sizeof shm->name, "/wsync-%ld-%s", (long)getpid(),
+           random_hex);
 
   int fd = shm_open(shm->name, O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) {
-    int status = ws_fail(WS_ESYS, "shm: shm_open %s: %s", shm->name,
-                         strerror(errno));
+    status = ws_fail(WS_ESYS, "shm: shm_open %s: %s", shm->name,
+                     strerror(errno));
     free(shm);
     return status;
   }
-  int status = WS_OK;
   int error = posix_fallocate(fd, 0, (off_t)size);
   if (error != 0)
     status = ws_fail(WS_ESYS, "shm: cannot reserve %zu bytes for %s: %s",
@@ -91,20 +100,16 @@ static int valid_name(const char *name) {
 }
 
 int ws_shm_create_anonymous(size_t size, ws_shm **out) {
-  ws_clear_error();
-  if (size == 0)
-    return ws_fail(WS_EINVAL, "shm: size must be positive");
-  ws_shm *shm = calloc(1, sizeof *shm);
-  if (shm == NULL)
-    return ws_fail(WS_ENOMEM, "shm: cannot allocate");
-  shm->size = size;
-  shm->owner = 1;
+  ws_shm *shm = NULL;
+  int status = new_owned(size, &shm);
+  if (status != WS_OK)
+    return status;
   shm->unlinked = 1; // nothing to unlink
   shm->data = mmap(NULL, size, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (shm->data == MAP_FAILED) {
-    int status = ws_fail(WS_ENOMEM, "shm: cannot map %zu anonymous bytes: %s",
-                         size, strerror(errno));
+    status = ws_fail(WS_ENOMEM, "shm: cannot map %zu anonymous bytes: %s",
+                     size, strerror(errno));
     free(shm);
     return status;
   }

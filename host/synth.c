@@ -1,24 +1,12 @@
 #include "synth.h"
 
+#include "hash.h"
 #include "status.h"
 
 #include <string.h>
 
 uint64_t ws_synth_seed(const char *name, size_t length) {
-  uint64_t hash = 1469598103934665603ULL;
-  for (size_t i = 0; i < length; i++) {
-    hash ^= (unsigned char)name[i];
-    hash *= 1099511628211ULL;
-  }
-  return hash;
-}
-
-// splitmix64's finalizer: a well-mixed 64-bit value per (seed, index).
-static uint64_t mix(uint64_t value) {
-  value += 0x9e3779b97f4a7c15ULL;
-  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  value = (value ^ (value >> 27)) * 0x94d049bb133111ebULL;
-  return value ^ (value >> 31);
+  return ws_hash_name(name, length);
 }
 
 // float32 bits: random sign, exponent in [119, 127] (2^-8 .. < 2), random
@@ -33,18 +21,18 @@ static uint32_t float_bits(uint64_t bits) {
 int ws_synth_fill(void *target, ws_dtype dtype, uint64_t seed, uint64_t first,
                   uint64_t count, uint32_t version) {
   ws_clear_error();
-  uint64_t key = mix(seed ^ mix((uint64_t)version * 0x632be59bd9b4e019ULL));
+  uint64_t key = ws_hash_mix(seed ^ ws_hash_version(version));
   switch (dtype) {
   case WS_DTYPE_BFLOAT16: {
     uint16_t *out = target;
     for (uint64_t i = 0; i < count; i++)
-      out[i] = (uint16_t)(float_bits(mix(key + first + i)) >> 16);
+      out[i] = (uint16_t)(float_bits(ws_hash_mix(key + first + i)) >> 16);
     return WS_OK;
   }
   case WS_DTYPE_FLOAT32: {
     uint32_t *out = target;
     for (uint64_t i = 0; i < count; i++)
-      out[i] = float_bits(mix(key + first + i));
+      out[i] = float_bits(ws_hash_mix(key + first + i));
     return WS_OK;
   }
   default:

@@ -1,24 +1,12 @@
 #include "values.h"
 
+#include "hash.h"
 #include "status.h"
 
 #include <string.h>
 
 uint64_t ws_values_seed(const char *name, size_t length) {
-  uint64_t hash = 1469598103934665603ULL;
-  for (size_t i = 0; i < length; i++) {
-    hash ^= (unsigned char)name[i];
-    hash *= 1099511628211ULL;
-  }
-  return hash;
-}
-
-// splitmix64's finalizer.
-static uint64_t mix(uint64_t value) {
-  value += 0x9e3779b97f4a7c15ULL;
-  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  value = (value ^ (value >> 27)) * 0x94d049bb133111ebULL;
-  return value ^ (value >> 31);
+  return ws_hash_name(name, length);
 }
 
 static uint64_t element_bits(const unsigned char *at, size_t element_size) {
@@ -128,7 +116,7 @@ int ws_values_sum(const void *memory, size_t size, size_t element_size,
       for (uint64_t x = from; x < to; x += element_size, index++,
                     at += element_size) {
         uint64_t bits = element_bits(at, element_size);
-        sum += mix(op->seed ^ mix(index)) * (2 * bits + 1);
+        sum += ws_hash_mix(op->seed ^ ws_hash_mix(index)) * (2 * bits + 1);
       }
     }
     sums[op->slot] += sum;

@@ -108,6 +108,16 @@ static int call_method(lua_State *L, ws_agent *agent, int nargs, int *first) {
   return protected_call(L, nargs + 1, first, agent->error, sizeof agent->error);
 }
 
+// call_method for a call whose results go unread: leaves the stack as it was
+// before push_method.
+static int call_method_only(lua_State *L, ws_agent *agent, int nargs) {
+  int top = lua_gettop(L) - nargs - 2; // [method, handle, args]
+  int first = 0;
+  int status = call_method(L, agent, nargs, &first);
+  lua_settop(L, top);
+  return status;
+}
+
 // Checks what every call but open checks and stores the host's Lua state in
 // `*state`; writes a refusal into the agent.
 static int check_agent(ws_agent *agent, const char *call, lua_State **state) {
@@ -120,15 +130,11 @@ static int check_agent(ws_agent *agent, const char *call, lua_State **state) {
              call);
     return WS_ESTATE;
   }
-  if (ws_host_in_callback(host)) {
-    snprintf(agent->error, sizeof agent->error,
-             "%s: called from inside a step callback (wsync's loop is not "
-             "reentrant)",
-             call);
-    return WS_ESTATE;
-  }
-  *state = ws_host_lua_state(host);
-  return WS_OK;
+  int status =
+      ws_host_refuse_in_callback(host, call, agent->error, sizeof agent->error);
+  if (status == WS_OK)
+    *state = ws_host_lua_state(host);
+  return status;
 }
 
 static int invalid(ws_agent *agent, const char *format, const char *name) {
@@ -153,10 +159,10 @@ int ws_agent_open(ws_host *host, const char *endpoint, int rank, int world,
     ws_set_last_error("ws_agent_open: host and out are required");
     return WS_EINVAL;
   }
-  if (ws_host_in_callback(host))
-    return open_failed(host, WS_ESTATE,
-                       "ws_agent_open: called from inside a step callback "
-                       "(wsync's loop is not reentrant)");
+  char refusal[128];
+  if (ws_host_refuse_in_callback(host, "ws_agent_open", refusal,
+                                 sizeof refusal) != WS_OK)
+    return open_failed(host, WS_ESTATE, refusal);
   if (world < 1 || rank < 0 || rank >= world) {
     char message[160];
     snprintf(message, sizeof message,
@@ -234,7 +240,6 @@ int ws_agent_register_tensor(ws_agent *agent, const char *name,
                    "ws_agent_register_tensor %s: rows or bytes out of "
                    "range",
                    name);
-  int top = lua_gettop(L);
   push_method(L, agent, "register_tensor");
   lua_pushstring(L, name);
   lua_pushstring(L, dtype);
@@ -247,10 +252,7 @@ int ws_agent_register_tensor(ws_agent *agent, const char *name,
   lua_pushnumber(L, (lua_Number)data_bytes);
   lua_pushnumber(L, (lua_Number)first_row);
   lua_pushnumber(L, (lua_Number)row_count);
-  int first = 0;
-  status = call_method(L, agent, 7, &first);
-  lua_settop(L, top);
-  return status;
+  return call_method_only(L, agent, 7);
 }
 
 int ws_agent_set_tensor_data(ws_agent *agent, const char *name, void *data,
@@ -272,15 +274,11 @@ int ws_agent_set_tensor_data(ws_agent *agent, const char *name, void *data,
     return invalid(agent, "ws_agent_set_tensor_data %s: bytes above 2^53",
                    name);
   lua_State *L = ws_host_lua_state(host);
-  int top = lua_gettop(L);
   push_method(L, agent, "move_tensor");
   lua_pushstring(L, name);
   lua_pushlightuserdata(L, data);
   lua_pushnumber(L, (lua_Number)data_bytes);
-  int first = 0;
-  int status = call_method(L, agent, 3, &first);
-  lua_settop(L, top);
-  return status;
+  return call_method_only(L, agent, 3);
 }
 
 // The trainer's callback, called from Lua: [agent_callback box, user data]
@@ -330,14 +328,10 @@ static int register_callback(ws_agent *agent, const char *call,
              name ? name : "(NULL)");
     return WS_EINVAL;
   }
-  int top = lua_gettop(L);
   push_method(L, agent, "register_callback");
   lua_pushstring(L, name);
   push_trampoline(L, callback, user_data); // [method, handle, name, call]
-  int first = 0;
-  status = call_method(L, agent, 2, &first);
-  lua_settop(L, top);
-  return status;
+  return call_method_only(L, agent, 2);
 }
 
 int ws_agent_register_callback(ws_agent *agent, const char *name,
@@ -364,7 +358,6 @@ int ws_agent_set_interrupt_check(ws_agent *agent,
   int status = check_agent(agent, "ws_agent_set_interrupt_check", &L);
   if (status != WS_OK)
     return status;
-  int top = lua_gettop(L);
   push_method(L, agent, "set_interrupt_check");
   if (check != NULL) {
     agent_callback box = {.confirmed = check};
@@ -372,10 +365,7 @@ int ws_agent_set_interrupt_check(ws_agent *agent,
   } else {
     lua_pushnil(L); // [method, handle, nil]
   }
-  int first = 0;
-  status = call_method(L, agent, 1, &first);
-  lua_settop(L, top);
-  return status;
+  return call_method_only(L, agent, 1);
 }
 
 int ws_agent_ready(ws_agent *agent) {
@@ -383,12 +373,8 @@ int ws_agent_ready(ws_agent *agent) {
   int status = check_agent(agent, "ws_agent_ready", &L);
   if (status != WS_OK)
     return status;
-  int top = lua_gettop(L);
   push_method(L, agent, "ready");
-  int first = 0;
-  status = call_method(L, agent, 0, &first);
-  lua_settop(L, top);
-  return status;
+  return call_method_only(L, agent, 0);
 }
 
 // Copies the string field `key` of the table at `index` into `out`.
@@ -467,12 +453,9 @@ void ws_agent_close(ws_agent *agent) {
   if (ws_host_in_callback(host))
     return;
   lua_State *L = ws_host_lua_state(host);
-  int top = lua_gettop(L);
   push_method(L, agent, "close");
-  int first = 0;
-  if (call_method(L, agent, 0, &first) != WS_OK)
+  if (call_method_only(L, agent, 0) != WS_OK)
     fprintf(stderr, "wsync: closing an agent failed: %s\n", agent->error);
-  lua_settop(L, top);
   luaL_unref(L, LUA_REGISTRYINDEX, agent->handle);
   ws_host_link_release(agent->link);
   free(agent->report);

@@ -82,6 +82,17 @@ int ws_host_in_callback(const ws_host *host) {
   return host->callback_depth > 0;
 }
 
+int ws_host_refuse_in_callback(const ws_host *host, const char *call,
+                               char *error, size_t size) {
+  if (!ws_host_in_callback(host))
+    return WS_OK;
+  snprintf(error, size,
+           "%s: called from inside a step callback (wsync's loop is not "
+           "reentrant)",
+           call);
+  return WS_ESTATE;
+}
+
 const char *ws_host_script_root(const ws_host *host) {
   return host->script_root;
 }
@@ -322,17 +333,16 @@ static int call_script_text(ws_host *host, const char *module,
                             const char *const *strings, int argc,
                             const char *const *argv, int *exit_code, char *text,
                             size_t text_size) {
-  if (ws_host_in_callback(host)) {
-    snprintf(host->error, sizeof host->error,
-             "wsync.cli.%s: called from inside a step callback (wsync's loop "
-             "is not reentrant)",
-             function);
-    return WS_ESTATE;
-  }
+  char call[64];
+  snprintf(call, sizeof call, "wsync.cli.%s", function);
+  int status =
+      ws_host_refuse_in_callback(host, call, host->error, sizeof host->error);
+  if (status != WS_OK)
+    return status;
   ws_sigpipe_guard guard;
   ws_sigpipe_enter(&guard);
-  int status = run_script(host, module, function, string_count, strings, argc,
-                          argv, exit_code, text, text_size);
+  status = run_script(host, module, function, string_count, strings, argc,
+                      argv, exit_code, text, text_size);
   ws_sigpipe_leave(&guard);
   return status;
 }
@@ -363,53 +373,64 @@ int ws_host_run_recipe(ws_host *host, const char *path, int argc,
                      NULL);
 }
 
+// Checks a call's arguments: the host ("CALL: host is NULL" in this thread's
+// ws_last_error when it is missing), then the others unless `complete`
+// ("CALL: REQUIRED are required" in the host's error).
+static int check_call(ws_host *host, const char *call, int complete,
+                      const char *required) {
+  if (host == NULL) {
+    char text[128];
+    snprintf(text, sizeof text, "%s: host is NULL", call);
+    ws_set_last_error(text);
+    return WS_EINVAL;
+  }
+  if (!complete) {
+    snprintf(host->error, sizeof host->error, "%s: %s are required", call,
+             required);
+    return WS_EINVAL;
+  }
+  return WS_OK;
+}
+
+// Runs wsync.cli.embedded's `function` on `argument` (and argv), its answer
+// into `text`, once call `call` has what it needs (`required`, named in the
+// refusal).
+static int call_embedded(ws_host *host, const char *call, const char *function,
+                         const char *argument, int argc,
+                         const char *const *argv, char *text, size_t text_size,
+                         const char *required) {
+  int status = check_call(host, call,
+                          argument != NULL && text != NULL && text_size > 0,
+                          required);
+  if (status != WS_OK)
+    return status;
+  text[0] = '\0';
+  return call_script_text(host, "wsync.cli.embedded", function, 1, &argument,
+                          argc, argv, NULL, text, text_size);
+}
+
 int ws_host_start_recipe(ws_host *host, const char *path, int argc,
                          const char *const *argv, char *endpoint,
                          size_t endpoint_size) {
-  if (host == NULL) {
-    ws_set_last_error("ws_host_start_recipe: host is NULL");
-    return WS_EINVAL;
-  }
-  if (path == NULL || endpoint == NULL || endpoint_size == 0) {
-    snprintf(host->error, sizeof host->error,
-             "ws_host_start_recipe: a path and an endpoint buffer are "
-             "required");
-    return WS_EINVAL;
-  }
-  endpoint[0] = '\0';
-  return call_script_text(host, "wsync.cli.embedded", "start_recipe", 1, &path,
-                          argc, argv, NULL, endpoint, endpoint_size);
+  return call_embedded(host, "ws_host_start_recipe", "start_recipe", path,
+                       argc, argv, endpoint, endpoint_size,
+                       "a path and an endpoint buffer");
 }
 
 int ws_host_eval(ws_host *host, const char *code, char *result,
                  size_t result_size) {
-  if (host == NULL) {
-    ws_set_last_error("ws_host_eval: host is NULL");
-    return WS_EINVAL;
-  }
-  if (code == NULL || result == NULL || result_size == 0) {
-    snprintf(host->error, sizeof host->error,
-             "ws_host_eval: code and a result buffer are required");
-    return WS_EINVAL;
-  }
-  result[0] = '\0';
-  return call_script_text(host, "wsync.cli.embedded", "eval", 1, &code, 0,
-                          NULL, NULL, result, result_size);
+  return call_embedded(host, "ws_host_eval", "eval", code, 0, NULL, result,
+                       result_size, "code and a result buffer");
 }
 
 int ws_host_call(ws_host *host, const char *name, const char *args_json,
                  char *result, size_t result_size) {
-  if (host == NULL) {
-    ws_set_last_error("ws_host_call: host is NULL");
-    return WS_EINVAL;
-  }
-  if (name == NULL || args_json == NULL || result == NULL ||
-      result_size == 0) {
-    snprintf(host->error, sizeof host->error,
-             "ws_host_call: a name, arguments and a result buffer are "
-             "required");
-    return WS_EINVAL;
-  }
+  int status = check_call(host, "ws_host_call",
+                          name != NULL && args_json != NULL && result != NULL &&
+                              result_size > 0,
+                          "a name, arguments and a result buffer");
+  if (status != WS_OK)
+    return status;
   result[0] = '\0';
   const char *strings[] = {name, args_json};
   return call_script_text(host, "wsync.cli.embedded", "call", 2, strings, 0,
@@ -417,10 +438,9 @@ int ws_host_call(ws_host *host, const char *name, const char *args_json,
 }
 
 int ws_host_finish_recipe(ws_host *host) {
-  if (host == NULL) {
-    ws_set_last_error("ws_host_finish_recipe: host is NULL");
-    return WS_EINVAL;
-  }
+  int status = check_call(host, "ws_host_finish_recipe", 1, NULL);
+  if (status != WS_OK)
+    return status;
   return call_script(host, "wsync.cli.embedded", "finish_recipe", 0, NULL, 0,
                      NULL, NULL);
 }
@@ -453,6 +473,21 @@ static int package_loaded(lua_State *L, const char *name) {
   return loaded;
 }
 
+// Calls require(module)[function]() under the message handler at index 1,
+// saying on stderr when the call fails ("wsync: WHAT failed: ..."). Returns 0,
+// the loader's error on top, when the module cannot be loaded.
+static int call_module_function(lua_State *L, const char *module,
+                                const char *function, const char *what) {
+  lua_getglobal(L, "require");
+  lua_pushstring(L, module);
+  if (lua_pcall(L, 1, 1, 1) != 0)
+    return 0;
+  lua_getfield(L, -1, function);
+  if (lua_pcall(L, 0, 0, 1) != 0)
+    fprintf(stderr, "wsync: %s failed: %s\n", what, lua_tostring(L, -1));
+  return 1;
+}
+
 // Closes every handle still open on the host's loop through luv, so that luv's
 // own close callbacks release their Lua references, and runs the loop until
 // the closes complete.
@@ -463,27 +498,13 @@ static void close_handles(ws_host *host) {
   // A session started by ws_host_start_recipe and not finished: stopped
   // fail-stop before its handles go.
   if (package_loaded(L, "wsync.cli.embedded")) {
-    lua_getglobal(L, "require");
-    lua_pushliteral(L, "wsync.cli.embedded");
-    if (lua_pcall(L, 1, 1, 1) == 0) {
-      lua_getfield(L, -1, "abort");
-      if (lua_pcall(L, 0, 0, 1) != 0)
-        fprintf(stderr, "wsync: stopping the host's session failed: %s\n",
-                lua_tostring(L, -1));
-    }
+    call_module_function(L, "wsync.cli.embedded", "abort",
+                         "stopping the host's session");
     lua_settop(L, 1);
   }
-  lua_getglobal(L, "require");
-  lua_pushliteral(L, "wsync.loop");
-  if (lua_pcall(L, 1, 1, 1) == 0) {
-    lua_getfield(L, -1, "close_all");
-    if (lua_pcall(L, 0, 0, 1) != 0)
-      fprintf(stderr, "wsync: closing handles failed: %s\n",
-              lua_tostring(L, -1));
-  } else {
+  if (!call_module_function(L, "wsync.loop", "close_all", "closing handles"))
     fprintf(stderr, "wsync: cannot load wsync.loop to close handles: %s\n",
             lua_tostring(L, -1));
-  }
   lua_settop(L, 0);
 }
 

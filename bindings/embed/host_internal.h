@@ -5,6 +5,7 @@
 #pragma once
 
 #include <lua.h>
+#include <stddef.h>
 
 #include "host_link.h"
 #include "wsync.h"
@@ -36,6 +37,12 @@ void ws_host_leave_callback(ws_host *host);
 
 /// Returns non-zero while a step callback of this host runs.
 int ws_host_in_callback(const ws_host *host);
+
+/// Refuses call `call` while a step callback of this host runs: writes "CALL:
+/// called from inside a step callback (...)" into `error` and returns
+/// WS_ESTATE; returns WS_OK otherwise.
+int ws_host_refuse_in_callback(const ws_host *host, const char *call,
+                               char *error, size_t size);
 
 /// Returns the directory wsync's Lua scripts come from, or "" when they come
 /// from the embedded bytecode.

@@ -81,7 +81,5 @@ int luaopen_wsync_host(lua_State *L) {
       {"message_handler", ws_lua_message_handler},
       {NULL, NULL},
   };
-  lua_newtable(L);
-  luaL_register(L, NULL, functions);
-  return 1;
+  return ws_lua_new_module(L, functions);
 }

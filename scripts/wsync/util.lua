@@ -80,21 +80,48 @@ function M.leftovers(parent, pattern)
   end
 end
 
---- `bytes` (a string) in lowercase hexadecimal.
----@param bytes string
----@return string
-function M.hex(bytes)
-  return (bytes:gsub(".", function(c)
-    return string.format("%02x", c:byte())
-  end))
-end
-
 --- `count` random bytes from the kernel, in lowercase hexadecimal: tokens,
 --- publication ids, marks.
 ---@param count integer
 ---@return string
 function M.random_hex(count)
-  return M.hex(uv.random(count))
+  return require("wsync.native.digest").hex(uv.random(count))
+end
+
+--- `method` bound to `object`: a function that returns method(object, ...).
+---@param object table
+---@param method function
+---@return function
+function M.bind(object, method)
+  return function(...)
+    return method(object, ...)
+  end
+end
+
+--- Request handlers (the `handlers` of wsync.control.server and peer) that
+--- forward to `object`'s methods: the handler of command `name` returns
+--- `methods[name](object, payload, ...)`.
+---@param object table
+---@param methods table<string, fun(self: table, payload: table): table>
+---@return table<string, fun(payload: table): table>
+function M.method_handlers(object, methods)
+  local handlers = {}
+  for name, method in pairs(methods) do
+    handlers[name] = M.bind(object, method)
+  end
+  return handlers
+end
+
+--- The value at `key` of every table in `list`, in the list's order.
+---@param list table[]
+---@param key any
+---@return any[]
+function M.field_values(list, key)
+  local values = {}
+  for index, item in ipairs(list) do
+    values[index] = item[key]
+  end
+  return values
 end
 
 --- The keys of `map`, sorted.

@@ -82,17 +82,8 @@ function M.assert_same(want, got, what)
   end
 end
 
-function M.hex(bytes)
-  return (bytes:gsub(".", function(c)
-    return string.format("%02x", c:byte())
-  end))
-end
-
-function M.unhex(text)
-  return (text:gsub("%x%x", function(pair)
-    return string.char(tonumber(pair, 16))
-  end))
-end
+M.hex = require("wsync.native.digest").hex
+M.unhex = require("wsync.native.digest").unhex
 
 --- Free bytes on CUDA device `index` (cudaMemGetInfo).
 function M.free_bytes(index)

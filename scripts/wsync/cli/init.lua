@@ -372,6 +372,15 @@ local function parse_options(args, known)
   return options
 end
 
+-- Refuses `wsync COMMAND` (USAGE) unless every option of `names` was given.
+local function require_options(command, options, names)
+  for _, name in ipairs(names) do
+    if options[name] == nil then
+      usage_error("wsync " .. command .. " needs --" .. name)
+    end
+  end
+end
+
 -- Runs a process role (runtime main or worker) until its loop has no work.
 local function serve_role(start)
   local loop = require("wsync.loop")
@@ -431,11 +440,7 @@ commands["runtime-worker"] = function(args)
     rank = "number", world = "number", backend = "string", device = "number", ["weights-bytes"] = "number",
     ["kv-bytes"] = "number",
   })
-  for _, name in ipairs({ "rank", "world", "device", "weights-bytes", "kv-bytes" }) do
-    if options[name] == nil then
-      usage_error("wsync runtime-worker needs --" .. name)
-    end
-  end
+  require_options("runtime-worker", options, { "rank", "world", "device", "weights-bytes", "kv-bytes" })
   return serve_role(function()
     require("wsync.runtime.worker").main({
       rank = options.rank,
@@ -457,11 +462,7 @@ function commands.trainer(args)
   if options.storage ~= nil and options.storage ~= "one" and options.storage ~= "tensor" then
     usage_error("wsync trainer --storage takes one or tensor, not '" .. tostring(options.storage) .. "'")
   end
-  for _, name in ipairs({ "rank", "world", "model" }) do
-    if options[name] == nil then
-      usage_error("wsync trainer needs --" .. name)
-    end
-  end
+  require_options("trainer", options, { "rank", "world", "model" })
   return serve_role(function()
     require("wsync.trainer.synthetic").main({
       endpoint = options.endpoint,

@@ -483,6 +483,22 @@ function Session:_on_editor_event(event)
   end
 end
 
+-- Takes what a read of standard input gave: `data`, its end (nil; "" from a
+-- file) or a read error `err`.
+function Session:_take_input(err, data)
+  if self.finished then
+    return
+  end
+  if err then
+    self:_write_error("wsync repl: cannot read standard input: " .. tostring(err))
+    self:_receive_eof()
+  elseif data == nil or data == "" then
+    self:_receive_eof()
+  else
+    self:_receive(data)
+  end
+end
+
 function Session:_read_file()
   if self.reading then
     return
@@ -490,17 +506,7 @@ function Session:_read_file()
   self.reading = true
   uv.fs_read(0, file_read_size, -1, function(err, data)
     self.reading = false
-    if self.finished then
-      return
-    end
-    if err then
-      self:_write_error("wsync repl: cannot read standard input: " .. tostring(err))
-      self:_receive_eof()
-    elseif data == nil or data == "" then
-      self:_receive_eof()
-    else
-      self:_receive(data)
-    end
+    self:_take_input(err, data)
   end)
 end
 
@@ -700,17 +706,7 @@ function Session:_open_input(options)
     return
   end
   self.on_read = function(err, data)
-    if self.finished then
-      return
-    end
-    if err then
-      self:_write_error("wsync repl: cannot read standard input: " .. tostring(err))
-      self:_receive_eof()
-    elseif data then
-      self:_receive(data)
-    else
-      self:_receive_eof()
-    end
+    self:_take_input(err, data)
   end
   self.stream:read_start(self.on_read)
 end

@@ -111,19 +111,9 @@ function M.listen(options)
     waiting_count = 0,
   }, Endpoint)
   self.server = uv.new_pipe(false)
-  local ok, err = self.server:bind(self.path)
-  if ok then
-    ok, err = self.server:listen(64, function(listen_error)
-      if listen_error then
-        return
-      end
-      self:_accept(options)
-    end)
-  end
-  if not ok then
-    self:close()
-    errors.raise("ENDPOINT", string.format("cannot listen on %s: %s", self.path, tostring(err)))
-  end
+  self:_listen(self.server, self.path, function()
+    self:_accept(options)
+  end, self.path)
   if options.tcp then
     self:_listen_tcp(options)
   end
@@ -206,6 +196,24 @@ function M.token_matches(token, given)
   return differ == 0
 end
 
+-- Binds `server` (a pipe or a TCP handle) to `...` and listens on it, calling
+-- `accept` for each connection; when it cannot, closes the endpoint and
+-- raises ENDPOINT naming `where`.
+function Endpoint:_listen(server, where, accept, ...)
+  local ok, err = server:bind(...)
+  if ok then
+    ok, err = server:listen(64, function(listen_error)
+      if not listen_error then
+        accept()
+      end
+    end)
+  end
+  if not ok then
+    self:close()
+    errors.raise("ENDPOINT", string.format("cannot listen on %s: %s", where, tostring(err)))
+  end
+end
+
 function Endpoint:_listen_tcp(options)
   local address, port = M.parse_address(options.tcp)
   if not address then
@@ -213,18 +221,9 @@ function Endpoint:_listen_tcp(options)
     errors.raise("ENDPOINT", "control.tcp: " .. port)
   end
   self.tcp_server = uv.new_tcp()
-  local ok, err = self.tcp_server:bind(address, port)
-  if ok then
-    ok, err = self.tcp_server:listen(64, function(listen_error)
-      if not listen_error then
-        self:_accept_tcp(options)
-      end
-    end)
-  end
-  if not ok then
-    self:close()
-    errors.raise("ENDPOINT", string.format("cannot listen on TCP %s: %s", options.tcp, tostring(err)))
-  end
+  self:_listen(self.tcp_server, "TCP " .. options.tcp, function()
+    self:_accept_tcp(options)
+  end, address, port)
   local bound = self.tcp_server:getsockname()
   self.token = options.token or require("wsync.util").random_hex(16) -- (128 random bits)
   local host = bound.ip:find(":", 1, true) and ("[" .. bound.ip .. "]") or bound.ip

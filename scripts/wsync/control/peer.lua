@@ -25,6 +25,7 @@ local inflight_module = require("wsync.control.inflight")
 local loop = require("wsync.loop")
 local messages = require("wsync.control.messages")
 local protocol = require("wsync.control.protocol")
+local util = require("wsync.util")
 
 local M = {}
 
@@ -63,9 +64,7 @@ function M.new(stream, options)
   }, Peer)
   self.channel = channel_module.new(stream, {
     limit = options.limit,
-    on_message = function(message)
-      self:_on_message(message)
-    end,
+    on_message = util.bind(self, Peer._on_message),
     on_close = function(reason)
       if reason == "EOF" then
         self:_end(self.name .. " closed the connection")

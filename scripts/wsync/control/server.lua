@@ -7,6 +7,7 @@ local errors = require("wsync.errors")
 local fault_module = require("wsync.control.fault")
 local loop = require("wsync.loop")
 local protocol = require("wsync.control.protocol")
+local util = require("wsync.util")
 
 local M = {}
 
@@ -196,9 +197,7 @@ function M.serve(options)
   end
   self.channel = channel_module.new(pipe, {
     limit = options.limit,
-    on_message = function(message)
-      self:_on_message(message)
-    end,
+    on_message = util.bind(self, Server._on_message),
     on_close = function(reason)
       if options.on_close then
         options.on_close(reason)

@@ -95,4 +95,16 @@ function M.of(records)
   return result
 end
 
+--- Runs `fill(segment)` to add a chunk's records to `segment`; when it
+--- raises, closes the segment and raises the error again.
+---@param segment userdata
+---@param fill fun(segment: userdata)
+function M.fill_segment(segment, fill)
+  local ok, err = pcall(fill, segment)
+  if not ok then
+    segment:close()
+    error(err, 0)
+  end
+end
+
 return M

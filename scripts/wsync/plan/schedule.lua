@@ -154,14 +154,6 @@ local function usage(state, sizes)
   return total
 end
 
-local function copy_state(state)
-  local copy = {}
-  for key, value in pairs(state) do
-    copy[key] = value
-  end
-  return copy
-end
-
 -- Applies one step to the modelled state; returns the peak during the step.
 local function apply(state, step, sizes, callbacks)
   local function refuse(message)
@@ -302,7 +294,7 @@ function M.check(options)
     end
   end
   run(bootstrap, 1)
-  local start = copy_state(state)
+  local start = require("wsync.util").merged(state)
   run(steps, 1)
   if not (state.actor and state.optimizer) then
     local part = state.actor and "optimizer" or "actor"

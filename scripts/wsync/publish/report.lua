@@ -47,6 +47,13 @@ M.KEPT_ROUNDS = 32
 --- chunk's fill and load, which overlap).
 M.PHASES = { "preflight", "init", "start", "chunks", "fill", "load", "verify", "finish", "release" }
 
+-- Every key of a round's `timings`: the phases, then the totals and the
+-- copies alone (the module's header says what each is).
+local TIMINGS = { unpack(M.PHASES) }
+for _, extra in ipairs({ "total", "fill_copy", "load_copy", "commit" }) do
+  TIMINGS[#TIMINGS + 1] = extra
+end
+
 local null = util.json_null
 
 local function now()
@@ -246,19 +253,10 @@ end
 ---@return table
 function M.round_json(round)
   local timings = {}
-  for _, phase in ipairs(M.PHASES) do
-    timings[phase] = or_null(round.timings and round.timings[phase])
+  for _, name in ipairs(TIMINGS) do
+    timings[name] = or_null(round.timings and round.timings[name])
   end
-  for _, extra in ipairs({ "total", "fill_copy", "load_copy", "commit" }) do
-    timings[extra] = or_null(round.timings and round.timings[extra])
-  end
-  local error_json = null
-  if round.error then
-    error_json = {}
-    for key, value in pairs(round.error) do
-      error_json[key] = value
-    end
-  end
+  local error_json = round.error and util.merged(round.error) or null
   local overlaps = util.json_array({})
   for index, overlap in ipairs(round.overlaps or {}) do
     overlaps[index] = { phases = util.json_array({ unpack(overlap.phases) }), within = overlap.within,

@@ -467,11 +467,7 @@ end
 
 --- A resident-check answer as one list of worker results per replica.
 function ReplicaSet:by_replica(reported)
-  local lists = {}
-  for index, result in ipairs(reported.replicas) do
-    lists[index] = result.workers
-  end
-  return lists
+  return util.field_values(reported.replicas, "workers")
 end
 
 --- Destroys every replica (a failure in one poisons the publication on all).
@@ -499,11 +495,7 @@ function ReplicaSet:state()
 end
 
 function ReplicaSet:clients()
-  local clients = {}
-  for index, replica in ipairs(self.replicas) do
-    clients[index] = replica.client
-  end
-  return clients
+  return util.field_values(self.replicas, "client")
 end
 
 return M

@@ -269,13 +269,7 @@ function M.verify_mode(recipe)
   return recipe.verify or false
 end
 
-local function copy(source)
-  local result = {}
-  for key, value in pairs(source) do
-    result[key] = value
-  end
-  return result
-end
+local copy = require("wsync.util").merged
 
 local safe_globals = {
   "assert", "error", "ipairs", "next", "pairs", "pcall", "print", "rawequal",

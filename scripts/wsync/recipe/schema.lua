@@ -36,12 +36,18 @@ local function fail(path, message, ...)
   error({ path = path, message = message:format(...) }, 0)
 end
 
+-- Fails unless `value` is of Lua type `kind`; `expected` says what was
+-- expected in the message ("a string").
+local function expect_type(value, kind, path, expected)
+  if type(value) ~= kind then
+    fail(path, "expected %s, got %s", expected, describe(value))
+  end
+end
+
 local validators = {}
 
 function validators.string(spec, value, path)
-  if type(value) ~= "string" then
-    fail(path, "expected a string, got %s", describe(value))
-  end
+  expect_type(value, "string", path, "a string")
   if spec.pattern and not value:match(spec.pattern) then
     fail(path, "%s does not match %s", describe(value), spec.pattern)
   end
@@ -49,9 +55,7 @@ function validators.string(spec, value, path)
 end
 
 function validators.number(spec, value, path)
-  if type(value) ~= "number" then
-    fail(path, "expected a number, got %s", describe(value))
-  end
+  expect_type(value, "number", path, "a number")
   if value ~= value or value == math.huge or value == -math.huge then
     fail(path, "expected a finite number, got %s", describe(value))
   end
@@ -68,9 +72,7 @@ function validators.number(spec, value, path)
 end
 
 function validators.boolean(_, value, path)
-  if type(value) ~= "boolean" then
-    fail(path, "expected true or false, got %s", describe(value))
-  end
+  expect_type(value, "boolean", path, "true or false")
   return value
 end
 
@@ -88,9 +90,7 @@ function validators.enum(spec, value, path)
 end
 
 validators["function"] = function(_, value, path)
-  if type(value) ~= "function" then
-    fail(path, "expected a function, got %s", describe(value))
-  end
+  expect_type(value, "function", path, "a function")
   return value
 end
 
@@ -109,9 +109,7 @@ end
 local check_value
 
 function validators.list(spec, value, path)
-  if type(value) ~= "table" then
-    fail(path, "expected a list, got %s", describe(value))
-  end
+  expect_type(value, "table", path, "a list")
   local count = #value
   for key in pairs(value) do
     if type(key) ~= "number" or key < 1 or key > count or key ~= math.floor(key) then
@@ -132,9 +130,7 @@ function validators.list(spec, value, path)
 end
 
 function validators.map(spec, value, path)
-  if type(value) ~= "table" then
-    fail(path, "expected a table, got %s", describe(value))
-  end
+  expect_type(value, "table", path, "a table")
   local result = {}
   for key, item in pairs(value) do
     if type(key) ~= "string" then
@@ -146,9 +142,7 @@ function validators.map(spec, value, path)
 end
 
 function validators.record(spec, value, path)
-  if type(value) ~= "table" then
-    fail(path, "expected a table, got %s", describe(value))
-  end
+  expect_type(value, "table", path, "a table")
   for key in pairs(value) do
     if spec.fields[key] == nil and not spec.open then
       local known = {}

@@ -35,6 +35,17 @@ function M.device_list(options)
   return table.concat(devices, ",")
 end
 
+-- Spawns a runtime's main process as a client: `fields` (its name, argv,
+-- env and timeouts) with what every runtime kind takes alike from `options`.
+local function spawn_client(options, fields)
+  return client.spawn(require("wsync.util").merged(fields, {
+    grace_ms = options.grace_ms,
+    output = options.output,
+    results = require("wsync.control.messages").from_runtime,
+    on_slow = options.on_slow,
+  }))
+end
+
 --- Spawns a runtime.
 --- `env` adds "NAME=value" entries to the runtime's environment; `fault` is
 --- a test-only fault spec (wsync.control.fault).
@@ -44,7 +55,7 @@ function M.spawn(options)
   options = options or {}
   local kind = options.kind or "reference"
   if kind == "vllm" then
-    return require("wsync.runtime.vllm").spawn(options, client.spawn)
+    return require("wsync.runtime.vllm").spawn(options, spawn_client)
   elseif kind ~= "reference" then
     require("wsync.errors").raise("RUNTIME_START", string.format("unknown runtime kind '%s' (this build has: "
       .. "reference, vllm)", tostring(kind)))
@@ -54,7 +65,7 @@ function M.spawn(options)
   -- The host's timeout of each command, which the runtime's main process
   -- shortens for its own hop to the TP workers (client.inner_timeouts).
   local timeouts = require("wsync.control.timeouts").with(options.timeouts)
-  return client.spawn({
+  return spawn_client(options, {
     name = "reference runtime",
     argv = {
       program, "runtime",
@@ -75,10 +86,6 @@ function M.spawn(options)
       return env
     end)(),
     timeouts = timeouts,
-    grace_ms = options.grace_ms,
-    output = options.output,
-    results = require("wsync.control.messages").from_runtime,
-    on_slow = options.on_slow,
   })
 end
 

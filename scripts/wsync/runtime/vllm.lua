@@ -178,7 +178,7 @@ end
 --- Spawns the runtime and returns its client after the handshake (`info`,
 --- answered once vLLM's engine is up). Needs a coroutine.
 ---@param options wsync.VllmRuntimeOptions
----@param spawn_client fun(options: table): wsync.RuntimeClient
+---@param spawn_client fun(options: table, fields: table): wsync.RuntimeClient  adds what every kind shares
 ---@return wsync.RuntimeClient
 function M.spawn(options, spawn_client)
   local load = options.load or "direct"
@@ -194,7 +194,7 @@ function M.spawn(options, spawn_client)
   local overrides = require("wsync.util").merged({ startup = M.STARTUP_SECONDS }, options.timeouts or {})
   local timeouts = timeouts_module.with(overrides)
   local python = M.python(options)
-  return spawn_client({
+  return spawn_client(options, {
     name = "vllm runtime",
     argv = {
       python, "-m", "wsync.vllm",
@@ -210,10 +210,6 @@ function M.spawn(options, spawn_client)
     },
     env = options.env,
     timeouts = timeouts,
-    grace_ms = options.grace_ms,
-    output = options.output,
-    results = require("wsync.control.messages").from_runtime,
-    on_slow = options.on_slow,
   })
 end
 

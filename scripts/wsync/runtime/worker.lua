@@ -293,7 +293,7 @@ function Worker:_plan_chunk(k, tensors)
   if not segment then
     fatal("MANIFEST", string.format("TP worker %d: %s", self.rank, tostring(message)))
   end
-  local ok, err = pcall(function()
+  manifest_module.fill_segment(segment, function()
     for _, tensor in ipairs(tensors) do
       if type(tensor) ~= "table" or type(tensor.name) ~= "string" or type(tensor.offset) ~= "number"
           or type(tensor.bytes) ~= "number" then
@@ -335,10 +335,6 @@ function Worker:_plan_chunk(k, tensors)
       end
     end
   end)
-  if not ok then
-    segment:close()
-    error(err, 0)
-  end
   -- (A tensor that names its `buffer` is read from that imported memory: the
   -- direct path, where the memories are the trainer's storage.)
   local direct = tensors[1] ~= nil and tensors[1].buffer ~= nil
@@ -353,16 +349,21 @@ function Worker:_plan_chunk(k, tensors)
   return chunk
 end
 
+-- The update in progress; without one, fails NOT_UPDATING with `refusal`.
+function Worker:_update(refusal)
+  if not self.update then
+    fatal("NOT_UPDATING", refusal)
+  end
+  return self.update
+end
+
 --- load_chunk{chunk, buffer, tensors}: copies this rank's TP slice of every
 --- canonical tensor of the chunk from the packed buffer into resident storage,
 --- in one transport call. `tensors` comes with a chunk's first load after
 --- init_weights; the chunk's plan is made from it then and kept by chunk
 --- number, and later loads omit it.
 function Worker:load_chunk(payload)
-  local update = self.update
-  if not update then
-    fatal("NOT_UPDATING", "load_chunk outside start_update/finish_update")
-  end
+  local update = self:_update("load_chunk outside start_update/finish_update")
   local buffer = self.imported[payload.buffer]
   if not buffer then
     fatal("NO_BUFFER", string.format("load_chunk names buffer %s; %d are mapped", tostring(payload.buffer),
@@ -423,10 +424,7 @@ end
 --- this worker's receipt, made from the header this worker got at
 --- start_update (the request must name the same publication).
 function Worker:finish_update(payload)
-  local update = self.update
-  if not update then
-    fatal("NOT_UPDATING", "finish_update without start_update")
-  end
+  local update = self:_update("finish_update without start_update")
   local header = update.header or {}
   if payload.publication_id ~= header.publication_id or payload.model_version ~= header.model_version then
     fatal("WRONG_PUBLICATION", string.format("finish_update for publication %s version %s; this worker is updating "
@@ -462,18 +460,24 @@ function Worker:finish_update(payload)
   }
 end
 
+-- Refuses to `action` ("check") the resident weights unless this worker holds
+-- them itself: planned, awake, not the engine's parameters.
+function Worker:_own_residents(action)
+  if self.external then
+    refuse("the resident tensors are the engine's parameters: this worker does not read them back")
+  end
+  if not self.plan or not self.weights then
+    refuse(string.format("no resident weights to %s (not initialized, or asleep)", action))
+  end
+end
+
 --- resident_check{step}: checks every resident slice that a chunk filled
 --- against wsync's synthetic values of trainer step `step`, on the device
 --- where the transport can (the synthetic trainer's values; for checks of
 --- models too large to read back). Returns {rank, checked, mismatches, op?,
 --- element?}.
 function Worker:resident_check(payload)
-  if self.external then
-    refuse("the resident tensors are the engine's parameters: this worker does not read them back")
-  end
-  if not self.plan or not self.weights then
-    refuse("no resident weights to check (not initialized, or asleep)")
-  end
+  self:_own_residents("check")
   if not transport_module.can(self.transport, "device_check") then
     refuse(string.format("the %s transport checks resident weights on the host (resident_checksums)",
       self.transport.NAME))
@@ -522,12 +526,7 @@ end
 
 --- resident_checksums{}: SHA-256 of every resident tensor, by name.
 function Worker:resident_checksums()
-  if self.external then
-    refuse("the resident tensors are the engine's parameters: this worker does not read them back")
-  end
-  if not self.plan or not self.weights then
-    refuse("no resident weights to checksum (not initialized, or asleep)")
-  end
+  self:_own_residents("checksum")
   local sums = {}
   for _, tensor in ipairs(self.plan.tensors) do
     local sum, message = self.transport.checksum(self.weights, tensor.offset, tensor.bytes)
@@ -780,61 +779,30 @@ function M.main(options)
     errors.raise("RUNTIME_START", string.format("TP worker %d: dummy weights: %s", self.rank, tostring(reason)))
   end
 
-  local handlers = {
-    info = function()
-      return self:info()
-    end,
-    sleep = function(payload)
-      return self:sleep(payload)
-    end,
-    wake = function(payload)
-      return self:wake(payload)
-    end,
-    checksum = function()
-      return self:checksum()
-    end,
-    init_weights = function(payload)
-      return self:init_weights(payload)
-    end,
-    start_update = function(payload)
-      return self:start_update(payload)
-    end,
-    load_chunk = function(payload)
-      return self:load_chunk(payload)
-    end,
-    finish_update = function(payload)
-      return self:finish_update(payload)
-    end,
-    resident_checksums = function()
-      return self:resident_checksums()
-    end,
-    resident_check = function(payload)
-      return self:resident_check(payload)
-    end,
-    resident_values = function()
-      return self:resident_values()
-    end,
-    weights_digest = function()
-      return self:weights_digest()
-    end,
-    process_memory = function()
-      return util.memory_usage()
-    end,
-    release = function()
-      -- Buffers stay mapped (policy "keep"); nothing reads them now.
-      if self.update then
-        refuse("release during an update")
-      end
-      return { rank = self.rank, mapped = #(self.imported or {}) }
-    end,
-    shutdown = function()
-      self.server.after_answer = function()
-        self:release_all()
-        self.server:close_after_flush()
-      end
-      return {}
-    end,
-  }
+  local handlers = util.method_handlers(self, {
+    info = Worker.info, sleep = Worker.sleep, wake = Worker.wake, checksum = Worker.checksum,
+    init_weights = Worker.init_weights, start_update = Worker.start_update, load_chunk = Worker.load_chunk,
+    finish_update = Worker.finish_update, resident_checksums = Worker.resident_checksums,
+    resident_check = Worker.resident_check, resident_values = Worker.resident_values,
+    weights_digest = Worker.weights_digest,
+  })
+  handlers.process_memory = function()
+    return util.memory_usage()
+  end
+  handlers.release = function()
+    -- Buffers stay mapped (policy "keep"); nothing reads them now.
+    if self.update then
+      refuse("release during an update")
+    end
+    return { rank = self.rank, mapped = #(self.imported or {}) }
+  end
+  handlers.shutdown = function()
+    self.server.after_answer = function()
+      self:release_all()
+      self.server:close_after_flush()
+    end
+    return {}
+  end
   self.server = server_module.serve({
     name = string.format("TP worker %d", self.rank),
     -- No polling after an answer: the TP workers answer one main process at

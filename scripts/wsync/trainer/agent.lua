@@ -510,7 +510,7 @@ end
 -- transport's own plan is made at the first fill (M._fill).
 function Agent:_plan_fill(k, slots)
   local spans, roots, segment = {}, {}, assert(manifest_module.segment())
-  local ok, err = pcall(function()
+  manifest_module.fill_segment(segment, function()
     for _, slot in ipairs(slots) do
       if type(slot) ~= "table" or type(slot.name) ~= "string" or type(slot.offset) ~= "number" or slot.offset < 0
           or slot.offset % 1 ~= 0 then
@@ -565,14 +565,28 @@ function Agent:_plan_fill(k, slots)
       end
     end
   end)
-  if not ok then
-    segment:close()
-    error(err, 0)
-  end
   local fill = { spans = spans, roots = roots, segment = segment, tensors = #slots }
   self.fill_plans[k], self.fill_segments[k] = fill, segment
   self.digests:clear()
   return fill
+end
+
+-- The fill of chunk `payload.chunk`: planned anew when the payload brings the
+-- chunk's slots (its first fill after attach; the plan before is closed),
+-- else the one planned before. Returns the chunk and its fill.
+function Agent:_chunk_fill(payload)
+  local k = payload.chunk
+  local fill = self.fill_plans[k]
+  if payload.slots ~= nil then
+    if fill then
+      fill.segment:close()
+      self.transport.close_plan(fill.plan)
+    end
+    fill = self:_plan_fill(k, payload.slots)
+  elseif not fill then
+    refuse(self, "BAD_METADATA", "fill", string.format("chunk %d comes without its slots, and none came before", k))
+  end
+  return k, fill
 end
 
 -- Fills chunk `k` into buffer slot `payload.buffer` of every rank: one
@@ -582,35 +596,14 @@ function Agent:_fill(payload)
   if self.direct and self.consumed then
     -- The direct path: nothing to copy (the TP worker reads this rank's
     -- storage); the chunk's records still make the consumed manifest.
-    local k = payload.chunk
-    local fill = self.fill_plans[k]
-    if payload.slots ~= nil then
-      if fill then
-        fill.segment:close()
-      end
-      self:_plan_fill(k, payload.slots)
-    elseif not fill then
-      refuse(self, "BAD_METADATA", "fill", string.format("chunk %d comes without its slots, and none came before", k))
-    end
+    local k = self:_chunk_fill(payload)
     self.consumed[#self.consumed + 1] = k
     return { bytes = 0, rank = self.rank, copy_seconds = 0 }
   end
   if not self.targets or not self.consumed then
     refuse(self, "AGENT_STATE", "fill", "fill before the buffers were attached and the publication began")
   end
-  local k = payload.chunk
-  local fill = self.fill_plans[k]
-  if payload.slots ~= nil then
-    if fill then
-      fill.segment:close()
-    end
-    if fill then
-      self.transport.close_plan(fill.plan)
-    end
-    fill = self:_plan_fill(k, payload.slots)
-  elseif not fill then
-    refuse(self, "BAD_METADATA", "fill", string.format("chunk %d comes without its slots, and none came before", k))
-  end
+  local k, fill = self:_chunk_fill(payload)
   if not fill.plan or (self.transport.BINDS_MEMORY and (fill.slot ~= payload.buffer
       or fill.signature ~= self.signature)) then
     self.transport.close_plan(fill.plan)
@@ -696,60 +689,38 @@ function Agent:_values_sums(payload)
 end
 
 function Agent:_handlers()
-  return {
-    init_buffers = function(payload)
-      return self:_init_buffers(payload)
-    end,
-    attach = function(payload)
-      return self:_attach(payload)
-    end,
-    begin = function(payload)
-      return self:_begin(payload)
-    end,
-    fill = function(payload)
-      return self:_fill(payload)
-    end,
-    verify = function()
-      return self:_verify()
-    end,
-    -- The device's memory now (the preflight checks it before buffers exist).
-    memory = function()
-      local info, message = require("wsync.native.device").query(self.backend, self.device_index)
-      if not info then
-        errors.raise("AGENT_DEVICE", string.format("rank %d: %s", self.rank, message), { rank = self.rank })
-      end
-      return { free_bytes = info.free_bytes, total_bytes = info.total_bytes }
-    end,
-    process_memory = function()
-      return require("wsync.util").memory_usage()
-    end,
-    nccl_id = function()
-      return self:_nccl_id()
-    end,
-    values_sums = function(payload)
-      return self:_values_sums(payload)
-    end,
-    -- The session ended with a failure; it is this rank's next publish's.
-    abort = function(payload)
-      local fields = {}
-      for key, value in pairs(payload) do
-        fields[key] = value
-      end
-      fields.remote = true
-      self.aborted = errors.new(payload.code, payload.message, fields)
-      self:_release_gate()
-      return {}
-    end,
-    callback = function(payload)
-      local fn = self.callbacks[payload.name]
-      if not fn then
-        errors.raise("UNKNOWN_CALLBACK", string.format("rank %d has no callback '%s'", self.rank,
-          tostring(payload.name)), { rank = self.rank, phase = "schedule" })
-      end
-      fn()
-      return {}
-    end,
-  }
+  local util = require("wsync.util")
+  local handlers = util.method_handlers(self, {
+    init_buffers = Agent._init_buffers, attach = Agent._attach, begin = Agent._begin, fill = Agent._fill,
+    verify = Agent._verify, nccl_id = Agent._nccl_id, values_sums = Agent._values_sums,
+  })
+  -- The device's memory now (the preflight checks it before buffers exist).
+  handlers.memory = function()
+    local info, message = require("wsync.native.device").query(self.backend, self.device_index)
+    if not info then
+      errors.raise("AGENT_DEVICE", string.format("rank %d: %s", self.rank, message), { rank = self.rank })
+    end
+    return { free_bytes = info.free_bytes, total_bytes = info.total_bytes }
+  end
+  handlers.process_memory = function()
+    return util.memory_usage()
+  end
+  -- The session ended with a failure; it is this rank's next publish's.
+  handlers.abort = function(payload)
+    self.aborted = errors.new(payload.code, payload.message, util.merged(payload, { remote = true }))
+    self:_release_gate()
+    return {}
+  end
+  handlers.callback = function(payload)
+    local fn = self.callbacks[payload.name]
+    if not fn then
+      errors.raise("UNKNOWN_CALLBACK", string.format("rank %d has no callback '%s'", self.rank,
+        tostring(payload.name)), { rank = self.rank, phase = "schedule" })
+    end
+    fn()
+    return {}
+  end
+  return handlers
 end
 
 --- Leaves the host and unmaps and frees every buffer this agent mapped.

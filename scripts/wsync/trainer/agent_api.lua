@@ -130,6 +130,24 @@ function Handle:_usable(call)
   return true
 end
 
+-- Runs the agent's method `call` (with `...`) under the interrupt check, in
+-- state `state` only (else refused with `refusal`). Returns true and the
+-- method's result, or nil, message, status.
+function Handle:_wait_for(call, state, refusal, ...)
+  local usable, message, status = self:_usable(call)
+  if not usable then
+    return nil, message, status
+  end
+  if self.state ~= state then
+    return nil, refusal, "ESTATE"
+  end
+  local ok, result, stranded = run(self.check, self.agent[call], self.agent, ...)
+  if not ok then
+    return failure(self:_after_failure(result, stranded, call), "EFAILED")
+  end
+  return true, result
+end
+
 -- After `run` failed: when the loop itself failed with the call's coroutine
 -- still waiting, the agent's state is unknown and nothing more may run; an
 -- interrupted call is abandoned. Returns the error to report.
@@ -286,16 +304,9 @@ end
 --- is ready.
 ---@return true|nil, string?, string?
 function Handle:ready()
-  local usable, message, status = self:_usable("ready")
-  if not usable then
-    return nil, message, status
-  end
-  if self.state ~= "registering" then
-    return nil, "ready: the rank registered already", "ESTATE"
-  end
-  local ok, err, stranded = run(self.check, self.agent.ready, self.agent)
+  local ok, message, status = self:_wait_for("ready", "registering", "ready: the rank registered already")
   if not ok then
-    return failure(self:_after_failure(err, stranded, "ready"), "EFAILED")
+    return nil, message, status
   end
   self.state = "ready"
   return true
@@ -308,16 +319,9 @@ end
 ---@param step integer?
 ---@return table|nil, string?, string?
 function Handle:publish(step)
-  local usable, message, status = self:_usable("publish")
-  if not usable then
-    return nil, message, status
-  end
-  if self.state ~= "ready" then
-    return nil, "publish: call ready first", "ESTATE"
-  end
-  local ok, result, stranded = run(self.check, self.agent.publish, self.agent, step)
+  local ok, result, status = self:_wait_for("publish", "ready", "publish: call ready first", step)
   if not ok then
-    return failure(self:_after_failure(result, stranded, "publish"), "EFAILED")
+    return nil, result, status
   end
   return {
     model_version = result.model_version,

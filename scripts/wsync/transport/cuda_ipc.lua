@@ -55,13 +55,8 @@ local function cuda()
   return module
 end
 
-local hex = require("wsync.util").hex
-
-local function unhex(text)
-  return (text:gsub("%x%x", function(pair)
-    return string.char(tonumber(pair, 16))
-  end))
-end
+local hex = require("wsync.native.digest").hex
+local unhex = require("wsync.native.digest").unhex
 
 -- A stream per device, made once per process.
 local streams = {}
@@ -314,6 +309,28 @@ function M.close_plan(plan)
   end
 end
 
+-- Queues on `stream`, each step once the one before succeeded: a device wait
+-- for a gate word (`steps.wait`: {memory, offset, value}; nil: none), the
+-- work (`steps.run()`), the write of a gate word (`steps.signal`, the same
+-- shape), then waits for the stream when `steps.settle`. Returns true, or
+-- nil, message, code.
+local function queue_gated(stream, steps)
+  local ok, message, code = true, nil, nil
+  if steps.wait then
+    ok, message, code = stream:wait_value(unpack(steps.wait, 1, 3))
+  end
+  if ok then
+    ok, message, code = steps.run()
+  end
+  if ok and steps.signal then
+    ok, message, code = stream:write_value(unpack(steps.signal, 1, 3))
+  end
+  if ok and steps.settle then
+    ok, message, code = stream:synchronize()
+  end
+  return ok, message, code
+end
+
 --- Runs a fill plan and waits until the device finished it. Returns the
 --- bytes written into this rank's buffer and the seconds it took, or nil,
 --- message, code. With `gate` ({after?, seq}: chunks ordered on the device)
@@ -326,27 +343,22 @@ function M.fill(targets, slot, sources, plan, what, gate)
     return nil, message, code
   end
   local started = uv.hrtime()
-  local ok = true
-  if gate then
-    if not targets.gate then
-      return nil, string.format("%s: ordered on the device, and this rank has no gate", what or "fill"), "WS_ESTATE"
-    end
-    if gate.after ~= nil then -- (a publication's first fill waits for nothing)
-      ok, message, code = stream:wait_value(targets.gate, M.GATE.LOADED, gate.after)
-    end
+  if gate and not targets.gate then
+    return nil, string.format("%s: ordered on the device, and this rank has no gate", what or "fill"), "WS_ESTATE"
   end
-  if ok then
-    if plan.broadcasts then
-      ok, message, code = targets.comm:fill(stream, targets.by_slot[slot], sources, plan.broadcasts)
-    else
-      ok, message, code = plan.copy:launch(stream)
-    end
-  end
-  if ok and gate then
-    ok, message, code = stream:write_value(targets.gate, M.GATE.FILLED, gate.seq)
-  elseif ok then
-    ok, message, code = stream:synchronize()
-  end
+  local ok
+  ok, message, code = queue_gated(stream, {
+    -- (A publication's first fill waits for nothing.)
+    wait = gate and gate.after ~= nil and { targets.gate, M.GATE.LOADED, gate.after } or nil,
+    run = function()
+      if plan.broadcasts then
+        return targets.comm:fill(stream, targets.by_slot[slot], sources, plan.broadcasts)
+      end
+      return plan.copy:launch(stream)
+    end,
+    signal = gate and { targets.gate, M.GATE.FILLED, gate.seq },
+    settle = not gate,
+  })
   if not ok then
     return nil, string.format("%s: %s", what or "fill", tostring(message)), code
   end
@@ -476,11 +488,7 @@ function M.import_gate(descriptor, context)
 end
 
 --- Unmaps imported buffers (the last mapping of one closes its IPC handle).
-function M.close_imported(imported)
-  for _, mapping in pairs(imported or {}) do
-    mapping:close()
-  end
-end
+M.close_imported = require("wsync.transport").close_imported
 
 --- A chunk's loads for one TP worker, planned once: copies from `buffer`
 --- (imported) into `resident`, `{target_offset, source_offset, rows, width,
@@ -539,19 +547,15 @@ function M.load(resident, buffer, plan, what, gate)
     return nil, message, code
   end
   local started = uv.hrtime()
-  local ok = true
-  if gate then
-    ok, message, code = stream:wait_value(gate.memory, M.GATE.FILLED, gate.seq)
-  end
-  if ok then
-    ok, message, code = plan.copy:launch(stream)
-  end
-  if ok and gate then
-    ok, message, code = stream:write_value(gate.memory, M.GATE.LOADED, gate.seq)
-  end
-  if ok and (not gate or gate.last) then
-    ok, message, code = stream:synchronize()
-  end
+  local ok
+  ok, message, code = queue_gated(stream, {
+    wait = gate and { gate.memory, M.GATE.FILLED, gate.seq },
+    run = function()
+      return plan.copy:launch(stream)
+    end,
+    signal = gate and { gate.memory, M.GATE.LOADED, gate.seq },
+    settle = not gate or gate.last,
+  })
   if not ok then
     return nil, string.format("%s: %s", what or "load", tostring(message)), code
   end

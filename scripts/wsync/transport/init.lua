@@ -105,6 +105,15 @@ function M.for_backend(backend)
   return require(name)
 end
 
+--- Closes every imported memory of `imported` (nil: none): each transport's
+--- close_imported, whatever its memories are (mapped buffers, IPC mappings).
+---@param imported table?
+function M.close_imported(imported)
+  for _, memory in pairs(imported or {}) do
+    memory:close()
+  end
+end
+
 --- The name a publication header gives the transport of `backend`.
 ---@param backend string
 ---@return string

@@ -202,11 +202,7 @@ function M.import(descriptors)
 end
 
 --- Unmaps imported buffers.
-function M.close_imported(imported)
-  for _, buffer in pairs(imported or {}) do
-    buffer:close()
-  end
-end
+M.close_imported = require("wsync.transport").close_imported
 
 --- A chunk's loads for one TP worker, planned once: `copies` are
 --- `{target_offset, source_offset, rows, width, target_pitch, source_pitch}`
