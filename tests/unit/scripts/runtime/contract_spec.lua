@@ -28,13 +28,7 @@ local function plain(value)
 end
 
 local function changed(value, changes, remove)
-  local out = {}
-  for key, item in pairs(value) do
-    out[key] = item
-  end
-  for key, item in pairs(changes or {}) do
-    out[key] = item
-  end
+  local out = require("wsync.util").merged(value, changes)
   for _, key in ipairs(remove or {}) do
     out[key] = nil
   end
