@@ -258,6 +258,7 @@ class TestOrder:
                 host.call("worker_command", cmd="load_chunk", payload={})
             assert failed.value.code == "NOT_INITIALIZED" and failed.value.fields["fatal"] is True
             assert host.call("device", backend="host", index=0)["uuid"]
+            assert host.call("reports") == []  # (a list, also empty: the report's own JSON)
 
     def test_a_wsync_error_raised_by_a_chunk_carries_its_code(self):
         with wsync.Host() as host:

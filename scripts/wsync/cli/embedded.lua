@@ -148,15 +148,15 @@ end
 --- pause and resume hold streaming requests across a publication).
 M.ROLLOUT_COMMANDS = { generate = true, info = true, submit = true, poll = true }
 
---- Sends the started session's rollout runtime `cmd` with the JSON payload
---- `payload_text` and runs the loop until it answers; returns the result as
---- JSON. For a single-process trainer that generates through the runtime its
---- weights are published into (Python's wsync.Host.generate). Between
---- publications only: the runtime answers one request at a time.
+--- Sends the started session's rollout runtime `cmd` with `payload` and runs
+--- the loop until it answers; returns the result as JSON. For a single-process
+--- trainer that generates through the runtime its weights are published into
+--- (Python's wsync.Host.generate). Between publications only: the runtime
+--- answers one request at a time.
 ---@param cmd string
----@param payload_text string
+---@param payload table
 ---@return string
-function M.rollout(cmd, payload_text)
+function M.rollout(cmd, payload)
   local cjson = require("cjson")
   if not M.ROLLOUT_COMMANDS[cmd] then
     errors.raise("INVALID_ARGUMENT", string.format("the rollout runtime's %s is not for trainers (they may send: "
@@ -171,7 +171,6 @@ function M.rollout(cmd, payload_text)
     errors.raise("STATE_REFUSED", "the session's runtime has not started yet (it starts once every trainer rank "
       .. "registered)")
   end
-  local payload = cjson.decode(payload_text)
   local done, ok, result = false, nil, nil
   loop.spawn(function()
     return rollout:request(cmd, payload)
@@ -236,12 +235,13 @@ function M.trainer_tensors(path, words)
 end
 
 --- The calls an embedding program makes with JSON in and JSON out
---- (ws_host_call): name -> function(args table) -> a value cjson encodes.
+--- (ws_host_call): name -> function(args table) -> the result as JSON text
+--- (each encodes its own: the run report's rounds keep their empty arrays).
 --- Each is a function of wsync's own; no Lua text crosses the seam.
 M.CALLS = {
   --- {recipe, overrides?: ["key=value"...]} -> [{name, dtype, shape}]
   trainer_tensors = function(args)
-    return require("cjson").decode(M.trainer_tensors(args.recipe, args.overrides))
+    return M.trainer_tensors(args.recipe, args.overrides)
   end,
   --- {recipe, overrides?} -> {name, backend, runtime = {kind, tp, load?, vllm?},
   --- model_dir?}: what a trainer or a benchmark reads of a recipe (model_dir:
@@ -255,15 +255,15 @@ M.CALLS = {
     if runtime.kind == "vllm" then
       summary.model_dir = require("wsync.runtime.vllm").model_dir(recipe)
     end
-    return summary
+    return require("cjson").encode(summary)
   end,
   --- {} -> the started session's rounds (M.reports).
   reports = function()
-    return require("cjson").decode(M.reports())
+    return M.reports()
   end,
   --- {cmd, payload} -> the rollout runtime's answer (M.rollout).
   rollout = function(args)
-    return require("cjson").decode(M.rollout(args.cmd, require("cjson").encode(args.payload or {})))
+    return M.rollout(args.cmd, args.payload or {})
   end,
   --- {family, config, world, rank} -> {residents = [[name, dtype, shape,
   --- bytes]...], writes = {canonical = [resident...]}}: one TP rank's loader
@@ -282,24 +282,25 @@ M.CALLS = {
       end
       writes[canonical] = names
     end
-    return { residents = residents, writes = writes }
+    return require("cjson").encode({ residents = residents, writes = writes })
   end,
   --- {cmd, payload} -> the embedded TP worker's result
   --- (wsync.runtime.worker.embedded_call), its failure as the call's.
   worker_command = function(args)
-    return require("wsync.runtime.worker").embedded_call(args.cmd, args.payload or {})
+    return require("cjson").encode(require("wsync.runtime.worker").embedded_call(args.cmd, args.payload or {}))
   end,
   --- {backend, index} -> the device's identity (wsync.native.device.query).
   device = function(args)
-    return require("wsync.native.device").query(args.backend, args.index)
+    return require("cjson").encode(require("wsync.native.device").query(args.backend, args.index))
   end,
 }
 
 --- Runs the call `name` with the JSON object `args_text` (ws_host_call) and
 --- answers JSON: `{"ok": true, "result": ...}`, or `{"ok": false, "error":
---- {code, message, fields}}` for a failure of wsync's own (fields: phase,
---- rank, field, fatal, cause... as the error has them). A Lua error (a bug) is
---- raised, not answered.
+--- {code, message, fields}}` for a failure of wsync's own: `message` as `wsync
+--- run` prints it, `fields` every field the error has (its bare `message`,
+--- phase, rank, field, fatal, cause...). A Lua error (a bug) is raised, not
+--- answered.
 ---@param name string
 ---@param args_text string
 ---@return string
@@ -318,13 +319,13 @@ function M.call(name, args_text)
   end
   local ok, result = pcall(call, args)
   if ok then
-    return cjson.encode({ ok = true, result = result == nil and cjson.null or result })
+    return '{"ok": true, "result": ' .. result .. "}"
   end
   if not errors.is(result) or result.code == "LUA_ERROR" then
     error(result, 0)
   end
   local fields = errors.fields(result)
-  fields.code, fields.message, fields.traceback = nil, nil, nil
+  fields.code, fields.traceback = nil, nil
   return cjson.encode({ ok = false, error = { code = result.code, message = tostring(result), fields = fields } })
 end
 

@@ -146,10 +146,8 @@ class DirectLoader:
         except WsyncError as failed:
             if failed.code is None:
                 raise  # (not a refusal of wsync's: a bug, with its traceback)
-            # (The worker's own message: the text without the code wsync added to it.)
-            message = failed.text.split("\n", 1)[0].rsplit(f" ({failed.code}", 1)[0]
-            raise Failure(failed.code or "WORKER_FAILED", message, fatal=failed.fields.get("fatal") is not False,
-                          rank=self.identity["rank"]) from None
+            raise Failure(failed.code, str(failed.fields.get("message", failed.text)),
+                          fatal=failed.fields.get("fatal") is not False, rank=self.identity["rank"]) from None
         return result or {}
 
     def init_weights(self, payload: dict[str, Any]) -> dict[str, Any]:
