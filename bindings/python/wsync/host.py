@@ -66,13 +66,17 @@ class Host:
         """Runs a Lua chunk without running the loop (it must not wait on it) and returns
         what it returned, as a string."""
         handle = self._checked("eval")
-        # (One buffer, kept and grown: a fresh one would be allocated and zeroed on every
-        # call, milliseconds for the vllm runtime's 16 MiB per weight command.)
-        result = self._eval_buffer
-        if result is None or ctypes.sizeof(result) < result_bytes:
-            result = self._eval_buffer = ctypes.create_string_buffer(result_bytes)
+        result = self._result_buffer(result_bytes)
         self._fail(self._lib.ws_host_eval(handle, code.encode(), result, result_bytes), "eval")
         return result.value.decode()
+
+    def _result_buffer(self, size: int) -> Any:
+        """The buffer eval and call answer into, at least ``size`` bytes. One buffer, kept and
+        grown: a fresh one would be allocated and zeroed on every call, milliseconds for the
+        vllm runtime's 16 MiB per weight command."""
+        if self._eval_buffer is None or ctypes.sizeof(self._eval_buffer) < size:
+            self._eval_buffer = ctypes.create_string_buffer(size)
+        return self._eval_buffer
 
     def call(self, name: str, result_bytes: int = 1 << 20, **args: Any) -> Any:
         """Calls one of wsync's functions for embedding programs (bindings/wsync.h's
@@ -81,9 +85,7 @@ class Host:
         A refusal or failure of wsync's own raises WsyncError (InvalidArgument for what the
         caller gave) with its code, message and ``fields``."""
         handle = self._checked("call")
-        result = self._eval_buffer
-        if result is None or ctypes.sizeof(result) < result_bytes:
-            result = self._eval_buffer = ctypes.create_string_buffer(result_bytes)
+        result = self._result_buffer(result_bytes)
         self._fail(self._lib.ws_host_call(handle, name.encode(), json.dumps(args).encode(), result, result_bytes),
                    f"call {name}")
         answer = json.loads(result.value.decode())
