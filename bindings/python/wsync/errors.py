@@ -75,4 +75,3 @@ def from_error(error: Mapping[str, Any], call: str = "") -> WsyncError:
     if isinstance(fields.get("rank"), int):
         failure.rank = fields["rank"]
     return failure
-

@@ -38,8 +38,8 @@ class Entry:
     keep: Any                # what must stay referenced while the agent lives
     # The torch tensor as it is now (a DTensor's local shard), for the agent's check of all
     # its tensors at once (wsync.agent's _refresh); None for numpy arrays. `fixed`: the
-    # tensor itself when it was registered as one (not a callable, not a DTensor): the
-    # object stays, its memory may move.
+    # tensor itself when it was registered as one (not a callable, not a DTensor), read
+    # without the two calls through `current` (the object stays, its memory may move).
     current: Optional[Callable[[], Any]] = None
     fixed: Any = None
 
@@ -194,9 +194,12 @@ def describe_torch(name: str, get: Callable[[], Any], shape: Optional[tuple[int,
     # again. At every publication, a model's hundreds of tensors take milliseconds to check.)
     checked: list[Any] = [None, None]
 
-    def resolve() -> Memory:
+    def current() -> Any:
         now = get()
-        tensor = now.to_local() if dtensor else now
+        return now.to_local() if dtensor else now
+
+    def resolve() -> Memory:
+        tensor = current()
         key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
         if key == checked[0]:
             return checked[1]
@@ -218,10 +221,6 @@ def describe_torch(name: str, get: Callable[[], Any], shape: Optional[tuple[int,
     if not local.is_contiguous():
         raise InvalidArgument(f"register_tensor {name}: the tensor is not contiguous; wsync reads a shard's rows as "
                               "one block", "EINVAL")
-    def current() -> Any:
-        now = get()
-        return now.to_local() if dtensor else now
-
     fixed = value if constant and not dtensor else None
     return Entry(name, wsync_dtype, global_shape, first, count, device, resolve, get, current, fixed)
 
