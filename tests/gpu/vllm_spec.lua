@@ -61,7 +61,9 @@ describe("the vllm runtime's direct loader on cuda (an engine in place of vLLM, 
   end)
 end)
 
-describe("the vllm runtime with vLLM", function()
+-- (#vllm: tests/gpu/run.sh's tier stage leaves these to its vllm stage, which runs them
+-- in a device call of their own.)
+describe("the vllm runtime with vLLM #vllm", function()
   if count == 0 then
     pending("no CUDA device: " .. reason)
     return
