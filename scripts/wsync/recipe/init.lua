@@ -22,6 +22,9 @@
 --- | `token` | the TCP control endpoint's token, where the recipe says it is |
 --- | `serve` | what this build and this machine can serve: runtimes, GPUs, limits, memory |
 --- | `prepare` | the plan, the topology and the schedule; the check before a run |
+
+-- (Required here, not on first use: the fuzz entry, tests/fuzz/entry.lua,
+-- refuses any other require while a recipe loads.)
 local fields = require("wsync.recipe.fields")
 local load_module = require("wsync.recipe.load")
 local location = require("wsync.recipe.location")
