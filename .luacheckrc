@@ -23,7 +23,7 @@ self = false
 files["tests"] = { std = "luajit+busted" }
 
 -- Recipes run in the restricted environment of wsync.recipe (M.environment in
--- scripts/wsync/recipe/init.lua): the safe globals, copies of math, string and
+-- scripts/wsync/recipe/load.lua): the safe globals, copies of math, string and
 -- table, four functions of os, `require` for wsync modules and `extends`. Keep
 -- this list in step with that one: luacheck then refuses what the loader would.
 stds.recipe = {

@@ -1,9 +1,16 @@
 --- What `wsync check` shows and `wsync run` needs of a model recipe: its
 --- plan, its topology, and its schedule checked against the plan and the
 --- trainers' callbacks (wsync.plan.schedule), refusing first what this build
---- or this machine cannot serve.
+--- or this machine cannot serve (wsync.recipe.serve). Also the check that
+--- `wsync check` and `wsync run` make of any recipe before anything starts,
+--- whose refusals are RECIPE_INVALID naming the recipe's file, line and
+--- field (wsync.recipe.location).
+local errors = require("wsync.errors")
+local location = require("wsync.recipe.location")
 local plan_module = require("wsync.plan")
 local schedule_module = require("wsync.plan.schedule")
+local serve = require("wsync.recipe.serve")
+local topology_module = require("wsync.recipe.topology")
 
 local M = {}
 
@@ -40,15 +47,14 @@ end
 --- The plan and the schedule report (then the normalized bootstrap and
 --- schedule steps) of a validated recipe with a model. Raises with the
 --- recipe's field named. Unless `options.plan_only`, refuses first what this
---- build or this machine cannot serve (RECIPE_INVALID: wsync.recipe's
+--- build or this machine cannot serve (RECIPE_INVALID: wsync.recipe.serve's
 --- check_serve and check_machine), so that nothing starts for it.
 ---@param recipe table
 ---@param options {plan_only: boolean?}?
 function M.prepare(recipe, options)
-  local serve = not (options and options.plan_only)
-  local recipe_module = require("wsync.recipe")
-  if serve then
-    recipe_module.check_serve(recipe)
+  local plan_only = options and options.plan_only
+  if not plan_only then
+    serve.check_serve(recipe)
   end
   local model = recipe.model
   local plan = plan_module.build({ family = model.family, config = model.preset or model.config }, recipe.buffers)
@@ -57,13 +63,57 @@ function M.prepare(recipe, options)
   -- workers can wait on them. Only cuda's packed buffers have gates.)
   plan.gated = plan.ordered or (recipe.buffers.order == "auto" and recipe.backend == "cuda" and not plan.direct)
     or nil
-  local topology = { world = recipe.trainer.ranks, tp = recipe.runtime.tp, replicas = recipe.runtime.replicas or 1 }
+  local topology = topology_module.of(recipe)
   plan_module.family(plan.family).check_tp(plan.config, topology.tp)
   local memory_report, bootstrap, steps = M.check_schedule(recipe, plan, topology, M.known_callbacks(recipe))
-  if serve then
-    recipe_module.check_machine(recipe, plan, topology, memory_report)
+  if not plan_only then
+    serve.check_machine(recipe, plan, topology, memory_report)
   end
   return plan, topology, memory_report, bootstrap, steps
+end
+
+--- Builds the plan and checks the memory schedule of a recipe with a model,
+--- and (unless `options.plan_only`) that this build and this machine can
+--- serve it (M.prepare). Failures become RECIPE_INVALID naming the file,
+--- the line and the field.
+---@param recipe table  validated, with `path`
+---@param options {plan_only: boolean?}?
+---@return wsync.Plan plan, table topology, table memory_report
+function M.check_plan(recipe, options)
+  local ok, plan, topology, memory = pcall(M.prepare, recipe, options)
+  if ok then
+    return plan, topology, memory
+  end
+  local err = plan
+  if errors.is(err) and err.code ~= "RECIPE_INVALID" then
+    local field = err.field
+    if err.code == "MODEL_UNSUPPORTED" then
+      -- (The model's own field: one of the recipe's model.config, or the
+      -- preset's.)
+      field = recipe.model.config and field and ("model.config." .. field) or "model"
+    end
+    location.refuse(recipe, field or (err.code == "SCHEDULE_INVALID" and "schedule") or "model", err.message)
+  end
+  error(err, 0)
+end
+
+--- Refuses what `wsync run` would refuse before it starts anything, for
+--- `wsync check` and `wsync run` alike: a recipe with nothing to run, and for
+--- a model recipe what M.check_plan refuses. Raises RECIPE_INVALID naming
+--- file:line and the field; returns a model recipe's plan, topology and
+--- memory report.
+---@param recipe table  validated, with `path`
+---@param options {plan_only: boolean?}?
+---@return wsync.Plan? plan, table? topology, table? memory_report
+function M.check(recipe, options)
+  if recipe.model then
+    return M.check_plan(recipe, options)
+  end
+  if not recipe.run then
+    location.invalid(recipe.path, "the recipe has nothing to run: it defines neither `run` nor `model`",
+      { line = location.field_line(recipe.path, "") })
+  end
+  return nil
 end
 
 return M
