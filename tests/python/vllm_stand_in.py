@@ -7,8 +7,8 @@ EngineCore and workers are children of the runtime), so that tests see the whole
 destroyed. Its devices are the backend's (wsync's UUIDs). Its "parameters" are memory (host
 memory, or torch device memory on cuda) laid out as the loader plan's resident tensors, one
 allocation each, written by the very loader the vllm runtime's direct mode runs inside vLLM's
-workers (wsync.vllm.extension.DirectLoader over scripts/wsync/runtime/worker.lua, on the shm or
-the cuda_ipc transport): what a publication leaves there can be checked (verify = "values").
+workers (wsync.vllm.extension.DirectLoader over scripts/wsync/runtime/engine_worker.lua, on the
+shm or the cuda_ipc transport): what a publication leaves there can be checked (verify = "values").
 Its "generation" is a toy: each next token is a function of the context and the committed
 model version, with log-probability -(token % 7) / 8; it streams too (the ``stream_*``
 calls: one token per request in flight per step, a step taking about a millisecond), holds

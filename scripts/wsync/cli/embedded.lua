@@ -284,10 +284,11 @@ M.CALLS = {
     end
     return require("cjson").encode({ residents = residents, writes = writes })
   end,
-  --- {cmd, payload} -> the embedded TP worker's result
-  --- (wsync.runtime.worker.embedded_call), its failure as the call's.
+  --- {cmd, payload} -> the result of this process's engine worker, wsync's
+  --- loader over an engine's parameters (wsync.runtime.engine_worker.call),
+  --- its failure as the call's.
   worker_command = function(args)
-    return require("cjson").encode(require("wsync.runtime.worker").embedded_call(args.cmd, args.payload or {}))
+    return require("cjson").encode(require("wsync.runtime.engine_worker").call(args.cmd, args.payload or {}))
   end,
   --- {backend, index} -> the device's identity (wsync.native.device.query).
   device = function(args)

@@ -13,9 +13,10 @@ Two load modes:
   ``update_weights``, so vLLM's IPCWeightTransferEngine parses it and vLLM's loader writes the
   parameters; ``start_weight_update`` / ``finish_weight_update`` bracket the publication.
 - ``direct``: the chunk is copied straight from the packed buffer into the resident
-  parameters by wsync's loader (the reference worker's, scripts/wsync/runtime/worker.lua,
-  running in libwsync inside this process over vLLM's parameter memory): one batched copy per
-  chunk, planned once per session.
+  parameters by wsync's loader (the reference worker's, scripts/wsync/runtime/loader.lua,
+  running in libwsync inside this process over vLLM's parameter memory through
+  scripts/wsync/runtime/engine_worker.lua): one batched copy per chunk, planned once per
+  session.
 
 Either way the receipt is built here, from what this worker loaded: the publication id and
 version, the TP rank and world, the GPU UUID, the manifest of the loaded tensors' records
@@ -124,8 +125,8 @@ class _Native:
 
 class DirectLoader:
     """Loads with wsync's loader inside this process (see the module's doc): the commands go
-    to scripts/wsync/runtime/worker.lua's embedded worker in ``host`` (a wsync.Host), over
-    the engine's parameters, which ``residents()`` lists where they lie now: name ->
+    to the engine worker of scripts/wsync/runtime/engine_worker.lua in ``host`` (a wsync.Host),
+    over the engine's parameters, which ``residents()`` lists where they lie now: name ->
     {pointer, size, dtype, shape}. With ``fingerprint`` (a cheap value that changes when any
     parameter moves, is replaced or changes shape or dtype), a publication whose fingerprint is
     the one bound last tells the loader its parameters are where they were instead of listing

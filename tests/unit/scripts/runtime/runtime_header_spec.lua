@@ -63,15 +63,15 @@ describe("reference runtime: publication header", function()
 end)
 
 describe("reference runtime worker: receipts", function()
-  local worker_module = require("wsync.runtime.worker")
+  local loader_module = require("wsync.runtime.loader")
   local manifest_module = require("wsync.native.manifest")
 
-  -- A worker in an update, as start_update leaves it (no processes).
+  -- A worker's loader in an update, as start_update leaves it (no processes).
   local function updating()
     return setmetatable({
       rank = 1, world = 2, device = { uuid = UUIDS[2] }, digests = manifest_module.digest_cache(), segments = {},
       update = { header = header(), loaded = {}, tensors = 0, bytes = 0, touched = 0 },
-    }, worker_module.Worker)
+    }, loader_module.Loader)
   end
 
   it("builds its receipt from the header it got at start_update", function()

@@ -1,102 +1,121 @@
--- wsync.runtime.worker: a TP worker's runtime failures are coded errors
--- marked fatal (the main process then reports the worker and the host
--- destroys the runtime), never bare assertion errors.
+-- wsync.runtime.worker: the reference runtime's TP worker over its own
+-- memory, through its commands (no process, no channel: M.new on the host
+-- backend): dummy weights, sleep and wake, the loader's refusals while the
+-- weights sleep, its own refusals during an update. Its runtime failures are
+-- coded errors marked fatal (the main process then reports the worker and
+-- the host destroys the runtime), never bare assertion errors.
 local worker_module = require("wsync.runtime.worker")
 local errors = require("wsync.errors")
-local Worker = worker_module.Worker
+local shm = require("wsync.native.shm")
+local shm_transport = require("wsync.transport.shm")
+local error_of = require("tests.helpers.errors").error_of
 
-local function failing(method)
-  return setmetatable({}, { __index = function(_, name)
-    if name == method then
-      return function()
-        return nil, "injected " .. method .. " failure", "WS_ECRYPTO"
-      end
-    end
-    return function() end
-  end })
+local WEIGHTS_BYTES, KV_BYTES = 64 * 1024, 4096
+
+-- A worker of TP rank 0 of 1 on the host backend, its dummy weights
+-- allocated (`transport`: the shm transport unless given).
+local function new_worker(transport)
+  local worker = worker_module.new({ rank = 0, world = 1, device = { backend = "host", index = 0, uuid = "u" },
+    weights_bytes = WEIGHTS_BYTES, kv_bytes = KV_BYTES, transport = transport })
+  assert(worker.memory:allocate_dummy())
+  return worker
 end
 
-local header = { publication_id = string.rep("a", 32), model_version = 3 }
+-- The SHA-256 of `bytes` zero bytes.
+local function zeros_sum(bytes)
+  local zeros = assert(shm.anonymous(bytes))
+  local sum = zeros:sha256(0, bytes)
+  zeros:close()
+  return sum
+end
 
 describe("wsync.runtime.worker", function()
-  it("turns a manifest that cannot be made into a fatal MANIFEST error naming the worker", function()
-    local worker = setmetatable({ rank = 1, world = 2, device = { uuid = "u" }, digests = failing("of"),
-      segments = {}, update = { header = header, loaded = { 1 }, tensors = 0, bytes = 0, touched = 0 } }, Worker)
-    local ok, err = pcall(worker.finish_update, worker, { publication_id = header.publication_id,
-      model_version = 3 })
-    assert.is_false(ok)
-    assert.is_true(errors.is(err), tostring(err))
-    assert.are.equal("MANIFEST", err.code)
-    assert.is_true(err.fatal)
-    assert.matches("TP worker 1: injected of failure", err.message, 1, true)
-  end)
-
   it("turns a level-1 copy that fails into a fatal COPY_FAILED error", function()
-    local weights = setmetatable({ size = function() return 64 end }, {})
-    local worker = setmetatable({ rank = 0, world = 1, weights_state = "awake", weights = weights,
-      transport = require("wsync.transport.shm"), close = function() end }, Worker)
-    weights.close = function() end
+    local transport = setmetatable({ copy_host = function()
+      error("injected copy failure")
+    end }, { __index = shm_transport })
+    local worker = new_worker(transport)
     local ok, err = pcall(worker.sleep, worker, { level = 1 })
+    worker:release_all()
     assert.is_false(ok)
     assert.is_true(errors.is(err), tostring(err))
     assert.are.equal("COPY_FAILED", err.code)
     assert.is_true(err.fatal)
   end)
 
-  describe("with chunks ordered on the device", function()
-    -- A worker with chunk 1 planned and a transport that records the gate
-    -- each load gets (the cuda transport's, played here: no GPU).
-    local function worker_with(gate)
-      local loads, settled = {}, {}
-      local transport = setmetatable({
-        BINDS_MEMORY = false,
-        load = function(_, _, _, _, load_gate)
-          loads[#loads + 1] = load_gate or false
-          return 12, 0
-        end,
-        settle = function(device)
-          settled[#settled + 1] = device
-          return true
-        end,
-      }, { __index = require("wsync.transport.shm") })
-      local manifest = require("wsync.native.manifest")
-      local segment = assert(manifest.segment())
-      assert(segment:add("t", "bfloat16", { 2, 3 }))
-      local worker = setmetatable({ rank = 0, world = 1, device = { uuid = "u" }, context = { device = 0 },
-        transport = transport, imported = { "buffer" }, weights = "weights", gate = gate, filled = {},
-        chunks = { { copies = {}, residents = {}, tensors = 1, plan = "plan", resident = "weights",
-          buffer = "buffer", segment = segment } }, segments = { segment }, digests = manifest.digest_cache(),
-        update = { header = header, loaded = {}, tensors = 0, bytes = 0, touched = 0, epoch = 1 } }, Worker)
-      return worker, loads, settled
-    end
-
-    it("queues a load behind the rank's gate, and waits for the stream at finish when no last load came", function()
-      local worker, loads, settled = worker_with("gate mapping")
-      worker:load_chunk({ chunk = 1, buffer = 1, gate = { seq = 5, last = false } })
-      assert.are.same({ { memory = "gate mapping", seq = 5, last = false } }, loads)
-      assert.are.same({}, settled)
-      local receipt = worker:finish_update({ publication_id = header.publication_id, model_version = 3 })
-      assert.are.same({ 0 }, settled)
-      assert.are.equal(1, receipt.tensors)
-      worker.chunks[1].segment:close()
+  it("starts on the rank's dummy weights, and sleeps and wakes its own memory", function()
+    local worker = new_worker()
+    local ok, message = pcall(function()
+      local info = worker:info()
+      assert.are.same({ weights = "awake", kv_cache = "free" }, info.state)
+      assert.are.same({ device_bytes = WEIGHTS_BYTES, host_bytes = 0 }, info.memory)
+      assert.are.equal("u", info.device.uuid)
+      local dummy = worker:checksum().weights
+      assert.are_not.equal(zeros_sum(WEIGHTS_BYTES), dummy)
+      assert.are.equal(64, #worker.loader:weights_digest().digest) -- (4 KiB of the dummy weights: no plan yet)
+      info = worker:wake({ tags = { "kv_cache" } })
+      assert.are.same({ weights = "awake", kv_cache = "reserved" }, info.state)
+      assert.are.equal(WEIGHTS_BYTES + KV_BYTES, info.memory.device_bytes)
+      assert.are.equal(zeros_sum(KV_BYTES), worker:checksum().kv_cache)
+      -- Level 1: the weights in a host copy, restored by a wake.
+      info = worker:sleep({ level = 1 })
+      assert.are.same({ weights = "offloaded", kv_cache = "free" }, info.state)
+      assert.are.same({ device_bytes = 0, host_bytes = WEIGHTS_BYTES }, info.memory)
+      assert.are.same({ rank = 0 }, worker:checksum())
+      local err = error_of(worker.wake, worker, { tags = { "kv_cache" } })
+      assert.are.same({ "STATE_REFUSED", "cannot wake kv_cache while the weights are offloaded: wake weights first" },
+        { err.code, err.message })
+      info = worker:wake({ tags = { "weights", "kv_cache" } })
+      assert.are.same({ weights = "awake", kv_cache = "reserved" }, info.state)
+      assert.are.equal(0, info.memory.host_bytes)
+      assert.are.equal(dummy, worker:checksum().weights)
+      -- Level 2: discarded, woken zeroed.
+      assert.are.same({ weights = "discarded", kv_cache = "free" }, worker:sleep({ level = 2 }).state)
+      worker:wake({ tags = { "weights" } })
+      assert.are.equal(zeros_sum(WEIGHTS_BYTES), worker:checksum().weights)
+      assert.are.equal("INVALID_ARGUMENT", error_of(worker.sleep, worker, { level = 3 }).code)
+      assert.are.equal("INVALID_ARGUMENT", error_of(worker.wake, worker, { tags = { "everything" } }).code)
+      assert.are.equal("INVALID_ARGUMENT", error_of(worker.wake, worker, { tags = {} }).code)
     end)
+    worker:release_all()
+    assert(ok, message)
+    assert.are.same({ device_bytes = 0, host_bytes = 0 }, worker:info().memory)
+  end)
 
-    it("waits for its stream with the last load and not at finish", function()
-      local worker, loads, settled = worker_with("gate mapping")
-      worker:load_chunk({ chunk = 1, buffer = 1, gate = { seq = 6, last = true } })
-      assert.are.same({ { memory = "gate mapping", seq = 6, last = true } }, loads)
-      worker:finish_update({ publication_id = header.publication_id, model_version = 3 })
-      assert.are.same({}, settled) -- (the transport's load waited: last)
-      worker.chunks[1].segment:close()
+  it("sizes its weights to the loader plan, refuses an update of weights that sleep, and sleep or release during "
+    .. "an update", function()
+    local worker = new_worker()
+    local own = assert(shm_transport.create(2, 256 * 1024))
+    local header = { publication_id = string.rep("ab", 16), model_version = 1 }
+    local init = { family = "qwen3_moe", config = "tiny", tp = 1, transport = "shm",
+      buffers = shm_transport.descriptors(own) }
+    local ok, message = pcall(function()
+      local bytes = worker.loader:init_weights(init).resident_bytes
+      assert.are.same({ device_bytes = bytes, host_bytes = 0 }, worker:info().memory)
+      assert.are.equal(zeros_sum(bytes), worker:checksum().weights)
+      worker.loader:start_update({ header = header })
+      local err = error_of(worker.sleep, worker, { level = 1 })
+      assert.are.same({ "STATE_REFUSED", "cannot sleep during a weight update" }, { err.code, err.message })
+      assert.are.equal("release during an update", error_of(worker.release, worker).message)
+      worker.loader:finish_update(header)
+      assert.are.same({ rank = 0, mapped = 2 }, worker:release())
+      worker:sleep({ level = 1 })
+      err = error_of(worker.loader.start_update, worker.loader, { header = header })
+      assert.are.same({ "STATE_REFUSED", "cannot update weights that are offloaded: wake weights first" },
+        { err.code, err.message })
+      assert.is_nil(err.fatal)
+      assert.matches("no resident weights to checksum (not initialized, or asleep)",
+        error_of(worker.loader.resident_checksums, worker.loader).message, 1, true)
+      -- A new plan while asleep: the host copy is dropped, the wake allocates.
+      worker.loader:init_weights(init)
+      assert.are.same({ weights = "discarded", kv_cache = "free" }, worker:info().state)
+      assert.are.equal(0, worker:info().memory.host_bytes)
+      worker:wake({ tags = { "weights" } })
+      assert.are.equal(bytes, worker:info().memory.device_bytes)
+      assert.is_table(worker.loader:resident_checksums().tensors)
     end)
-
-    it("refuses, fatally, a load ordered on the device when init_weights mapped no gate", function()
-      local worker = worker_with(nil)
-      local ok, err = pcall(worker.load_chunk, worker, { chunk = 1, buffer = 1, gate = { seq = 5, last = true } })
-      assert.is_false(ok)
-      assert.are.equal("NO_GATE", err.code)
-      assert.is_true(err.fatal)
-      assert.matches("init_weights mapped no gate", err.message, 1, true)
-    end)
+    worker:release_all()
+    shm_transport.release(own)
+    assert(ok, message)
   end)
 end)
