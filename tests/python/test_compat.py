@@ -16,7 +16,7 @@ import pytest
 
 from conftest import ROOT
 from wsync.vllm import compat
-from wsync.vllm.server import Failure
+from wsync.vllm.failure import Failure
 
 PACKAGE = ROOT / "bindings" / "python" / "wsync"
 
@@ -104,7 +104,7 @@ def internal_uses(path: Path, root: Path = ROOT) -> list[str]:
 
 def test_no_module_but_compat_reaches_past_vllms_documented_api():
     files = sorted(path for path in PACKAGE.rglob("*.py") if path != PACKAGE / "vllm" / "compat.py")
-    assert PACKAGE / "vllm" / "engine.py" in files and PACKAGE / "vllm" / "extension.py" in files
+    assert PACKAGE / "vllm" / "runtime" / "engine.py" in files and PACKAGE / "vllm" / "worker" / "extension.py" in files
     found = [use for path in files for use in internal_uses(path)]
     assert not found, "vLLM's or torch's internals outside wsync.vllm.compat (move them there):\n" + "\n".join(found)
 
@@ -193,7 +193,7 @@ def test_the_range_reads_as_releases(monkeypatch):
 
 def test_importing_the_package_imports_neither_vllm_nor_torch():
     import subprocess
-    code = ("import sys, wsync.vllm.compat, wsync.vllm.engine, wsync.vllm.extension, wsync.vllm.wire; "
+    code = ("import sys, wsync.vllm.compat, wsync.vllm.runtime.engine, wsync.vllm.worker.extension, wsync.vllm.worker.wire; "
             "print(sorted(name for name in ('vllm', 'torch') if name in sys.modules))")
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
                            env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
@@ -410,3 +410,24 @@ def test_the_storage_handle_and_the_rebuild_arguments():
     args = compat.cuda_ipc_rebuild_args(torch, handle, 4096, 128, 96, b"/refcount")
     assert args == ("Tensor", ("Size", (96,)), (1,), 128, "Typed", "uint8", 0, b"\x02c" + handle, 4096, 0, False,
                     b"/refcount", 0, b"", False)
+
+
+def test_the_two_processes_code_imports_only_what_they_share():
+    """wsync.vllm.runtime runs in the runtime's main process, wsync.vllm.worker inside
+    vLLM's TP workers: neither imports the other (only wsync.vllm's shared modules), so what
+    a process loads is what it runs."""
+    import ast
+    sides = {"runtime": "worker", "worker": "runtime"}
+    for side, other in sides.items():
+        for path in sorted((PACKAGE / "vllm" / side).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom):
+                    names = [node.module or ""] + [alias.name for alias in node.names]
+                    reached = (node.level == 2 and names[0] in (other, "")
+                               and (names[0] == other or other in names[1:])) \
+                        or (node.level == 0 and names[0].startswith(f"wsync.vllm.{other}"))
+                elif isinstance(node, ast.Import):
+                    reached = any(alias.name.startswith(f"wsync.vllm.{other}") for alias in node.names)
+                else:
+                    continue
+                assert not reached, f"{path.relative_to(PACKAGE)}:{node.lineno} imports wsync.vllm.{other}"

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pytest
 
 from wsync.vllm import contract
-from wsync.vllm.server import Failure
+from wsync.vllm.failure import Failure
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "contract"
 

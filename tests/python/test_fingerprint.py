@@ -1,4 +1,4 @@
-"""wsync.vllm.extension.TorchFingerprint: the direct loader's test that vLLM's parameters lie
+"""wsync.vllm.worker.extension.TorchFingerprint: the direct loader's test that vLLM's parameters lie
 where they were bound, on a torch module on the CPU."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed here")
 
-from wsync.vllm.extension import TorchFingerprint, torch_residents  # noqa: E402
+from wsync.vllm.worker.extension import TorchFingerprint, torch_residents  # noqa: E402
 
 
 def model() -> "torch.nn.Module":

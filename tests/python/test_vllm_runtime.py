@@ -14,9 +14,10 @@ from wsync import Host
 from wsync.manifest import Manifest, digest
 from wsync.vllm import protocol
 from wsync.vllm.contract import check_receipts
-from wsync.vllm.receipts import receipt
-from wsync.vllm.runtime import Runtime
-from wsync.vllm.server import Failure, Server
+from wsync.vllm.worker.receipts import receipt
+from wsync.vllm.runtime.commands import Runtime
+from wsync.vllm.failure import Failure
+from wsync.vllm.runtime.server import Server
 
 
 def frame(message: dict) -> bytes:
@@ -291,7 +292,8 @@ class TestWire:
                 for index, (offset, size) in enumerate(spans)]
 
     def test_descriptors_and_storage_handles(self):
-        from wsync.vllm import compat, wire
+        from wsync.vllm import compat
+        from wsync.vllm.worker import wire
         assert wire.parse_descriptor(self.DESCRIPTOR) == (4096, self.HANDLE)
         for bad in ("4096", "x:00", f"4096:{'00' * 63}", f"0:{self.HANDLE.hex()}"):
             with pytest.raises(ValueError, match="descriptor"):
@@ -300,14 +302,15 @@ class TestWire:
         assert len(handle) == 66 and handle[0] == 2 and handle[1:2] == b"c" and handle[2:] == self.HANDLE
 
     def test_a_chunk_is_one_update_unless_it_has_a_gap(self):
-        from wsync.vllm import wire
+        from wsync.vllm.worker import wire
         assert [len(run) for run in wire.runs(self.tensors((64, 8), (0, 64), (72, 8)))] == [3]
         assert [[t["offset"] for t in run] for run in wire.runs(self.tensors((0, 8), (16, 8)))] == [[0], [16]]
         with pytest.raises(ValueError, match="overlaps"):
             wire.runs(self.tensors((0, 8), (4, 8)))
 
     def test_update_info_has_exactly_the_keys_vllm_026_takes(self):
-        from wsync.vllm import compat, wire
+        from wsync.vllm import compat
+        from wsync.vllm.worker import wire
         run = wire.runs(self.tensors((128, 64), (192, 32)))[0]
         info = wire.update_info_v026(self.TORCH, run, "uuid-0", self.DESCRIPTOR, b"/refcount")
         assert set(info) == {"names", "dtype_names", "shapes", "packed", "tensor_sizes", "ipc_handles"}
@@ -337,7 +340,7 @@ class TestWire:
 
 
 def test_the_direct_loader_lists_the_engines_parameters_again_only_when_they_moved():
-    from wsync.vllm.extension import DirectLoader
+    from wsync.vllm.worker.extension import DirectLoader
     calls = []
     where = {"a": 1000}
 
@@ -409,7 +412,7 @@ def run_until(runtime: Runtime, done, steps: int = 10000) -> None:
 
 
 class TestStreaming:
-    """submit / poll / pause / resume with a streaming engine (wsync.vllm.streams)."""
+    """submit / poll / pause / resume with a streaming engine (wsync.vllm.runtime.streams)."""
 
     def test_requests_stream_and_are_forgotten_once_polled_finished(self, runtime):
         ids = runtime.submit({"requests": [{"prompt": [1, 2], "max_tokens": 3}, {"prompt": [5], "max_tokens": 2}]})
@@ -493,11 +496,12 @@ class TestStreaming:
 
 
 class TestChannel:
-    """wsync.vllm.channel: the runtime's sockets to vLLM's workers, beside collective_rpc."""
+    """wsync.vllm.runtime.channels and wsync.vllm.worker.channel: the runtime's sockets to vLLM's workers, beside collective_rpc."""
 
     @staticmethod
     def open(tmp_path, handlers):
-        from wsync.vllm.channel import Channels, serve
+        from wsync.vllm.runtime.channels import Channels
+        from wsync.vllm.worker.channel import serve
         paths = [str(tmp_path / f"tp{rank}.sock") for rank in range(len(handlers))]
         threads = [serve(path, handler) for path, handler in zip(paths, handlers)]
         return Channels(paths, timeout=5), threads
@@ -542,7 +546,7 @@ class TestChannel:
         channels.close()
 
     def test_a_channel_closed_by_its_worker_is_named(self, tmp_path):
-        from wsync.vllm.channel import Channels
+        from wsync.vllm.runtime.channels import Channels
         import socket
         path = str(tmp_path / "tp0.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -560,7 +564,7 @@ class TestChannel:
     def test_a_channel_reset_by_its_worker_is_the_engines_death(self, tmp_path):
         # (A killed EngineCore's socket is reset, not closed in order: on the H200 a SIGKILL
         # during load_chunk gave ConnectionResetError, reported as a worker failure before.)
-        from wsync.vllm.channel import Channels
+        from wsync.vllm.runtime.channels import Channels
         import select
         import socket
         import threading
@@ -587,7 +591,7 @@ class TestChannel:
 
 
 def test_the_check_against_vllms_loader_goes_a_bounded_group_of_parameters_at_a_time():
-    from wsync.vllm.extension import check_groups
+    from wsync.vllm.worker.extension import check_groups
     tensors = [{"name": name} for name in ("q", "k", "v", "e0", "e1", "e2", "huge", "norm")]
     writes = {"q": ["qkv"], "k": ["qkv"], "v": ["qkv"], "e0": ["w13"], "e1": ["w13"], "e2": ["w13"],
               "huge": ["big"], "norm": ["n"]}
@@ -600,11 +604,11 @@ def test_the_check_against_vllms_loader_goes_a_bounded_group_of_parameters_at_a_
 
 
 class TestCaller:
-    """wsync.vllm.engine.Caller: blocking calls into vLLM on one thread, watched."""
+    """wsync.vllm.runtime.engine.Caller: blocking calls into vLLM on one thread, watched."""
 
     def test_calls_run_in_order_on_one_thread_and_their_errors_come_back(self):
         import threading
-        from wsync.vllm.engine import Caller
+        from wsync.vllm.runtime.engine import Caller
         caller = Caller(lambda: None)
         threads = {caller("a", threading.get_ident), caller("b", threading.get_ident)}
         assert len(threads) == 1 and threading.get_ident() not in threads
@@ -615,7 +619,7 @@ class TestCaller:
     def test_a_call_into_a_dead_engine_fails_at_once_naming_what_died(self):
         import threading
         import time
-        from wsync.vllm.engine import Caller
+        from wsync.vllm.runtime.engine import Caller
         died = threading.Event()
         caller = Caller(lambda: "vLLM's EngineCore (pid 9) died" if died.is_set() else None)
         threading.Timer(0.3, died.set).start()
@@ -628,7 +632,7 @@ class TestCaller:
 
 
 def test_the_engines_timing_summary_gives_medians_the_workers_parts_and_the_first_call():
-    from wsync.vllm.engine import VllmEngine
+    from wsync.vllm.runtime.engine import VllmEngine
     engine = VllmEngine.__new__(VllmEngine)  # (no vLLM: only the summary's bookkeeping)
     engine.channel = "socket"
     engine._timing = {"start_update": [(0.010, 0.009, {"fingerprint": 0.004, "loader": 0.005}),
@@ -642,23 +646,23 @@ def test_the_engines_timing_summary_gives_medians_the_workers_parts_and_the_firs
 
 
 class TestFaultSpecs:
-    """The one fault-spec grammar of the Python side (wsync.vllm.server.fault_items), as the
+    """The one fault-spec grammar of the Python side (wsync.vllm.failure.fault_items), as the
     runtime's $WSYNC_RUNTIME_FAULT and the engine's $WSYNC_VLLM_FAULT read it."""
 
     def test_items_with_and_without_n(self):
-        from wsync.vllm.server import fault_items
+        from wsync.vllm.failure import fault_items
         assert fault_items("crash@sleep,hang@load_chunk#2", ("crash", "hang"), "x") == [
             {"kind": "crash", "cmd": "sleep", "nth": None}, {"kind": "hang", "cmd": "load_chunk", "nth": 2}]
 
     @pytest.mark.parametrize("item", ["explode@sleep", "crash", "crash@", "crash@sleep#x", " crash@sleep",
                                       "worker0:crash@sleep", "crash@sle-ep"])
     def test_a_bad_item_is_refused_by_name(self, item):
-        from wsync.vllm.server import Faults
+        from wsync.vllm.runtime.server import Faults
         with pytest.raises(ValueError, match=f"bad fault spec item '{re.escape(item)}'"):
             Faults("hang@info," + item)
 
     def test_the_engines_faults_are_checked_at_its_start(self, monkeypatch):
-        from wsync.vllm import engine
+        from wsync.vllm.runtime import engine
         monkeypatch.setenv("WSYNC_VLLM_FAULT", "kill_engine@load_chunk#2,bad_receipt@finish_update")
         assert engine._faults() == {"load_chunk#2": "kill_engine", "finish_update": "bad_receipt"}
         monkeypatch.setenv("WSYNC_VLLM_FAULT", "kill_engin@load_chunk#2")

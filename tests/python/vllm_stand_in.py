@@ -7,7 +7,7 @@ EngineCore and workers are children of the runtime), so that tests see the whole
 destroyed. Its devices are the backend's (wsync's UUIDs). Its "parameters" are memory (host
 memory, or torch device memory on cuda) laid out as the loader plan's resident tensors, one
 allocation each, written by the very loader the vllm runtime's direct mode runs inside vLLM's
-workers (wsync.vllm.extension.DirectLoader over scripts/wsync/runtime/engine_worker.lua, on the
+workers (wsync.vllm.worker.extension.DirectLoader over scripts/wsync/runtime/engine_worker.lua, on the
 shm or the cuda_ipc transport): what a publication leaves there can be checked (verify = "values").
 Its "generation" is a toy: each next token is a function of the context and the committed
 model version, with log-probability -(token % 7) / 8; it streams too (the ``stream_*``
@@ -31,8 +31,8 @@ import time
 from typing import Any
 
 from wsync import Host
-from wsync.vllm.extension import DirectLoader, LoaderPlan
-from wsync.vllm.server import Failure
+from wsync.vllm.worker.extension import DirectLoader, LoaderPlan
+from wsync.vllm.failure import Failure
 
 
 class Engine:
@@ -158,7 +158,7 @@ class Engine:
             self.recomputed += len(self.streaming)
         return "reset" if preempt or in_flight else "salted"
 
-    # Streaming (wsync.vllm.streams) ---------------------------------------------------
+    # Streaming (wsync.vllm.runtime.streams) ---------------------------------------------------
 
     def _next(self, context: list[int]) -> int:
         return (sum(context[-8:]) * 31 + self.version * 7 + len(context)) % 1000

@@ -104,7 +104,7 @@ M.schema = schema.record({
         -- publication, or never.
         check = schema.enum({ "first", "every", "never" }),
         -- How the weight commands reach vLLM's TP workers: a socket of
-        -- wsync's to each worker (wsync.vllm.channel: no trip through vLLM's
+        -- wsync's to each worker (wsync.vllm.runtime.channels and wsync.vllm.worker.channel: no trip through vLLM's
         -- EngineCore per command; the direct loader's default), or vLLM's
         -- collective_rpc (native's default: wsync.runtime.vllm.channel).
         channel = schema.enum({ "rpc", "socket" }),

@@ -1,6 +1,6 @@
 --- wsync's loader inside another engine's TP worker: the one entry that
 --- vLLM's workers call (wsync's worker extension, the direct loader of
---- bindings/python/wsync/vllm/extension.py), through libwsync's embedded host
+--- bindings/python/wsync/vllm/worker/extension.py), through libwsync's embedded host
 --- (`worker_command` of wsync.cli.embedded, M.call). One engine worker per
 --- process: "open" makes it, "close" drops it, and the rest are the weight
 --- commands of wsync.runtime.loader that an engine needs, its info, and

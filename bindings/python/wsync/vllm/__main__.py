@@ -14,8 +14,9 @@ import sys
 import traceback
 from typing import Any
 
-from .runtime import Runtime
-from .server import Failure, Faults, Server
+from .failure import Failure
+from .runtime.commands import Runtime
+from .runtime.server import Faults, Server
 
 PR_SET_PDEATHSIG = 1
 
@@ -51,7 +52,7 @@ def die_with_parent() -> None:
 
 
 def make_engine(options: argparse.Namespace, timeouts: dict[str, float]) -> Any:
-    """The engine: vLLM's (wsync.vllm.engine), or the one $WSYNC_VLLM_ENGINE names
+    """The engine: vLLM's (wsync.vllm.runtime.engine), or the one $WSYNC_VLLM_ENGINE names
     ("module:Class", for tests of the protocol without vLLM or a GPU)."""
     devices = [int(device) for device in options.devices.split(",") if device != ""]
     if len(devices) != options.tp:
@@ -64,7 +65,7 @@ def make_engine(options: argparse.Namespace, timeouts: dict[str, float]) -> Any:
         module_name, _, class_name = named.partition(":")
         engine_class = getattr(importlib.import_module(module_name), class_name)
     else:
-        from .engine import VllmEngine as engine_class
+        from .runtime.engine import VllmEngine as engine_class
     engine = engine_class(tp=options.tp, devices=devices, backend=options.backend, model=options.model,
                           load=options.load, engine_args=engine_args, timeouts=timeouts)
     engine.check, engine.channel = options.check, options.channel

@@ -5,7 +5,7 @@ The documented API (``vllm.LLM(...)``, its ``generate``, ``collective_rpc``, ``s
 ``wake_up`` and ``reset_prefix_cache``, ``SamplingParams``, ``TokensPrompt``) is used where
 it is needed, from the module ``vllm()`` returns. Everything else is here: vLLM's engine
 client (whether its EngineCore died, its processes, the outputs it sent), the members of
-vLLM's GPU worker that the worker extension (wsync.vllm.extension) reads and calls, the
+vLLM's GPU worker that the worker extension (wsync.vllm.worker.extension) reads and calls, the
 trainer-side weight-transfer setup, vLLM's parameter names, and the torch internals the
 worker reads parameters and rebuilds IPC tensors with. Each function's docstring says
 what it reads and the version it was read from. A member that is not there raises
@@ -28,13 +28,13 @@ What an upgrade of vLLM (or its torch) has to check, before widening ``SUPPORTED
 
 - every function here against the new sources (its docstring names what it reads), then
   their "read from" versions;
-- wsync.vllm.wire's ``update_info`` (vLLM's packed IPC format, per version: 0.27+ changes it)
+- wsync.vllm.worker.wire's ``update_info`` (vLLM's packed IPC format, per version: 0.27+ changes it)
   and ``cuda_ipc_rebuild_args``'s tuple and ``HANDLE_VERSION`` (torch's own, private);
 - the documented calls wsync makes with arguments newer than the API's first form:
   ``LLM.sleep(level=0, mode="keep")``, ``LLM.wake_up(tags=["scheduling"])``,
   ``LLM.reset_prefix_cache(reset_running_requests=...)``, ``TokensPrompt(cache_salt=...)``,
   ``collective_rpc(timeout=...)``, and the engine arguments wsync sets
-  (wsync.vllm.engine.FIXED_ARGUMENTS, ``logprobs_mode``);
+  (wsync.vllm.runtime.engine.FIXED_ARGUMENTS, ``logprobs_mode``);
 - the models' parameters (names, fused layouts) against wsync's loader plans (wsync.plan,
   VLLM_NAME_INFIXES): the direct loader's check against vLLM's own loader (``check =
   "first"``) fails naming a parameter that moved;
@@ -52,7 +52,7 @@ import warnings
 from types import ModuleType
 from typing import Any, Optional
 
-from .server import Failure
+from .failure import Failure
 
 #: The vLLM releases wsync runs with, as (major, minor) of the lowest and the highest; any
 #: patch release of them. Only 0.26 has run (pyproject.toml's ``vllm`` extra pins it too).
@@ -303,7 +303,7 @@ def start_weight_update(worker: Any) -> None:
 
 
 def update_weights(worker: Any, update_info: dict[str, Any]) -> None:
-    """Loads one chunk of the open update (``update_info``: wsync.vllm.wire's):
+    """Loads one chunk of the open update (``update_info``: wsync.vllm.worker.wire's):
     ``Worker.update_weights(update_info)`` (read from vLLM 0.26)."""
     _member(worker, "update_weights", "the vLLM worker's update_weights")(update_info)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from .server import Failure
+from .failure import Failure
 
 _HEX = re.compile(r"[0-9a-fA-F]+")
 

@@ -35,6 +35,12 @@ def encode(message: dict[str, Any], limit: int = MAX_FRAME) -> bytes:
     return struct.pack(">I", len(body)) + body
 
 
+def send(connection: Any, message: dict[str, Any]) -> None:
+    """Sends one message as a frame on a connected socket (the runtime's channels to its TP
+    workers, both ends)."""
+    connection.sendall(encode(message))
+
+
 class Decoder:
     """A streaming decoder: ``push(data)`` returns the complete messages so far. Once the
     stream is bad every push raises FrameError with the same reason."""

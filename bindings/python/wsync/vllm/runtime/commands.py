@@ -1,6 +1,6 @@
 """The vllm runtime's main process: what the host's runtime client talks to over fd 3.
 
-It owns an engine (wsync.vllm.engine.VllmEngine: ``vllm.LLM`` and its TP workers) and keeps
+It owns an engine (wsync.vllm.runtime.engine.VllmEngine: ``vllm.LLM`` and its TP workers) and keeps
 the runtime's state the way the reference runtime does (scripts/wsync/runtime/reference.lua):
 the committed model version, the publication being updated, the header it checked, and
 whether it broke. A failure that leaves the engine in doubt (a failed weight command, a
@@ -9,7 +9,7 @@ later command is refused until then. Generation is refused between start and fin
 result is stamped with the model version committed when its request was dispatched.
 
 Generation either waits for its outputs (``generate``) or streams (``submit``, ``poll``:
-wsync.vllm.streams), the engine stepping between commands (Server.idle) whenever
+wsync.vllm.runtime.streams), the engine stepping between commands (Server.idle) whenever
 generation may run; ``pause`` / ``resume`` abort, finish or hold the requests in flight in
 vLLM's modes.
 """
@@ -20,10 +20,11 @@ import resource
 import time
 from typing import Any, Optional, Protocol
 
-from . import protocol
-from .contract import check_header, check_receipts
+from .. import protocol
+from ..contract import check_header, check_receipts
 from .engine import SAMPLING_KEYS
-from .server import Failure, Server
+from ..failure import Failure
+from .server import Server
 from .streams import Streams
 
 SLEEP_LEVELS = (1, 2)
@@ -59,7 +60,7 @@ class Engine(Protocol):
         {rank, tensors, bytes, copy_seconds}."""
 
     def finish_update(self, header: dict[str, Any]) -> list[dict[str, Any]]:
-        """Ends the update; each worker's receipt by rank (wsync.vllm.receipts)."""
+        """Ends the update; each worker's receipt by rank (wsync.vllm.worker.receipts)."""
 
     def commit(self, model_version: int, preempt: bool = False, in_flight: bool = False) -> Optional[str]:
         """Serves ``model_version`` from now on: no request added later reads a prefix cached
@@ -72,7 +73,7 @@ class Engine(Protocol):
 
     def close(self) -> None: ...
 
-    # Streaming (wsync.vllm.streams):
+    # Streaming (wsync.vllm.runtime.streams):
     def stream_add(self, request_id: int, prompt: list[int], sampling: dict[str, Any]) -> None:
         """Queues a request (refused with a non-fatal Failure when the engine will not take it)."""
 
@@ -181,7 +182,7 @@ class Runtime:
 
     def pause(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Pauses generation (vLLM's modes abort, wait, keep): the requests in flight are
-        aborted, finished or held (wsync.vllm.streams)."""
+        aborted, finished or held (wsync.vllm.runtime.streams)."""
         self._check_alive()
         mode, kv = payload.get("mode"), payload.get("kv")
         return self._engine_call(f"pause ({mode})", self.streams.pause, mode, kv)

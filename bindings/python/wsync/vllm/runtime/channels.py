@@ -1,70 +1,23 @@
-"""A channel from the vllm runtime's main process straight to each of vLLM's TP workers,
-beside vLLM's ``collective_rpc`` (``runtime.channel = "socket"``).
+"""The vllm runtime's end of its channels straight to each of vLLM's TP workers, beside
+vLLM's ``collective_rpc`` (``runtime.channel = "socket"``).
 
 Every weight command through ``collective_rpc`` crosses vLLM's EngineCore (its input
 queue, its loop, its executor's broadcast to the workers and back): 1.3-2.2 ms a call on
 the H200, paid once per chunk. Here each worker's extension serves a Unix socket from a
-thread of its own (``serve``) and the runtime sends a command to every worker at once and
-reads their answers (``Channels``), in wsync's framing (wsync.vllm.protocol). The worker's
-thread runs the same handler as ``collective_rpc`` would (the extension's
-``wsync_command``), and owns the worker's wsync host, so every weight command of the
-session goes through the channel once it is open. vLLM generates nothing meanwhile: the
-runtime refuses generation between start and finish.
+thread of its own (wsync.vllm.worker.channel) and the runtime sends a command to every
+worker at once and reads their answers (``Channels``), in wsync's framing
+(wsync.vllm.protocol). vLLM generates nothing meanwhile: the runtime refuses generation
+between start and finish.
 """
 from __future__ import annotations
 
-import os
 import select
 import socket
-import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
-from . import protocol
-from .server import Failure
-
-
-def _send(connection: socket.socket, message: dict[str, Any]) -> None:
-    connection.sendall(protocol.encode(message))
-
-
-def serve(path: str, handle: Callable[[str, str], str], start: Optional[Callable[[], None]] = None) -> threading.Thread:
-    """Listens on the Unix socket ``path`` and answers its one connection from a daemon
-    thread: each request ``{cmd, payload}`` (the payload a JSON string) gets ``{answer}``,
-    ``handle(cmd, payload)``'s JSON string. ``start`` runs first in that thread (the
-    worker's CUDA device). The thread ends when the connection closes; the socket file is
-    removed when the connection is made."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(1)
-
-    def run() -> None:
-        try:
-            if start is not None:
-                start()
-            connection, _ = listener.accept()
-        finally:
-            listener.close()
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        decoder = protocol.Decoder(protocol.MAX_FRAME)
-        with connection:
-            try:
-                while True:
-                    data = connection.recv(1 << 20)
-                    if not data:
-                        return
-                    for message in decoder.push(data):
-                        answer = handle(str(message.get("cmd")), str(message.get("payload")))
-                        _send(connection, {"answer": answer})
-            except (OSError, protocol.FrameError):
-                return  # (the runtime went away, or broke the stream: it is being destroyed)
-
-    thread = threading.Thread(target=run, name=f"wsync-channel-{os.path.basename(path)}", daemon=True)
-    thread.start()
-    return thread
+from .. import protocol
+from ..failure import Failure
 
 
 class Channels:
@@ -98,7 +51,7 @@ class Channels:
         names a process that died meanwhile or a worker closes its channel."""
         for rank, connection in enumerate(self.connections):
             try:
-                _send(connection, {"cmd": cmd, "payload": payload})
+                protocol.send(connection, {"cmd": cmd, "payload": payload})
             except OSError as error:
                 why = dead()
                 raise Failure("ENGINE_DIED", f"TP worker {rank} closed its channel before {cmd} ({error}"

@@ -2,7 +2,7 @@
 
 The runtime (wsync.vllm.runtime) keeps versions, headers and receipts; this module turns its
 calls into vLLM's: sleep and wake with tags, ``collective_rpc`` to every TP worker's
-extension (wsync.vllm.extension) for the weight commands, the prefix-cache reset at commit,
+extension (wsync.vllm.worker.extension) for the weight commands, the prefix-cache reset at commit,
 and generation from token ids with the sampled tokens' log-probabilities.
 
 vLLM is imported here, when the engine starts (15-25 s), never by the package, and only
@@ -22,8 +22,8 @@ import threading
 import time
 from typing import Any, Callable, Optional, TypeVar
 
-from . import compat
-from .server import Failure, fault_items
+from .. import compat
+from ..failure import Failure, fault_items
 
 #: What vLLM 0.26's LLM needs for wsync; a recipe's ``runtime.vllm`` may not set these.
 FIXED_ARGUMENTS = ("model", "tensor_parallel_size", "enable_sleep_mode", "weight_transfer_config",
@@ -135,7 +135,7 @@ class VllmEngine:
         arguments.setdefault("logprobs_mode", "processed_logprobs")
         self.llm = self._vllm.LLM(model=model, tensor_parallel_size=tp, enable_sleep_mode=True,
                                  weight_transfer_config=compat.ipc_weight_transfer_config(),
-                                 worker_extension_cls="wsync.vllm.extension.WorkerExtension", **arguments)
+                                 worker_extension_cls="wsync.vllm.worker.extension.WorkerExtension", **arguments)
         # (The EngineCore's processes, or else this process's children: the EngineCore is one.)
         self._engine_pids = compat.engine_core_pids(self.llm) or _children(os.getpid())
         self._identities: list[dict[str, Any]] = []
@@ -196,8 +196,8 @@ class VllmEngine:
             self._state["kv_cache"] = "reserved"
 
     def _open_channels(self) -> None:
-        """The channel to every TP worker (``channel = "socket"``: wsync.vllm.channel)."""
-        from .channel import Channels
+        """The channel to every TP worker (``channel = "socket"``: wsync.vllm.runtime.channels)."""
+        from .channels import Channels
         self._channel_dir = tempfile.mkdtemp(prefix="wsync-vllm-")
         paths = self._watched("channel", lambda: self.llm.collective_rpc("wsync_channel", args=(self._channel_dir,)))
         self._channels = Channels(paths)
@@ -294,7 +294,7 @@ class VllmEngine:
         """A request's prompt, salted with the committed version (see commit)."""
         return self._vllm.TokensPrompt(prompt_token_ids=tokens, cache_salt=self._salt)
 
-    # Streaming (wsync.vllm.streams): vLLM's own engine loop, a step per call; a pause
+    # Streaming (wsync.vllm.runtime.streams): vLLM's own engine loop, a step per call; a pause
     # holds the requests in vLLM's scheduler (sleep level 0, mode "keep").
 
     @staticmethod

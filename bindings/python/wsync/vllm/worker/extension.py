@@ -1,7 +1,7 @@
-"""wsync's worker extension for vLLM (``LLM(worker_extension_cls="wsync.vllm.extension.WorkerExtension")``).
+"""wsync's worker extension for vLLM (``LLM(worker_extension_cls="wsync.vllm.worker.extension.WorkerExtension")``).
 
 vLLM mixes this class into each of its TP workers; the vllm runtime's main process calls it
-through ``LLM.collective_rpc`` (wsync.vllm.engine). Each worker answers for itself: its rank,
+through ``LLM.collective_rpc`` (wsync.vllm.runtime.engine). Each worker answers for itself: its rank,
 its physical GPU's UUID, and the weight commands of a publication, the same commands and
 payloads as a TP worker of the reference runtime (init_weights, start_update, load_chunk,
 finish_update), each worker taking its own rank's packed buffers from the payload.
@@ -9,7 +9,7 @@ finish_update), each worker taking its own rank's packed buffers from the payloa
 Two load modes:
 
 - ``native``: each chunk goes through vLLM's own packed IPC path: this worker builds vLLM
-  0.26's ``update_info`` for the chunk (wsync.vllm.wire) and calls the worker's own
+  0.26's ``update_info`` for the chunk (wsync.vllm.worker.wire) and calls the worker's own
   ``update_weights``, so vLLM's IPCWeightTransferEngine parses it and vLLM's loader writes the
   parameters; ``start_weight_update`` / ``finish_weight_update`` bracket the publication.
 - ``direct``: the chunk is copied straight from the packed buffer into the resident
@@ -30,11 +30,11 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from ..errors import WsyncError
-from ..manifest import Manifest
-from . import compat
+from ...errors import WsyncError
+from ...manifest import Manifest
+from .. import compat
 from .receipts import receipt
-from .server import Failure
+from ..failure import Failure
 
 
 class LoaderPlan:
@@ -397,7 +397,7 @@ class WorkerExtension:
         }
 
     def wsync_channel(self, directory: str) -> str:
-        """Opens this worker's channel (wsync.vllm.channel) in ``directory``: a thread of its
+        """Opens this worker's channel (wsync.vllm.worker.channel) in ``directory``: a thread of its
         own answers the weight commands from now on; the socket's path."""
         from .channel import serve
         path = os.path.join(directory, f"tp{compat.worker_rank(self)}.sock")
@@ -417,7 +417,7 @@ class WorkerExtension:
             payload = json.loads(payload_json)
             loader = self.__dict__.get("_wsync_loader")
             if cmd == "init_weights":
-                from .. import Host
+                from ... import Host
                 host = self.__dict__.get("_wsync_host") or Host()
                 self.__dict__["_wsync_host"] = host
                 identity = self.wsync_identity()

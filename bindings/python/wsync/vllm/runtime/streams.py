@@ -2,7 +2,7 @@
 for what they produced, paused and resumed in vLLM's modes across publications.
 
 The runtime (wsync.vllm.runtime) keeps this between its commands; the engine generates:
-its ``stream_*`` calls (wsync.vllm.engine, with vLLM's own scheduler) add requests, take
+its ``stream_*`` calls (wsync.vllm.runtime.engine, with vLLM's own scheduler) add requests, take
 what one engine step produced, abort, hold every request (vLLM's scheduler paused in its
 "keep" mode) and release them. Each token is stamped with the model version committed when
 it was produced, and a request's version spans (``{version, first_token, last_token}``,
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from .server import Failure
+from ..failure import Failure
 
 #: The most tokens one request may ask for (the reference runtime's limit too).
 MAX_TOKENS = 65536

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .compat import IPC_HANDLE_BYTES, cuda_ipc_rebuild_args
+from ..compat import IPC_HANDLE_BYTES, cuda_ipc_rebuild_args
 
 #: The vLLM versions whose wire format this module writes, by the update builder.
 VERSIONS = ("0.26",)
