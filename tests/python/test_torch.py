@@ -174,3 +174,107 @@ dist.destroy_process_group()
     assert len(refusals) == 2, result.stdout
     for line in refusals:
         assert "register_tensor w: DTensor placements" in line and "(FSDP2's (Shard(0),))" in line, line
+
+
+def test_the_offloads_reuse_one_host_arena_and_keep_every_tensor_and_view():
+    import copy  # noqa: PLC0415
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(2, 8)).sum().backward()
+    optimizer.step()
+    view = model[0].weight.detach()[1:3]  # (a view: it lies in the weight's storage)
+    parameters = list(model.parameters())
+    before = [parameter.detach().clone() for parameter in parameters]
+    grads = [parameter.grad.clone() for parameter in parameters]
+    moments = {key: value.clone() for key, value in optimizer.state[parameters[0]].items()}
+    actor, state = wsync.ActorOffload(model), wsync.OptimizerOffload(optimizer)
+    arenas = []
+    for _ in range(3):
+        actor.offload()
+        state.offload()
+        assert all(parameter.untyped_storage().nbytes() == 0 for parameter in parameters)
+        assert all(parameter.grad.untyped_storage().nbytes() == 0 for parameter in parameters)
+        assert view.untyped_storage().nbytes() == 0
+        # Parameters and gradients, each its own storage; AdamW's two moments per parameter.
+        assert actor.device_bytes == 2 * sum(parameter.numel() * 4 for parameter in parameters)
+        assert state.device_bytes == actor.device_bytes
+        assert actor.last["step"] == "offload_actor" and actor.last["bytes"] == actor.device_bytes
+        arenas.append((actor._arena.data_ptr(), state._arena.data_ptr()))
+        state.onload()
+        actor.onload()
+        assert actor.last == dict(actor.last, step="onload_actor", bytes=actor.device_bytes, storages=8)
+        for parameter, value, grad in zip(parameters, before, grads):
+            assert torch.equal(parameter.detach(), value) and torch.equal(parameter.grad, grad)
+        assert torch.equal(view, before[0][1:3])
+        for key, value in moments.items():
+            assert torch.equal(optimizer.state[parameters[0]][key], value), key
+    assert arenas[0] == arenas[1] == arenas[2], "the host arenas were allocated again"
+    assert state.moved == 3 * 8 and actor.moved == 3 * 8
+    # Training goes on after them exactly as without.
+    twin = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    twin.load_state_dict(model.state_dict())
+    twin_optimizer = torch.optim.AdamW(twin.parameters(), lr=0.1)
+    twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # (else they share the moments)
+    for module, opt in ((model, optimizer), (twin, twin_optimizer)):
+        opt.zero_grad()
+        module(torch.ones(2, 8)).sum().backward()
+        opt.step()
+    for mine, theirs in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(mine, theirs)
+
+
+def test_an_offloader_registers_its_two_callbacks_under_the_schedules_names():
+    registered = []
+
+    class Agent:
+        def register_callback(self, name, fn):
+            registered.append((name, fn.__name__))
+
+    model = torch.nn.Linear(2, 2)
+    wsync.ActorOffload(model).register(Agent())
+    wsync.OptimizerOffload(torch.optim.AdamW(model.parameters())).register(Agent())
+    assert registered == [("offload_actor", "offload"), ("onload_actor", "onload"),
+                          ("offload_optimizer", "offload"), ("onload_optimizer", "onload")]
+
+
+def test_fsdp2_shards_and_their_optimizer_state_go_out_and_back(tmp_path):
+    code = """
+import os, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+import wsync
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000))
+dist.init_process_group("gloo", rank=0, world_size=1)
+def build():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+def step(model, optimizer):
+    model(torch.ones(2, 8)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+(model, optimizer), (twin, twin_optimizer) = build(), build()
+actor, state = wsync.ActorOffload(model), wsync.OptimizerOffload(optimizer)
+for _ in range(3):
+    step(model, optimizer)
+    step(twin, twin_optimizer)
+    actor.offload()
+    state.offload()
+    assert all(p.to_local().untyped_storage().nbytes() == 0 for p in model.parameters())
+    state.onload()
+    actor.onload()
+for mine, theirs in zip(model.parameters(), twin.parameters()):
+    assert torch.equal(mine.to_local(), theirs.to_local())
+print("fsdp2 offload ok", actor.moved, state.moved, actor.device_bytes)
+dist.destroy_process_group()
+"""
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[:3] == ["fsdp2", "offload", "ok"], result.stdout
+    _, _, _, actor_moved, state_moved, device_bytes = result.stdout.split()
+    # 4 parameters a round, no gradients left (zero_grad sets them to None); 8 moments.
+    assert (int(actor_moved), int(state_moved)) == (3 * 4, 3 * 8)
+    assert int(device_bytes) == (8 * 16 + 16 + 16 * 4 + 4) * 4

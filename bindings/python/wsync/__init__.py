@@ -4,9 +4,8 @@ rollout runtime after every optimizer step, fail-stop.
     import wsync
     agent = wsync.Agent(endpoint, rank, world, backend="cuda")
     agent.register_module(model)
-    offload = wsync.OptimizerOffload(optimizer)   # its state to the CPU and back
-    agent.register_callback("offload_optimizer", offload.offload)
-    agent.register_callback("onload_optimizer", offload.onload)
+    wsync.OptimizerOffload(optimizer).register(agent)   # its state to the host and back
+    wsync.ActorOffload(model).register(agent)           # the parameters and gradients too
     agent.ready()
     for step in range(steps):
         train_one_step()
@@ -19,9 +18,9 @@ from ._native import LibraryNotFound, library_path
 from .agent import Agent, Publication
 from .errors import InvalidArgument, StateError, WsyncError
 from .host import Host, TrainerTensor, trainer_tensors, version
-from .offload import OptimizerOffload
+from .offload import ActorOffload, OptimizerOffload
 
 __all__ = [
-    "Agent", "Host", "InvalidArgument", "LibraryNotFound", "OptimizerOffload", "Publication", "StateError",
+    "ActorOffload", "Agent", "Host", "InvalidArgument", "LibraryNotFound", "OptimizerOffload", "Publication", "StateError",
     "WsyncError", "TrainerTensor", "library_path", "trainer_tensors", "version",
 ]

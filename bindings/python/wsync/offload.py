@@ -1,46 +1,198 @@
-"""Step callbacks that move a PyTorch trainer's memory for a recipe's schedule.
+"""Step callbacks that move a PyTorch trainer's memory out of the device and back, for a
+recipe's memory schedule.
 
-    offload = wsync.OptimizerOffload(optimizer)
-    agent.register_callback("offload_optimizer", offload.offload)
-    agent.register_callback("onload_optimizer", offload.onload)
+    optimizer_offload = wsync.OptimizerOffload(optimizer)   # AdamW's moments
+    actor_offload = wsync.ActorOffload(model)               # parameters (FSDP2 shards) and gradients
+    optimizer_offload.register(agent)   # "offload_optimizer", "onload_optimizer"
+    actor_offload.register(agent)       # "offload_actor", "onload_actor"
 
-torch is imported when a callback runs, never by ``import wsync``.
+Each moves whole storages: every tensor that shares one (a view, FSDP2's sharded parameter
+in its padded buffer) keeps its identity, shape and strides, and finds its bytes again after
+the onload. An offload copies each storage into a host buffer, waits for the copies, then
+frees the device's storage (resized to 0 bytes) and returns the freed memory to the driver,
+so that another process (the rollout engine) can take it. An onload allocates the storages
+again, copies the bytes back and makes the current stream wait for them.
+
+The host buffers are one arena per offloader, pinned where CUDA is (page-locked: copies run
+at the bus's speed and asynchronously), allocated at the first offload and reused by every
+later one; it grows only when the storages to move grow (an optimizer's state appears at
+its first step). The copies run on a CUDA stream of the offloader's own, ordered after what
+the current stream had queued.
+
+``device_bytes`` is what one offload frees on the device (and what its onload takes back);
+``last`` says what the last offload or onload moved and how long it took. torch is imported
+when an offloader first moves something, never by ``import wsync``.
 """
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable, Iterable
+
+#: Where each storage starts in the host arena: a multiple of this many bytes.
+ALIGNMENT = 512
 
 
-class OptimizerOffload:
-    """Moves an optimizer's state tensors to the CPU (``offload``) and back to where they
-    were (``onload``). Scalars stay where they are: AdamW's ``step`` counters live on the
-    CPU already. A state tensor on the CPU is copied all the same, so that it has new
-    storage as an offloaded one would. ``moved`` counts the tensors offloaded so far."""
+def _aligned(size: int) -> int:
+    return (size + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
-    def __init__(self, optimizer: Any) -> None:
-        self.optimizer = optimizer
-        self.offloaded: list[tuple[dict[str, Any], str, Any]] = []  # (state, key, the device it came from)
-        self.moved = 0
+
+class _Offloader:
+    """Moves the storages of the tensors ``tensors()`` names (each call names them as they
+    are now; of a DTensor, this rank's local shard) to host memory and back. ``what`` names
+    it in errors ("the optimizer")."""
+
+    #: The callback names ``register`` gives (offload, onload).
+    NAMES: tuple[str, str] = ("", "")
+
+    def __init__(self, what: str, tensors: Callable[[], Iterable[Any]]) -> None:
+        self.what = what
+        self._tensors = tensors
+        self.offloaded: list[tuple[Any, int, int]] = []  # (storage, its bytes, its offset in the arena)
+        self.moved = 0  # tensors moved by every offload so far
+        self.device_bytes = 0  # bytes freed on the device by the last offload
+        self.last: dict[str, Any] = {}
+        self._arena: Any = None
+        self._stream: Any = None
+
+    def register(self, agent: Any) -> None:
+        """Registers ``offload`` and ``onload`` as ``agent``'s step callbacks, under this
+        offloader's names (``NAMES``)."""
+        offload_name, onload_name = self.NAMES
+        agent.register_callback(offload_name, self.offload)
+        agent.register_callback(onload_name, self.onload)
+
+    def _storages(self, torch: Any) -> tuple[list[tuple[Any, int]], int]:
+        """The distinct non-empty storages of the tensors, in the order first met, with their
+        sizes; and how many tensors lie in them."""
+        found: dict[int, Any] = {}
+        count = 0
+        for tensor in self._tensors():
+            if not torch.is_tensor(tensor):
+                continue
+            if hasattr(tensor, "to_local"):  # (a DTensor: this rank's shard is what it holds)
+                tensor = tensor.to_local()
+            storage = tensor.untyped_storage()
+            if storage.nbytes() == 0:
+                continue
+            count += 1
+            found.setdefault(storage.data_ptr(), storage)
+        return [(storage, storage.nbytes()) for storage in found.values()], count
+
+    def _arena_of(self, torch: Any, size: int, pin: bool) -> Any:
+        if self._arena is None or self._arena.numel() < size:
+            self._arena = None  # (the old one freed before the new one is taken)
+            self._arena = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=pin)
+        return self._arena
+
+    def _stream_for(self, torch: Any, cuda: bool) -> Any:
+        if not cuda:
+            return None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        return self._stream
+
+    @staticmethod
+    def _bytes_of(torch: Any, storage: Any, size: int) -> Any:
+        """A flat uint8 tensor over all of ``storage``."""
+        return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (size,), (1,))
 
     def offload(self) -> None:
-        """Copies every state tensor to the CPU and frees the device's copy (the step
-        callback ``"offload_optimizer"``)."""
-        import torch  # noqa: PLC0415 (only a trainer with an optimizer needs it)
+        """Copies every storage to the host arena, then frees it on the device (the step
+        callback ``NAMES[0]``)."""
+        import torch  # noqa: PLC0415 (only a trainer that moves memory needs it)
         if self.offloaded:
-            raise RuntimeError("offload_optimizer: the optimizer is offloaded already")
-        for state in self.optimizer.state.values():
-            for key, value in list(state.items()):
-                if torch.is_tensor(value) and value.dim() > 0:
-                    state[key] = value.to("cpu", copy=True)
-                    self.offloaded.append((state, key, value.device))
-        self.moved += len(self.offloaded)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+            raise RuntimeError(f"{self.NAMES[0]}: {self.what} is offloaded already")
+        started = time.perf_counter()
+        storages, tensors = self._storages(torch)
+        cuda = any(storage.device.type == "cuda" for storage, _ in storages)
+        layout, total = [], 0
+        for storage, size in storages:
+            layout.append((storage, size, total))
+            total += _aligned(size)
+        arena = self._arena_of(torch, total, pin=cuda)
+        stream = self._stream_for(torch, cuda)
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for storage, size, offset in layout:
+                    arena[offset:offset + size].copy_(self._bytes_of(torch, storage, size), non_blocking=True)
+            stream.synchronize()
+        else:
+            for storage, size, offset in layout:
+                arena[offset:offset + size].copy_(self._bytes_of(torch, storage, size))
+        for storage, _, _ in layout:
+            storage.resize_(0)
+        if cuda:
             torch.cuda.empty_cache()
+        self.offloaded = layout
+        self.moved += tensors
+        self.device_bytes = sum(size for _, size, _ in layout)
+        self.last = {"step": self.NAMES[0], "bytes": self.device_bytes, "storages": len(layout),
+                     "seconds": time.perf_counter() - started}
 
     def onload(self) -> None:
-        """Copies the offloaded state tensors back to their devices (the step callback
-        ``"onload_optimizer"``)."""
-        for state, key, device in self.offloaded:
-            state[key] = state[key].to(device, copy=True)
-        self.offloaded.clear()
+        """Allocates every offloaded storage again and copies its bytes back (the step
+        callback ``NAMES[1]``); the current stream waits for the copies."""
+        import torch  # noqa: PLC0415
+        started = time.perf_counter()
+        layout, arena = self.offloaded, self._arena
+        cuda = any(storage.device.type == "cuda" for storage, _, _ in layout)
+        for storage, size, _ in layout:
+            storage.resize_(size)
+        stream = self._stream_for(torch, cuda)
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for storage, size, offset in layout:
+                    self._bytes_of(torch, storage, size).copy_(arena[offset:offset + size], non_blocking=True)
+            torch.cuda.current_stream().wait_stream(stream)
+        else:
+            for storage, size, offset in layout:
+                self._bytes_of(torch, storage, size).copy_(arena[offset:offset + size])
+        moved = sum(size for _, size, _ in layout)
+        self.offloaded = []
+        self.last = {"step": self.NAMES[1], "bytes": moved, "storages": len(layout),
+                     "seconds": time.perf_counter() - started}
+
+    def synchronize(self) -> None:
+        """Waits until the last onload's copies are done (an onload returns once they are
+        queued)."""
+        if self._stream is not None:
+            self._stream.synchronize()
+
+
+class OptimizerOffload(_Offloader):
+    """Moves an optimizer's state tensors (AdamW's ``exp_avg``, ``exp_avg_sq``) to host
+    memory (``offload``, the step callback ``"offload_optimizer"``) and back (``onload``,
+    ``"onload_optimizer"``). Scalars stay where they are (AdamW's ``step`` counters are
+    0-dimensional). Under FSDP2 the state is sharded as the parameters are: this rank's
+    shards move."""
+
+    NAMES = ("offload_optimizer", "onload_optimizer")
+
+    def __init__(self, optimizer: Any) -> None:
+        def tensors() -> Iterable[Any]:
+            for state in optimizer.state.values():
+                for value in state.values():
+                    if getattr(value, "dim", None) is not None and value.dim() > 0:
+                        yield value
+        super().__init__("the optimizer", tensors)
+        self.optimizer = optimizer
+
+
+class ActorOffload(_Offloader):
+    """Moves a module's parameters and their gradients to host memory (``offload``, the step
+    callback ``"offload_actor"``) and back (``onload``, ``"onload_actor"``). An FSDP2
+    module's parameters are DTensors: this rank's shard is what moves (``to_local()``), in
+    the padded buffer FSDP2 keeps it in."""
+
+    NAMES = ("offload_actor", "onload_actor")
+
+    def __init__(self, module: Any) -> None:
+        def tensors() -> Iterable[Any]:
+            for parameter in module.parameters():
+                yield parameter
+                if parameter.grad is not None:
+                    yield parameter.grad
+        super().__init__("the actor", tensors)
+        self.module = module
