@@ -2,6 +2,7 @@
 #include "lua_util.h"
 #include "modules.h"
 #include "device.h"
+#include "gpu_memory.h"
 
 static ws_backend check_backend(lua_State *L, int index) {
   static const char *const names[] = {"host", "cuda", NULL};
@@ -38,10 +39,45 @@ static int device_query(lua_State *L) {
   return 1;
 }
 
+static void set_bytes(lua_State *L, const char *key, uint64_t bytes) {
+  lua_pushnumber(L, (lua_Number)bytes);
+  lua_setfield(L, -2, key);
+}
+
+// _device.gpu_memory(uuid) -> {total_bytes, used_bytes, free_bytes,
+// processes = {{pid, used_bytes}, ...} | nil} | nil, message, CODE: the GPU's
+// memory as its driver sees it (NVML; no CUDA context is made). A process's
+// used_bytes is nil where the driver does not say; processes is nil where
+// NVML could not list them.
+static int device_gpu_memory(lua_State *L) {
+  ws_gpu_memory memory;
+  int status = ws_gpu_memory_query(luaL_checkstring(L, 1), &memory);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_createtable(L, 0, 4);
+  set_bytes(L, "total_bytes", memory.total_bytes);
+  set_bytes(L, "used_bytes", memory.used_bytes);
+  set_bytes(L, "free_bytes", memory.free_bytes);
+  if (memory.process_count >= 0) {
+    lua_createtable(L, memory.process_count, 0);
+    for (int i = 0; i < memory.process_count; i++) {
+      lua_createtable(L, 0, 2);
+      lua_pushinteger(L, (lua_Integer)memory.processes[i].pid);
+      lua_setfield(L, -2, "pid");
+      if (memory.processes[i].used_bytes != UINT64_MAX)
+        set_bytes(L, "used_bytes", memory.processes[i].used_bytes);
+      lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "processes");
+  }
+  return 1;
+}
+
 int luaopen_wsync_device(lua_State *L) {
   static const luaL_Reg functions[] = {
       {"count", device_count},
       {"query", device_query},
+      {"gpu_memory", device_gpu_memory},
       {NULL, NULL},
   };
   return ws_lua_new_module(L, functions);

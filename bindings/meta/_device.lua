@@ -10,6 +10,16 @@
 ---@field total_bytes number
 ---@field free_bytes number
 
+---@class wsync.GpuProcess
+---@field pid integer        as the driver knows it (another pid namespace's, in a container)
+---@field used_bytes number? nil where the driver does not say
+
+---@class wsync.GpuMemory
+---@field total_bytes number
+---@field used_bytes number  total less free
+---@field free_bytes number
+---@field processes wsync.GpuProcess[]? nil where NVML could not list them
+
 ---@class wsync._device
 local device = {}
 
@@ -21,5 +31,10 @@ function device.count(backend) end
 ---@param index integer
 ---@return wsync.DeviceInfo|nil info, string? message, string? code
 function device.query(backend, index) end
+
+--- The GPU's memory as its driver sees it (NVML, no CUDA context made).
+---@param uuid string  lowercase 8-4-4-4-12
+---@return wsync.GpuMemory|nil memory, string? message, string? code
+function device.gpu_memory(uuid) end
 
 return device

@@ -57,4 +57,59 @@ describe("wsync._device", function()
     assert.are.equal("ENODEV", query_code)
     assert.are.equal(message, query_message)
   end)
+
+  describe("gpu_memory (NVML)", function()
+    local uv = require("luv")
+    local directory
+
+    -- Runs `code` in a wsync of its own (NVML is opened once per process)
+    -- with $WSYNC_NVML_LIBRARY set to `library`; returns what it printed.
+    local function run(library, code)
+      local command = string.format("WSYNC_NVML_LIBRARY='%s' '%s' -e '%s' 2>&1", library, uv.exepath(), code)
+      local pipe = assert(io.popen(command))
+      local output = pipe:read("*a")
+      pipe:close()
+      return output
+    end
+
+    setup(function()
+      directory = assert(uv.fs_mkdtemp((os.getenv("TMPDIR") or "/tmp") .. "/wsync-nvml-spec-XXXXXX"))
+      local built = os.execute(string.format("cc -shared -fPIC -o '%s/libfake_nvml.so' tests/fixtures/nvml/fake_nvml.c",
+        directory))
+      assert(built == 0 or built == true, "cc could not build tests/fixtures/nvml/fake_nvml.c")
+    end)
+
+    teardown(function()
+      os.remove(directory .. "/libfake_nvml.so")
+      uv.fs_rmdir(directory)
+    end)
+
+    it("is what wsync.native.device exports", function()
+      assert.are.equal(device.gpu_memory, wsync_device.gpu_memory)
+    end)
+
+    it("reads a GPU's memory and its processes by UUID", function()
+      local output = run(directory .. "/libfake_nvml.so", [[
+        local m = assert(require("wsync._device").gpu_memory("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"))
+        print(string.format("%.0f %.0f %.0f %d", m.total_bytes, m.used_bytes, m.free_bytes, #m.processes))
+        for _, p in ipairs(m.processes) do print(p.pid, p.used_bytes and string.format("%.0f", p.used_bytes)) end]])
+      -- (used is total less free, as cudaMemGetInfo has it: what the driver
+      -- reserves counts.)
+      assert.are.equal("80000000000 50000000000 30000000000 2\n101\t1000000000\n102\tnil\n", output)
+    end)
+
+    it("names a GPU it does not have", function()
+      local output = run(directory .. "/libfake_nvml.so", [[
+        print(require("wsync._device").gpu_memory("00000000-bbbb-cccc-dddd-eeeeeeeeeeee"))]])
+      assert.are.equal("nil\tnvml: no GPU GPU-00000000-bbbb-cccc-dddd-eeeeeeeeeeee: Not Found\tENOTFOUND\n", output)
+    end)
+
+    it("says why where the driver's library is missing", function()
+      local output = run(directory .. "/missing.so", [[
+        print(require("wsync._device").gpu_memory("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"))]])
+      assert.matches("^nil\tnvml: cannot load " .. directory:gsub("%p", "%%%0") .. "/missing.so %(the NVIDIA driver's "
+        .. "library, for device memory%): .*\tENODEV\n$", output)
+    end)
+  end)
 end)
+
