@@ -4,7 +4,9 @@
 --- runtime on the ranks' devices in rank order, run the bootstrap, then for
 --- every collective `publish` of the trainers run the memory schedule (the
 --- publication inside it) and answer every rank with the same outcome.
+--- What it prints is composed in wsync.publish.console.
 local uv = require("luv")
+local console = require("wsync.publish.console")
 local endpoint_module = require("wsync.control.endpoint")
 local errors = require("wsync.errors")
 local loop = require("wsync.loop")
@@ -25,12 +27,8 @@ local process = require("wsync._process")
 
 local M = {}
 
+local say = console.say
 local format_bytes = plan_module.format_bytes
-
-local function say(format, ...)
-  io.stdout:write("wsync: ", string.format(format, ...), "\n")
-  io.stdout:flush()
-end
 
 local check_schedule = prepare_module.check_schedule
 
@@ -43,20 +41,6 @@ end
 -- Waits until `predicate()` holds, re-checked whenever changed() runs.
 local function wait_until(session, predicate)
   session.condition:wait(predicate)
-end
-
--- Waits until `predicate()` holds or `seconds` have passed; returns whether
--- it holds. `what()`, when given, says what it waits for ("trainer ranks to
--- register: 1 of 2 (rank 1 missing)", "(timeouts.registration)"): printed
--- once the wait ran 5 s, then each time its length doubled.
-local function wait_for(session, seconds, predicate, what)
-  local progress = what and loop.progress(function(waited)
-    local waiting_for, deadline = what()
-    say("waiting for %s: %.0f s so far, deadline %g s %s", waiting_for, waited, seconds, deadline)
-  end)
-  local held = session.condition:wait_for(seconds, predicate)
-  loop.cancel(progress)
-  return held
 end
 
 -- Where the session is, for a line that says what it waits for: "phase
@@ -363,17 +347,6 @@ local function run_step(session, step)
   end, { where = step.where })
 end
 
-local function describe_publication(report)
-  local t = report.timings
-  return string.format("model version %d (step %d): %s in %d chunks, %.1f ms (fill %.1f, load %.1f, finish %.1f), "
-    .. "%.2f GB/s; receipts %d/%d%s", report.model_version, report.step, format_bytes(report.bytes), report.chunks,
-    t.total * 1e3, t.fill * 1e3, t.load * 1e3, t.finish * 1e3, report.gbps, #report.receipts, #report.receipts,
-    report.verified and (report.verified.elements and string.format("; resident weights verified on the device (%d "
-      .. "slices, %d elements on %d workers)", report.verified.slices, report.verified.elements,
-      report.verified.workers) or string.format("; resident weights verified (%d tensors on %d workers)",
-      report.verified.tensors, report.verified.workers)) or "")
-end
-
 ---@class wsync.Session
 local Session = {}
 Session.__index = Session
@@ -403,20 +376,6 @@ local function spawn_rollout(session)
     return rollout_module.spawn_replicas(options, replicas)
   end
   return rollout_module.spawn(options)
-end
-
--- "TP2" or "2 x TP1": the runtime's shape, as messages say it.
--- The packed buffers a chunk goes through, or the direct path's words.
-local function buffers_shape(session)
-  if session.recipe.buffers.direct then
-    return "direct: no packed buffers, the TP workers read the trainer's storage"
-  end
-  return string.format("buffers %d x %s", session.plan.buffer_count, format_bytes(session.plan.buffer_bytes))
-end
-
-local function runtime_shape(topology)
-  local replicas = topology.replicas or 1
-  return replicas > 1 and string.format("%d x TP%d", replicas, topology.tp) or string.format("TP%d", topology.tp)
 end
 
 -- Opening, step 1: the endpoint, and the synthetic trainers (external ones
@@ -462,7 +421,7 @@ end
 local function await_registration(session)
   local world, timeouts = session.topology.world, session.timeouts
   session.phase = "registration"
-  wait_for(session, timeouts.registration, function()
+  console.wait_for(session.condition, timeouts.registration, function()
     return count(session.registered) == world or count(session.trainers) > 0 or session.stopped ~= nil
   end, function()
     return string.format("the trainer ranks to register: %d of %d so far (%s missing)", count(session.registered),
@@ -502,7 +461,7 @@ end
 local function start_rollout(session)
   local recipe = session.recipe
   say("%d trainer ranks registered; starting the %s runtime (%s) on their devices in rank order",
-    session.topology.world, recipe.runtime.kind, runtime_shape(session.topology))
+    session.topology.world, recipe.runtime.kind, console.runtime_shape(session.topology))
   session.phase = "runtime start"
   session.rollout = report_module.timed(session.report.opening, "runtime start", "start", function()
     return spawn_rollout(session)
@@ -522,36 +481,6 @@ local function start_rollout(session)
     session.rollout:request("submit", { requests = requests })
     say("%d requests stream in the rollout runtime (rollout.stream); each round says what they produced", stream.stream)
   end
-end
-
--- The last three of `spans` as "v1 tokens 1-2 (kv recomputed), v2 3-4 ...".
-local function describe_spans(spans)
-  local words = {}
-  spans = spans or {}
-  for index = math.max(1, #spans - 2), #spans do
-    local span = spans[index]
-    words[#words + 1] = string.format("v%d tokens %d-%d%s", span.version, span.first_token, span.last_token,
-      span.kv and (" (kv " .. span.kv .. ")") or "")
-  end
-  return (#spans > 3 and "..., " or "") .. table.concat(words, ", ")
-end
-
--- After a round of a session that streams requests (rollout.stream): what
--- they produced since the last round, and the versions that produced them.
-local function say_stream(session, round)
-  if not session.recipe.rollout then
-    return
-  end
-  local polled = session.rollout:request("poll", {})
-  local tokens, requests, first = 0, 0, nil
-  for _, replica in ipairs(polled.replicas or { polled }) do
-    for _, request in ipairs(replica.requests or {}) do
-      tokens, requests = tokens + #request.tokens, requests + 1
-      first = first or request
-    end
-  end
-  say("round %d: %d streaming requests produced %d tokens since the last round%s", round, requests, tokens,
-    first and string.format("; request %d's versions: %s", first.id, describe_spans(first.spans)) or "")
 end
 
 --- Opens a session: checks the plan and schedule, opens the endpoint,
@@ -586,7 +515,8 @@ function M.open(recipe, options)
     options.on_open(session)
   end
   say("recipe %s: %s, %d canonical tensors, %s in %d chunks (%s), manifest %s", recipe.name,
-    plan.family, #plan.canonical, format_bytes(plan.bytes), #plan.chunks, buffers_shape(session), plan.manifest)
+    plan.family, #plan.canonical, format_bytes(plan.bytes), #plan.chunks, console.buffers_shape(recipe, plan),
+    plan.manifest)
   say("schedule checked: predicted peak %s per device at %s", format_bytes(memory_report.peak),
     memory_report.peak_step)
   local ok, err = pcall(function()
@@ -793,11 +723,14 @@ function Session:end_round(publication)
     end)
     report.verified = round.verified
   end
-  say("published %s", describe_publication(report))
+  say("published %s", console.publication(report))
   for index = self.after_publish, #self.steps do
     run_step(self, self.steps[index])
   end
-  say_stream(self, round.round)
+  -- (A session that streams requests, rollout.stream: what they produced.)
+  if self.recipe.rollout then
+    say("%s", console.stream(round.round, self.rollout:request("poll", {})))
+  end
   self:answer({ model_version = report.model_version, publication_id = report.publication_id,
     receipts = #report.receipts, manifest = report.manifest })
   return round
@@ -1035,7 +968,7 @@ function Session:_finish()
     end
     return not (registered and not handle and not registered.peer.closed)
   end
-  local left = wait_for(self, self.timeouts.shutdown, function()
+  local left = console.wait_for(self.condition, self.timeouts.shutdown, function()
     for rank = 0, self.topology.world - 1 do
       if not gone(rank) then
         return false
@@ -1096,7 +1029,7 @@ function M.close(session)
   end
   local exit_started = uv.hrtime() / 1e9
   if not session.lingering then
-    wait_for(session, 2, function()
+    session.condition:wait_for(2, function()
       return all_exited(true)
     end)
   end
@@ -1108,7 +1041,7 @@ function M.close(session)
       handle:kill("sigkill")
     end
   end
-  if not wait_for(session, 10, all_exited) then
+  if not session.condition:wait_for(10, all_exited) then
     say("synthetic trainer processes did not end 10 s after SIGKILL")
   end
   if next(session.trainer_handles) then
@@ -1128,31 +1061,19 @@ end
 Session.close = M.close
 
 local function closing_report(session)
-  say("closing report: recipe %s, %s, %d trainer ranks -> %s %s runtime", session.recipe.name,
-    session.plan.family, session.topology.world, runtime_shape(session.topology), session.recipe.runtime.kind)
-  say("  plan: %d canonical tensors, %s, %d chunks (%s), manifest %s", #session.plan.canonical,
-    format_bytes(session.plan.bytes), #session.plan.chunks, buffers_shape(session), session.plan.manifest)
-  for _, line in ipairs(session.report:text_lines()) do
-    say("  %s", line)
-  end
+  local ends = nil
   if next(session.trainer_handles) then
-    local ends = {}
+    local parts = {}
     for rank = 0, session.topology.world - 1 do
       local status = session.trainers[rank]
-      ends[#ends + 1] = string.format("rank %d %s", rank, not status and "still running"
+      parts[#parts + 1] = string.format("rank %d %s", rank, not status and "still running"
         or session.killed and session.killed[rank] and "killed" or status.signal ~= 0 and ("ended by signal "
         .. status.signal) or ("exited with code " .. status.code))
     end
-    say("  synthetic trainer processes: %s", table.concat(ends, ", "))
+    ends = table.concat(parts, ", ")
   end
-  local last = nil
-  for _, round in ipairs(session.reports) do
-    last = round.committed and round or last
-  end
-  if last then
-    local receipt = last.receipts[1]
-    say("  last receipt (TP rank 0): publication %s, version %d, device %s, %d resident tensors, manifest %s",
-      receipt.publication_id, receipt.model_version, receipt.uuid, receipt.resident_tensors, receipt.manifest)
+  for _, line in ipairs(console.closing(session, session.report:text_lines(), session.reports, ends)) do
+    say("%s", line)
   end
 end
 
