@@ -4,7 +4,8 @@
 --- runtime on the ranks' devices in rank order, run the bootstrap, then for
 --- every collective `publish` of the trainers run the memory schedule (the
 --- publication inside it) and answer every rank with the same outcome.
---- What it prints is composed in wsync.publish.console.
+--- What it prints is composed in wsync.publish.console; its synthetic
+--- trainer processes are wsync.publish.trainers's.
 local uv = require("luv")
 local console = require("wsync.publish.console")
 local endpoint_module = require("wsync.control.endpoint")
@@ -18,6 +19,7 @@ local ranks_module = require("wsync.publish.ranks")
 local report_module = require("wsync.publish.report")
 local resident_check_module = require("wsync.publish.resident_check")
 local rollout_module = require("wsync.publish.rollout")
+local trainers_module = require("wsync.publish.trainers")
 local transport_module = require("wsync.transport")
 local versions_module = require("wsync.publish.versions")
 local prepare_module = require("wsync.recipe.prepare")
@@ -261,59 +263,6 @@ local function endpoint_options(session)
   }
 end
 
--- "signal 9" or "code 1".
-local function describe_exit(code, signal)
-  return signal ~= 0 and ("signal " .. signal) or ("code " .. code)
-end
-
-local function spawn_trainers(session)
-  local recipe = session.recipe
-  local program = require("wsync.util").program()
-  local model = recipe.model.preset or require("cjson").encode(recipe.model.config)
-  for rank = 0, session.topology.world - 1 do
-    -- (Its lines prefixed, where this process relays its children's output.)
-    local relay = output.new(string.format("[trainer %d] ", rank))
-    local handle, pid
-    handle, pid = uv.spawn(program, {
-      args = {
-        "trainer", "--endpoint", session.endpoint.path, "--rank", tostring(rank),
-        "--world", tostring(session.topology.world), "--model", model,
-        "--versions", tostring(recipe.trainer.steps), "--backend", recipe.backend,
-        "--storage", recipe.trainer.storage or "one",
-      },
-      stdio = { nil, relay and relay.stdout or 1, relay and relay.stderr or 2 },
-      -- A process group (and session) of its own: the terminal's Ctrl-C is
-      -- the host's to handle (the REPL interrupts a chunk, `wsync run` stops
-      -- in order), not a signal that kills the ranks under a session. (In
-      -- the guard's care all the same, by the mark in their environment:
-      -- should this host die, the guard ends them too.)
-      detached = true,
-      env = require("wsync.util").environment({ require("wsync.control.guard").environment() }),
-    }, function(code, signal)
-      session.trainers[rank] = { code = code, signal = signal }
-      handle:close()
-      -- Said at once (the session fails when its connection ends too): a
-      -- rank killed by a signal the host did not send, or one that ended
-      -- before the session did.
-      local ending = session.phase == "closing" or session.phase == "closed"
-      if not ending and not (session.killed and session.killed[rank])
-        and (signal ~= 0 or (code ~= 0 and session.stopped == nil)) then
-        say("synthetic trainer rank %d (pid %d) exited (%s) during %s", rank, pid, describe_exit(code, signal),
-          session.phase)
-      end
-      changed(session)
-    end)
-    if relay then
-      relay:spawned(handle ~= nil)
-    end
-    if not handle then
-      errors.raise("TRAINER_START", string.format("cannot start synthetic trainer rank %d: %s", rank, tostring(pid)))
-    end
-    session.trainer_handles[rank] = handle
-    session.trainer_pids[pid] = true
-  end
-end
-
 -- What schedule step `step` does.
 local function perform(session, step)
   if step.kind == "trainer" then
@@ -404,10 +353,11 @@ local function listen(session)
       say("control endpoint for other hosts %s", session.endpoint.tcp_endpoint)
     end
   end
+  local world = session.topology.world
   if session.recipe.trainer.kind == "synthetic" then
-    spawn_trainers(session)
+    session.trainers:spawn(world, trainers_module.synthetic(session.recipe, session.endpoint.path, world))
   else
-    say("waiting for %d external trainer ranks on %s", session.topology.world, session.endpoint.path)
+    say("waiting for %d external trainer ranks on %s", world, session.endpoint.path)
   end
   if session.on_listen then
     session.on_listen(session.endpoint.path)
@@ -422,7 +372,7 @@ local function await_registration(session)
   local world, timeouts = session.topology.world, session.timeouts
   session.phase = "registration"
   console.wait_for(session.condition, timeouts.registration, function()
-    return count(session.registered) == world or count(session.trainers) > 0 or session.stopped ~= nil
+    return count(session.registered) == world or session.trainers:any_exited() or session.stopped ~= nil
   end, function()
     return string.format("the trainer ranks to register: %d of %d so far (%s missing)", count(session.registered),
       world, ranks_without(session, function(rank)
@@ -438,7 +388,7 @@ local function await_registration(session)
   if count(session.registered) ~= world then
     errors.raise("STARTUP", string.format("%d of %d trainer ranks registered within %g s "
       .. "(timeouts.registration)%s", count(session.registered), world, timeouts.registration,
-      count(session.trainers) > 0 and " (a trainer process exited)" or ""))
+      session.trainers:any_exited() and " (a trainer process exited)" or ""))
   end
   session.ranks = ranks_module.new(session.registered, world, session.transport.GATHER)
   -- (Each rank's tensors were checked as it registered; now the ranks' rows
@@ -503,11 +453,10 @@ function M.open(recipe, options)
     phase = "opening",
     transport = transport_module.for_backend(recipe.backend), versions = versions_module.new(),
     registered = {}, publishing = {}, report = report, reports = report.rounds, rounds = 0,
-    condition = loop.condition(),
-    trainers = {},
-    trainer_handles = {}, trainer_pids = {}, lost = {}, memory_report = memory_report,
+    condition = loop.condition(), lost = {}, memory_report = memory_report,
     bootstrap = bootstrap, steps = steps, trainer_resident = { actor = true, optimizer = true },
   }, Session)
+  session.trainers = trainers_module.new(session)
   M.open_sessions[session] = true
   session.on_listen = options and options.on_listen
   session.publication_options = options and options.publication or {}
@@ -832,10 +781,9 @@ end
 function Session:state()
   local ranks = {}
   for rank, registered in pairs(self.registered) do
-    local exited = self.trainers[rank]
     ranks[#ranks + 1] = { rank = rank, device = registered.info.device.uuid, pid = registered.info.pid,
       publishing = self.publishing[rank] ~= nil, lost = self.lost[rank] and self.lost[rank].reason,
-      exited = exited and describe_exit(exited.code, exited.signal) }
+      exited = self.trainers:describe(rank) }
   end
   table.sort(ranks, function(a, b)
     return a.rank < b.rank
@@ -858,28 +806,9 @@ end
 -- trainer created before it could report it. Says what could not be removed.
 local function remove_buffers(session)
   local descriptors = session.ranks and session.ranks.descriptors
-  local _, failures = session.transport.remove_leftovers(descriptors, session.trainer_pids)
+  local _, failures = session.transport.remove_leftovers(descriptors, session.trainers:pids())
   for _, failure in ipairs(failures) do
     say("cannot remove packed buffer %s: %s", failure.name, failure.message)
-  end
-end
-
--- How long an abort waits for its killed trainers to be gone, in ms.
-local ABORT_WAIT_MS = 2000
-
--- Waits, without running the loop (the process exits right after), until
--- every process of `pids` ({[pid] = true}) has ended: gone from /proc, or a
--- zombie that its parent did not reap yet. At most `ms` milliseconds.
-local function wait_gone(pids, ms)
-  local deadline = uv.hrtime() + ms * 1e6
-  for pid in pairs(pids or {}) do
-    while uv.hrtime() < deadline do
-      local stat = require("wsync.util").read_file("/proc/" .. pid .. "/stat") or ""
-      if stat == "" or stat:match("%) Z ") or stat:match("%) X ") then
-        break
-      end
-      uv.sleep(1)
-    end
   end
 end
 
@@ -910,15 +839,10 @@ function M.abort(session, signal_name)
       process.signal_group(client.group, "SIGKILL")
     end
   end
-  for _, handle in pairs(session.trainer_handles) do
-    if not handle:is_closing() then
-      handle:kill("sigkill")
-    end
-  end
   -- A killed trainer may still be inside a system call that creates a
   -- buffer's name (the signal acts when it returns): scan for names only
   -- once every killed trainer is gone or a zombie.
-  wait_gone(session.trainer_pids, ABORT_WAIT_MS)
+  session.trainers:kill_now()
   remove_buffers(session)
   -- (The run report's file is completed: the round in progress, failed.)
   local interrupted = errors.new("INTERRUPTED", signal_name .. ": the run was stopped")
@@ -962,11 +886,11 @@ function Session:_finish()
     end
   end
   local function gone(rank)
-    local registered, handle, lost = self.registered[rank], self.trainer_handles[rank], self.lost[rank]
-    if handle and not self.trainers[rank] and not (self.stopped and lost and lost.before_stop) then
+    local registered, spawned, lost = self.registered[rank], self.trainers:spawned(rank), self.lost[rank]
+    if spawned and not self.trainers:exit_of(rank) and not (self.stopped and lost and lost.before_stop) then
       return false
     end
-    return not (registered and not handle and not registered.peer.closed)
+    return not (registered and not spawned and not registered.peer.closed)
   end
   local left = console.wait_for(self.condition, self.timeouts.shutdown, function()
     for rank = 0, self.topology.world - 1 do
@@ -986,7 +910,7 @@ function Session:_finish()
     self.lingering = true
     for rank = 0, self.topology.world - 1 do
       local registered = self.registered[rank]
-      if registered and not self.trainer_handles[rank] and not registered.peer.closed then
+      if registered and not self.trainers:spawned(rank) and not registered.peer.closed then
         say("trainer rank %d is still connected %g s after the session's end (timeouts.shutdown): closing its "
           .. "connection", rank, self.timeouts.shutdown)
       end
@@ -1018,35 +942,12 @@ function M.close(session)
   -- The ranks heard the end (their connections closed): a moment to exit by
   -- themselves unless the session already waited, then SIGKILL. A rank lost
   -- before a failure gets no moment: it may be stopped, or hung.
-  local function all_exited(spare_lost)
-    for rank in pairs(session.trainer_handles) do
-      local lost = session.lost[rank]
-      if not session.trainers[rank] and not (spare_lost and session.stopped and lost and lost.before_stop) then
-        return false
-      end
-    end
-    return true
-  end
-  local exit_started = uv.hrtime() / 1e9
-  if not session.lingering then
-    session.condition:wait_for(2, function()
-      return all_exited(true)
-    end)
-  end
-  for rank, handle in pairs(session.trainer_handles) do
-    if not session.trainers[rank] and not handle:is_closing() then
-      say("trainer rank %d (pid %s) did not exit: killed", rank, tostring(handle:get_pid()))
-      session.killed = session.killed or {}
-      session.killed[rank] = true
-      handle:kill("sigkill")
-    end
-  end
-  if not session.condition:wait_for(10, all_exited) then
-    say("synthetic trainer processes did not end 10 s after SIGKILL")
-  end
-  if next(session.trainer_handles) then
-    report_module.add_step(closing, { name = "trainers exit", kind = "wait", seconds = uv.hrtime() / 1e9
-      - exit_started })
+  local seconds = session.trainers:stop(not session.lingering, function(rank)
+    local lost = session.lost[rank]
+    return session.stopped ~= nil and lost ~= nil and lost.before_stop
+  end)
+  if seconds then
+    report_module.add_step(closing, { name = "trainers exit", kind = "wait", seconds = seconds })
   end
   -- A rank killed mid-publication never unlinks its packed buffers. Synthetic
   -- ranks have exited by now and external ones are disconnected: a name still
@@ -1061,18 +962,8 @@ end
 Session.close = M.close
 
 local function closing_report(session)
-  local ends = nil
-  if next(session.trainer_handles) then
-    local parts = {}
-    for rank = 0, session.topology.world - 1 do
-      local status = session.trainers[rank]
-      parts[#parts + 1] = string.format("rank %d %s", rank, not status and "still running"
-        or session.killed and session.killed[rank] and "killed" or status.signal ~= 0 and ("ended by signal "
-        .. status.signal) or ("exited with code " .. status.code))
-    end
-    ends = table.concat(parts, ", ")
-  end
-  for _, line in ipairs(console.closing(session, session.report:text_lines(), session.reports, ends)) do
+  for _, line in ipairs(console.closing(session, session.report:text_lines(), session.reports,
+    session.trainers:ends())) do
     say("%s", line)
   end
 end
@@ -1141,15 +1032,7 @@ function M.run(recipe, options)
   end
   M.close(session)
   stop_signals()
-  for rank = 0, session.topology.world - 1 do
-    local status = session.trainers[rank]
-    if status and status.code ~= 0 and not session.failure then
-      session.failure = errors.new("TRAINER_FAILED", string.format("synthetic trainer rank %d %s", rank,
-        session.killed and session.killed[rank] and string.format("did not exit within %g s of the session's end "
-          .. "(timeouts.shutdown) and was killed", session.timeouts.shutdown) or ("exited with " ..
-          describe_exit(status.code, status.signal))), { rank = rank })
-    end
-  end
+  session.failure = session.failure or session.trainers:failure(session.timeouts.shutdown)
   closing_report(session)
   session.report:finish(session.failure)
   if session.failure then
