@@ -4,18 +4,22 @@
 --- runtime on the ranks' devices in rank order, run the bootstrap, then for
 --- every collective `publish` of the trainers run the memory schedule (the
 --- publication inside it) and answer every rank with the same outcome.
---- What it prints is composed in wsync.publish.console; its synthetic
---- trainer processes are wsync.publish.trainers's.
+---
+--- The session orchestrates, and owns the phase, the rounds and the failure;
+--- its parts are modules of their own: the ranks' connections, registration
+--- and the publish collective (wsync.publish.registry), the synthetic trainer
+--- processes (wsync.publish.trainers), the runtime (wsync.publish.rollout),
+--- one publication (wsync.publish.publication), the resident check
+--- (wsync.publish.resident_check), the run report (wsync.publish.report) and
+--- what the session prints (wsync.publish.console).
 local uv = require("luv")
 local console = require("wsync.publish.console")
-local endpoint_module = require("wsync.control.endpoint")
 local errors = require("wsync.errors")
 local loop = require("wsync.loop")
-local messages = require("wsync.control.messages")
 local output = require("wsync.output")
 local plan_module = require("wsync.plan")
 local publication_module = require("wsync.publish.publication")
-local ranks_module = require("wsync.publish.ranks")
+local registry_module = require("wsync.publish.registry")
 local report_module = require("wsync.publish.report")
 local resident_check_module = require("wsync.publish.resident_check")
 local rollout_module = require("wsync.publish.rollout")
@@ -32,7 +36,11 @@ local M = {}
 local say = console.say
 local format_bytes = plan_module.format_bytes
 
-local check_schedule = prepare_module.check_schedule
+---@class wsync.Session: wsync.RegistrySession
+---@field registry wsync.Registry
+---@field trainers wsync.Trainers
+local Session = {}
+Session.__index = Session
 
 -- Every wait of a session is on its condition: `changed` wakes them all to
 -- check again.
@@ -40,227 +48,32 @@ local function changed(session)
   session.condition:notify()
 end
 
--- Waits until `predicate()` holds, re-checked whenever changed() runs.
-local function wait_until(session, predicate)
-  session.condition:wait(predicate)
-end
-
--- Where the session is, for a line that says what it waits for: "phase
--- chunks of model version 3, round 3", "phase runtime start".
-local function where(session)
-  local publication = session.publication
-  if session.phase == "publish" and publication then
+--- Where the session is, for a line that says what it waits for: "phase
+--- chunks of model version 3, round 3", "phase runtime start".
+---@return string
+function Session:where()
+  local publication = self.publication
+  if self.phase == "publish" and publication then
     return string.format("phase %s of model version %s, round %d", publication.phase,
-      publication.header and tostring(publication.header.model_version) or "(not yet numbered)", session.rounds + 1)
+      publication.header and tostring(publication.header.model_version) or "(not yet numbered)", self.rounds + 1)
   end
-  return "phase " .. session.phase .. (session.in_round and string.format(", round %d", session.rounds + 1) or "")
+  return "phase " .. self.phase .. (self.in_round and string.format(", round %d", self.rounds + 1) or "")
 end
 
--- The ranks of 0 .. world - 1 for which `has(rank)` is false, as text:
--- "rank 1", "ranks 0, 3".
-local function ranks_without(session, has)
-  local missing = {}
-  for rank = 0, session.topology.world - 1 do
-    if not has(rank) then
-      missing[#missing + 1] = tostring(rank)
-    end
-  end
-  return string.format("rank%s %s", #missing > 1 and "s" or "", table.concat(missing, ", "))
+--- True once the session has served every publication its recipe asks for
+--- (trainer.steps rounds, failed ones counted): from then on ranks may leave.
+---@return boolean
+function Session:steps_done()
+  return self.rounds >= self.recipe.trainer.steps
 end
 
-local function count(table_value)
-  local n = 0
-  for _ in pairs(table_value) do
-    n = n + 1
-  end
-  return n
-end
-
--- The trainer rank the connection `peer` registered as; nil for a connection
--- that registered none (an attached viewer).
-local function rank_of(session, peer)
-  for rank, registered in pairs(session.registered) do
-    if registered.peer == peer then
-      return rank
-    end
-  end
-  return nil
-end
-
--- True once the session has served every publication its recipe asks for
--- (trainer.steps rounds, failed ones counted): from then on ranks may leave.
-local function steps_done(session)
-  return session.rounds >= session.recipe.trainer.steps
-end
-
--- Stops the session with `err`: nothing more is published, its verdict
--- fails (the first failure is the one reported); wakes every wait.
-local function fail_session(session, err)
-  session.failure = session.failure or err
-  session.stopped = session.stopped or err
-  changed(session)
-end
-
--- A registered rank is gone: its connection ended (the rank exited or was
--- killed, a command to it timed out, it broke the protocol). Before the
--- session's last step that fails the session, naming the rank and the phase;
--- during a publication round the round's own failure is the session's (the
--- round cannot finish without the rank, and every rank hears that error).
-local function lose(session, rank, reason)
-  if session.lost[rank] then
-    return
-  end
-  -- (`before_stop`: lost while the session still ran, so not a rank that
-  -- heard the session's failure and went; it may be stopped, or hung.)
-  session.lost[rank] = { reason = reason, phase = session.phase, before_stop = session.stopped == nil }
-  if not steps_done(session) and not session.in_round then
-    fail_session(session, errors.new("TRAINER_LOST", string.format("trainer rank %d was lost during %s: %s", rank,
-      session.phase, reason), { phase = session.phase, rank = rank }))
-  end
-  changed(session)
-end
-
--- The lowest rank lost before the session's last step, as an error; nil
--- when none was.
-local function lost_error(session)
-  local rank = nil
-  for lost_rank in pairs(session.lost) do
-    rank = math.min(rank or lost_rank, lost_rank)
-  end
-  if rank == nil or steps_done(session) then
-    return nil
-  end
-  local lost = session.lost[rank]
-  return errors.new("TRAINER_LOST", string.format("trainer rank %d was lost during %s: %s", rank, lost.phase,
-    lost.reason), { phase = lost.phase, rank = rank })
-end
-
--- The requests agents send to the host (their payloads are checked against
--- wsync.control.messages before a handler runs).
-local function agent_handlers(session, peer)
-  return {
-    register = function(payload)
-      local rank = payload.rank
-      if rank >= session.topology.world then
-        errors.raise("REGISTER", string.format("rank %d outside the recipe's %d trainer ranks", rank,
-          session.topology.world))
-      end
-      if payload.world ~= session.topology.world then
-        errors.raise("REGISTER", string.format("rank %d says world %d; the recipe says %d", rank, payload.world,
-          session.topology.world), { rank = rank })
-      end
-      local earlier = session.registered[rank]
-      if earlier then
-        -- (A rank that was lost has failed the session already, unless its
-        -- steps were done: a session never takes a rank back.)
-        errors.raise("REGISTER", string.format("rank %d registered twice (pid %s, then pid %s)%s", rank,
-          tostring(earlier.info.pid), tostring(payload.pid), session.lost[rank]
-          and string.format("; its first connection was lost (%s) and a session does not take a rank back",
-            session.lost[rank].reason) or ""), { rank = rank })
-      end
-      if session.stopped then
-        error(session.stopped, 0)
-      end
-      -- What it registered against the plan (a missing, extra or wrongly
-      -- shaped tensor): once every rank has registered, before the runtime
-      -- starts, the session fails with the lowest rank's mismatch and every
-      -- rank hears it (await_registration).
-      local fits, mismatch = pcall(ranks_module.check_tensors, session.plan, rank, payload.tensors)
-      if not fits and (session.mismatch == nil or rank < session.mismatch.rank) then
-        session.mismatch = mismatch
-      end
-      session.registered[rank] = { info = payload, peer = peer }
-      if session.recipe.trainer.kind ~= "synthetic" then
-        say("trainer rank %d registered (pid %d, device %s): %d of %d", rank, payload.pid, payload.device.uuid,
-          count(session.registered), session.topology.world)
-      end
-      changed(session)
-      wait_until(session, function()
-        return session.ready or session.stopped ~= nil
-      end)
-      if session.stopped then
-        error(session.stopped, 0)
-      end
-      return { plan = plan_module.summary(session.plan), model_version = session.versions.committed }
-    end,
-    state = function()
-      return session:state()
-    end,
-    publish = function(payload)
-      -- The rank this connection registered as, not whatever the payload says.
-      local rank = rank_of(session, peer)
-      if rank == nil then
-        errors.raise("NOT_REGISTERED", "publish from a connection that did not register a trainer rank")
-      end
-      if session.stopped then
-        error(session.stopped, 0)
-      end
-      if steps_done(session) then
-        errors.raise("STEPS_DONE", string.format("rank %d called publish after the session's %d steps "
-          .. "(trainer.steps in the recipe)", rank, session.recipe.trainer.steps), { rank = rank, phase = "publish" })
-      end
-      if session.publishing[rank] then
-        errors.raise("PUBLISH_TWICE", string.format("rank %d called publish again before its answer", rank),
-          { rank = rank })
-      end
-      local waiter = { step = payload.step, called = uv.hrtime() / 1e9 }
-      session.publishing[rank] = waiter
-      changed(session)
-      wait_until(session, function()
-        return waiter.done
-      end)
-      if waiter.error then
-        error(waiter.error, 0)
-      end
-      return waiter.result
-    end,
-  }
-end
-
--- The endpoint's view of the session: where it listens (the recipe's
--- control), handlers, message shapes, and what a malformed message or a lost
--- connection does.
-local function endpoint_options(session)
-  local control = session.recipe.control or {}
-  return {
-    handlers_for = function(peer)
-      -- (A rank that does not answer is named while the host waits.)
-      peer:watch(function(cmd, waited, deadline)
-        local rank = rank_of(session, peer)
-        say("waiting for %s to answer %s: %.0f s so far, deadline %g s (%s)", rank and string.format("trainer rank %d "
-          .. "(pid %s)", rank, tostring(session.registered[rank].info.pid)) or peer.name, cmd, waited, deadline,
-          where(session))
-      end)
-      return agent_handlers(session, peer)
-    end,
-    schemas = { requests = messages.to_host, results = messages.from_agent },
-    path = control.endpoint,
-    tcp = control.tcp,
-    token = session.token,
-    on_bad_request = function(peer, _, reason)
-      local rank = rank_of(session, peer)
-      if rank == nil then
-        -- Not a trainer rank of this session: it goes, the session goes on.
-        say("dropped the connection of %s: malformed request: %s", peer.name, reason)
-      else
-        fail_session(session, errors.new("BAD_MESSAGE", string.format("trainer rank %d (%s) sent a malformed "
-          .. "request: %s", rank, peer.name, reason), { rank = rank, phase = session.phase }))
-      end
-      peer:close("malformed request: " .. reason)
-    end,
-    on_lost = function(peer, reason, violation)
-      -- A trainer rank leaving matters; an attached viewer may come and go.
-      local rank = rank_of(session, peer)
-      if rank then
-        lose(session, rank, reason)
-      elseif violation then
-        say("dropped the connection of %s: %s", peer.name, reason)
-      end
-    end,
-    on_refused = function(reason)
-      say("%s", reason)
-    end,
-  }
+--- Stops the session with `err`: nothing more is published, its verdict
+--- fails (the first failure is the one reported); wakes every wait.
+---@param err wsync.Error
+function Session:fail(err)
+  self.failure = self.failure or err
+  self.stopped = self.stopped or err
+  changed(self)
 end
 
 -- What schedule step `step` does.
@@ -296,10 +109,6 @@ local function run_step(session, step)
   end, { where = step.where })
 end
 
----@class wsync.Session
-local Session = {}
-Session.__index = Session
-
 -- Spawns the session's runtime on the ranks' devices, in rank order.
 local function spawn_rollout(session)
   local recipe = session.recipe
@@ -316,7 +125,7 @@ local function spawn_rollout(session)
     -- named while the host waits.)
     on_slow = function(client, cmd, waited, deadline)
       say("waiting for the %s (pid %d) to answer %s%s: %.0f s so far, deadline %g s (%s)", client.name, client.pid,
-        cmd, client.startup_info == nil and " (its startup handshake)" or "", waited, deadline, where(session))
+        cmd, client.startup_info == nil and " (its startup handshake)" or "", waited, deadline, session:where())
     end,
   }
   local replicas = session.topology.replicas or 1
@@ -337,22 +146,7 @@ local function listen(session)
       say("%s", line)
     end)
   end
-  -- (A token the recipe gives stays where it is: the ranks read it there
-  -- too. One the host draws is printed.)
-  local token, token_place, field = require("wsync.recipe").control_token(session.recipe)
-  if not token and field then
-    errors.raise("ENDPOINT", token_place, { field = field })
-  end
-  session.token = token
-  session.endpoint = endpoint_module.listen(endpoint_options(session))
-  say("control endpoint %s", session.endpoint.path)
-  if session.endpoint.tcp_endpoint then
-    if token then
-      say("control endpoint for other hosts %s (its token is in %s)", session.endpoint.tcp_address, token_place)
-    else
-      say("control endpoint for other hosts %s", session.endpoint.tcp_endpoint)
-    end
-  end
+  session.endpoint = session.registry:listen(session.recipe)
   local world = session.topology.world
   if session.recipe.trainer.kind == "synthetic" then
     session.trainers:spawn(world, trainers_module.synthetic(session.recipe, session.endpoint.path, world))
@@ -369,42 +163,15 @@ end
 -- the callbacks that every rank registered, so that a step no rank can run
 -- is refused now, not after a publication committed.
 local function await_registration(session)
-  local world, timeouts = session.topology.world, session.timeouts
   session.phase = "registration"
-  console.wait_for(session.condition, timeouts.registration, function()
-    return count(session.registered) == world or session.trainers:any_exited() or session.stopped ~= nil
-  end, function()
-    return string.format("the trainer ranks to register: %d of %d so far (%s missing)", count(session.registered),
-      world, ranks_without(session, function(rank)
-        return session.registered[rank] ~= nil
-      end)), "(timeouts.registration)"
+  session.registry:await_registration(session.timeouts.registration, function()
+    return session.trainers:any_exited()
   end)
-  if session.stopped then
-    error(session.stopped, 0)
-  end
-  if session.mismatch then
-    error(session.mismatch, 0)
-  end
-  if count(session.registered) ~= world then
-    errors.raise("STARTUP", string.format("%d of %d trainer ranks registered within %g s "
-      .. "(timeouts.registration)%s", count(session.registered), world, timeouts.registration,
-      session.trainers:any_exited() and " (a trainer process exited)" or ""))
-  end
-  session.ranks = ranks_module.new(session.registered, world, session.transport.GATHER)
+  session.ranks = session.registry:ranks(session.transport.GATHER)
   -- (Each rank's tensors were checked as it registered; now the ranks' rows
   -- together.)
   session.ranks:check_registration(session.plan)
-  local common = nil
-  for rank = 0, world - 1 do
-    local names = {}
-    for _, name in ipairs(session.registered[rank].info.callbacks or {}) do
-      if common == nil or common[name] then
-        names[name] = true
-      end
-    end
-    common = names
-  end
-  check_schedule(session.recipe, session.plan, session.topology, common or {})
+  prepare_module.check_schedule(session.recipe, session.plan, session.topology, session.registry:common_callbacks())
 end
 
 -- Opening, step 3: the runtime on the ranks' devices, then the bootstrap.
@@ -422,7 +189,7 @@ local function start_rollout(session)
   if #session.bootstrap > 0 then
     say("bootstrap done: rollout weights %s", session.rollout:request("info").state.weights)
   end
-  local stream = session.recipe.rollout
+  local stream = recipe.rollout
   if stream then
     local requests = {}
     for i = 1, stream.stream do
@@ -452,10 +219,12 @@ function M.open(recipe, options)
     recipe = recipe, plan = plan, topology = topology, timeouts = timeouts_module.with(recipe.timeouts),
     phase = "opening",
     transport = transport_module.for_backend(recipe.backend), versions = versions_module.new(),
-    registered = {}, publishing = {}, report = report, reports = report.rounds, rounds = 0,
-    condition = loop.condition(), lost = {}, memory_report = memory_report,
+    report = report, reports = report.rounds, rounds = 0,
+    condition = loop.condition(), memory_report = memory_report,
     bootstrap = bootstrap, steps = steps, trainer_resident = { actor = true, optimizer = true },
   }, Session)
+  session.registry = registry_module.new(session, { world = topology.world, plan = plan, steps = recipe.trainer.steps,
+    announce = recipe.trainer.kind ~= "synthetic" })
   session.trainers = trainers_module.new(session)
   M.open_sessions[session] = true
   session.on_listen = options and options.on_listen
@@ -486,7 +255,7 @@ function M.open(recipe, options)
   end)
   report:end_opening()
   if not ok then
-    fail_session(session, err)
+    session:fail(err)
     M.close(session)
     error(session.failure, 0)
   end
@@ -498,121 +267,31 @@ end
 --- done): its steps are done, it failed (a rank was lost, a malformed
 --- message), or the ranks did not call publish in time: within
 --- `timeouts.train_step` of the last answer no rank called it, or within
---- `timeouts.publish` of the first rank's call not every rank did. Ranks
---- already waiting in publish get the failure: a publication needs every
---- rank.
+--- `timeouts.publish` of the first rank's call not every rank did
+--- (wsync.publish.registry). Ranks already waiting in publish get the
+--- failure: a publication needs every rank.
 ---@return boolean, wsync.Error?
 function Session:wait_publish()
   self.phase = "waiting for publish"
-  if steps_done(self) or self.stopped then
+  if self:steps_done() or self.stopped then
     return false, self.stopped
   end
-  local world, timeouts = self.topology.world, self.timeouts
   -- (The round's waits count from the last answer, or from when the session
   -- was ready: the training step.)
   local since = self.answered_at or self.ready_at or uv.hrtime() / 1e9
-  local started, first_call = uv.now(), nil
-  local expired = nil
-  local timer = nil
-  local function arm(seconds)
-    loop.cancel(timer)
-    timer = loop.after(seconds * 1000, function()
-      changed(self)
-    end)
-  end
-  -- (What it waits for, said after 5 s and each time the wait doubled.)
-  local progress = loop.progress(function(waited)
-    say("waiting for the trainer ranks' next publish (the training step; no rank called it yet): %.0f s so far, "
-      .. "deadline %g s (timeouts.train_step)", waited, timeouts.train_step)
-  end)
-  arm(timeouts.train_step)
-  wait_until(self, function()
-    if count(self.publishing) == world or self.stopped or lost_error(self) then
-      return true
-    end
-    local now = uv.now()
-    if next(self.publishing) and not first_call then
-      first_call = now
-      arm(timeouts.publish)
-      loop.cancel(progress)
-      progress = loop.progress(function(waited)
-        say("waiting for trainer %s to call publish (%s did): %.0f s so far, deadline %g s (timeouts.publish)",
-          ranks_without(self, function(rank)
-            return self.publishing[rank] ~= nil
-          end), ranks_without(self, function(rank)
-            return self.publishing[rank] == nil
-          end), waited, timeouts.publish)
-      end)
-    end
-    if first_call and now - first_call >= timeouts.publish * 1000 then
-      expired = "publish"
-    elseif not first_call and now - started >= timeouts.train_step * 1000 then
-      expired = "train_step"
-    end
-    return expired ~= nil
-  end)
-  loop.cancel(timer)
-  loop.cancel(progress)
-  local waits = self:_waits(since)
-  if count(self.publishing) == world and not self.stopped then
+  local all, err = self.registry:await_publish(self.timeouts, self.report.published > 0)
+  local waits = self.registry:waits(since)
+  if all then
     self.waits = waits
     return true
   end
-  local err = self.stopped or lost_error(self)
-  if not err and expired == "publish" then
-    local missing = {}
-    for rank = 0, world - 1 do
-      if not self.publishing[rank] then
-        missing[#missing + 1] = tostring(rank)
-      end
-    end
-    err = errors.new("PUBLISH_TIMEOUT", string.format("trainer rank%s %s did not call publish within %g s of the "
-      .. "first rank's call (timeouts.publish)", #missing > 1 and "s" or "", table.concat(missing, ", "),
-      timeouts.publish), { phase = "publish", rank = tonumber(missing[1]) })
-  elseif not err then
-    err = errors.new("PUBLISH_TIMEOUT", string.format("no trainer rank called publish within %g s of %s "
-      .. "(timeouts.train_step)", timeouts.train_step, self.report.published > 0 and "the last publication" or
-      "the session's start"), { phase = "training" })
-  end
-  fail_session(self, err)
+  self:fail(err)
   -- (The wait that failed is a round of the report: its seconds are the run's.)
   local round = self.report:begin_round(self.rounds + 1, waits)
   round.steps[#round.steps].outcome = "failed"
   self.report:end_round(round, self.stopped)
   self:answer(nil, self.stopped)
   return false, self.stopped
-end
-
--- The waits before a round, from `since` (seconds of uv.hrtime) until now:
--- `train_step` to the first rank's call of publish, `publish_wait` from then
--- to the last rank's (none yet: it runs to now).
-function Session:_waits(since)
-  local first, last = nil, nil
-  for _, waiter in pairs(self.publishing) do
-    first = math.min(first or waiter.called, waiter.called)
-    last = math.max(last or waiter.called, waiter.called)
-  end
-  local now = uv.hrtime() / 1e9
-  if not first then
-    return { started = since, train_step = now - since }
-  end
-  first = math.max(first, since)
-  return { started = since, train_step = first - since, publish_wait = (count(self.publishing) == self.topology.world
-    and math.max(last, first) or now) - first }
-end
-
---- The trainer step the ranks publish (they must agree).
-function Session:publishing_step()
-  local step = nil
-  for rank = 0, self.topology.world - 1 do
-    local waiter = self.publishing[rank]
-    step = step or waiter.step
-    if waiter.step ~= step then
-      errors.raise("PUBLISH_MISMATCH", string.format("trainer ranks publish different steps (%s and %s)",
-        tostring(step), tostring(waiter.step)), { rank = rank })
-    end
-  end
-  return step or (self.versions.committed + 1)
 end
 
 --- Runs the schedule steps before "publish" and returns the publication,
@@ -622,7 +301,7 @@ end
 function Session:begin_round()
   -- (The round's report, with the waits for the ranks before it.)
   self.round_report = self.report:begin_round(self.rounds + 1, self.waits
-    or self:_waits(self.answered_at or self.ready_at or uv.hrtime() / 1e9))
+    or self.registry:waits(self.answered_at or self.ready_at or uv.hrtime() / 1e9))
   self.waits = nil
   local poisoned = self.rollout.poisoned
   if poisoned then
@@ -636,7 +315,7 @@ function Session:begin_round()
     end)
   end
   self.in_round = true
-  local step = self:publishing_step()
+  local step = self.registry:publishing_step(self.versions.committed)
   self.round_report.step = step
   for index, schedule_step in ipairs(self.steps) do
     if schedule_step.kind == "publish" then
@@ -703,17 +382,11 @@ function Session:answer(result, err)
     end
   end
   self.answered_at = uv.hrtime() / 1e9
-  for rank = 0, self.topology.world - 1 do
-    local waiter = self.publishing[rank]
-    if waiter then
-      waiter.result, waiter.error, waiter.done = result, err, true
-    end
-  end
+  self.registry:answer(result, err)
   if self.in_round then
     self.in_round = false
     self.rounds = self.rounds + 1
   end
-  self.publishing = {}
   self.publication = nil
   self.phase = "ready"
   changed(self)
@@ -749,7 +422,7 @@ function Session:round()
   -- A rank may go on to its next step only when a new runtime will take it,
   -- every rank is still there, and with its memory back: the failed round
   -- stopped mid-schedule.
-  if self.recipe.runtime.respawn and self.rollout.poisoned and count(self.lost) == 0 then
+  if self.recipe.runtime.respawn and self.rollout.poisoned and not self.registry:any_lost() then
     result.respawn = pcall(function()
       for _, part in ipairs({ "actor", "optimizer" }) do
         if not self.trainer_resident[part] then
@@ -779,20 +452,11 @@ end
 --- says whether it waits in publish, and why it was lost and how its process
 --- exited (a synthetic rank) when it was; `failure` the session's.
 function Session:state()
-  local ranks = {}
-  for rank, registered in pairs(self.registered) do
-    ranks[#ranks + 1] = { rank = rank, device = registered.info.device.uuid, pid = registered.info.pid,
-      publishing = self.publishing[rank] ~= nil, lost = self.lost[rank] and self.lost[rank].reason,
-      exited = self.trainers:describe(rank) }
-  end
-  table.sort(ranks, function(a, b)
-    return a.rank < b.rank
-  end)
   local publication, rollout = self.publication, self.rollout
   local poisoned = rollout and rollout.poisoned
   return {
     recipe = self.recipe.name, phase = self.phase, model_version = self.versions.committed,
-    plan = plan_module.summary(self.plan), ranks = ranks,
+    plan = plan_module.summary(self.plan), ranks = self.registry:state(self.trainers),
     runtime = rollout and rollout:state() or nil,
     publication = publication and { phase = publication.phase, model_version = publication.header
       and publication.header.model_version, next_chunk = publication.next_chunk } or nil,
@@ -867,55 +531,16 @@ end
 --- that was lost need not leave: M.close kills what is left.
 function Session:finish()
   report_module.timed(self.report:begin_closing(), "ranks leave", "wait", function()
-    self:_finish()
+    self.phase = "ending"
+    if self.stopped then
+      self:answer(nil, self.stopped)
+      self.registry:tell_failure(self.stopped, self.timeouts.shutdown)
+    end
+    -- (When they did not all leave, M.close does not wait again: it closes
+    -- the connections that are still open and kills the synthetic ranks
+    -- that are still running.)
+    self.lingering = not self.registry:await_leaving(self.timeouts.shutdown, self.trainers)
   end)
-end
-
-function Session:_finish()
-  self.phase = "ending"
-  if self.stopped then
-    self:answer(nil, self.stopped)
-    local told = errors.fields(self.stopped)
-    for _, registered in pairs(self.registered) do
-      local peer = registered.peer
-      if not peer.closed and not peer.inflight.pending then
-        loop.spawn(function()
-          pcall(peer.request, peer, "abort", told, self.timeouts.shutdown)
-        end)
-      end
-    end
-  end
-  local function gone(rank)
-    local registered, spawned, lost = self.registered[rank], self.trainers:spawned(rank), self.lost[rank]
-    if spawned and not self.trainers:exit_of(rank) and not (self.stopped and lost and lost.before_stop) then
-      return false
-    end
-    return not (registered and not spawned and not registered.peer.closed)
-  end
-  local left = console.wait_for(self.condition, self.timeouts.shutdown, function()
-    for rank = 0, self.topology.world - 1 do
-      if not gone(rank) then
-        return false
-      end
-    end
-    return true
-  end, function()
-    return string.format("trainer %s to leave after the session's end", ranks_without(self, function(rank)
-      return gone(rank)
-    end)), "(timeouts.shutdown)"
-  end)
-  if not left then
-    -- M.close does not wait again: it closes the connections that are still
-    -- open and kills the synthetic ranks that are still running.
-    self.lingering = true
-    for rank = 0, self.topology.world - 1 do
-      local registered = self.registered[rank]
-      if registered and not self.trainers:spawned(rank) and not registered.peer.closed then
-        say("trainer rank %d is still connected %g s after the session's end (timeouts.shutdown): closing its "
-          .. "connection", rank, self.timeouts.shutdown)
-      end
-    end
-  end
 end
 
 --- Closes everything the session started: runtime, endpoint, trainer
@@ -943,8 +568,7 @@ function M.close(session)
   -- themselves unless the session already waited, then SIGKILL. A rank lost
   -- before a failure gets no moment: it may be stopped, or hung.
   local seconds = session.trainers:stop(not session.lingering, function(rank)
-    local lost = session.lost[rank]
-    return session.stopped ~= nil and lost ~= nil and lost.before_stop
+    return session.stopped ~= nil and session.registry:lost_before_stop(rank)
   end)
   if seconds then
     report_module.add_step(closing, { name = "trainers exit", kind = "wait", seconds = seconds })
@@ -1028,7 +652,7 @@ function M.run(recipe, options)
     session:finish()
   end)
   if not ok then
-    fail_session(session, errors.is(err) and err or errors.new("LUA_ERROR", tostring(err)))
+    session:fail(errors.is(err) and err or errors.new("LUA_ERROR", tostring(err)))
   end
   M.close(session)
   stop_signals()
