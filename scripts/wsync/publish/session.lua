@@ -8,8 +8,9 @@
 --- The session orchestrates, and owns the phase, the rounds and the failure;
 --- its parts are modules of their own: the ranks' connections, registration
 --- and the publish collective (wsync.publish.registry), the synthetic trainer
---- processes (wsync.publish.trainers), the runtime (wsync.publish.rollout),
---- one publication (wsync.publish.publication), the resident check
+--- processes (wsync.publish.trainers), the schedule's steps
+--- (wsync.publish.steps), the runtime (wsync.publish.rollout), one
+--- publication (wsync.publish.publication), the resident check
 --- (wsync.publish.resident_check), the run report (wsync.publish.report) and
 --- what the session prints (wsync.publish.console).
 local uv = require("luv")
@@ -28,6 +29,7 @@ local transport_module = require("wsync.transport")
 local versions_module = require("wsync.publish.versions")
 local prepare_module = require("wsync.recipe.prepare")
 local schedule_module = require("wsync.plan.schedule")
+local steps_module = require("wsync.publish.steps")
 local timeouts_module = require("wsync.control.timeouts")
 local process = require("wsync._process")
 
@@ -76,37 +78,11 @@ function Session:fail(err)
   changed(self)
 end
 
--- What schedule step `step` does.
-local function perform(session, step)
-  if step.kind == "trainer" then
-    session.ranks:all("callback", function()
-      return { name = step.name }
-    end, session.timeouts.callback)
-    local effect = schedule_module.TRAINER_EFFECTS[step.name]
-    if effect then
-      session.trainer_resident[effect.part] = effect.to
-    end
-  elseif step.kind == "sleep" then
-    session.rollout:request("sleep", { level = step.level })
-  elseif step.kind == "wake" then
-    session.rollout:request("wake", { tags = step.tags })
-  elseif step.kind == "generate" then
-    session.rollout:request("generate", {})
-  elseif step.kind == "pause" then
-    -- (With several replicas, a two-phase pause: wsync.publish.rollout.)
-    session.rollout:pause({ mode = step.mode, kv = step.kv })
-  elseif step.kind == "resume" then
-    session.rollout:request("resume", {})
-  end
-end
-
--- Runs schedule step `step`, timed as a step of the round in progress (of
--- the opening for a bootstrap step: wsync.publish.report).
+-- Runs schedule step `step` (wsync.publish.steps), timed as a step of the
+-- round in progress (of the opening for a bootstrap step).
 local function run_step(session, step)
   session.phase = schedule_module.describe(step)
-  report_module.timed(session.round_report or session.report.opening, session.phase, step.kind, function()
-    perform(session, step)
-  end, { where = step.where })
+  session.schedule:run(step, session.round_report or session.report.opening, session.ranks, session.rollout)
 end
 
 -- Spawns the session's runtime on the ranks' devices, in rank order.
@@ -221,8 +197,9 @@ function M.open(recipe, options)
     transport = transport_module.for_backend(recipe.backend), versions = versions_module.new(),
     report = report, reports = report.rounds, rounds = 0,
     condition = loop.condition(), memory_report = memory_report,
-    bootstrap = bootstrap, steps = steps, trainer_resident = { actor = true, optimizer = true },
+    bootstrap = bootstrap, steps = steps,
   }, Session)
+  session.schedule = steps_module.new(session.timeouts.callback)
   session.registry = registry_module.new(session, { world = topology.world, plan = plan, steps = recipe.trainer.steps,
     announce = recipe.trainer.kind ~= "synthetic" })
   session.trainers = trainers_module.new(session)
@@ -424,10 +401,8 @@ function Session:round()
   -- stopped mid-schedule.
   if self.recipe.runtime.respawn and self.rollout.poisoned and not self.registry:any_lost() then
     result.respawn = pcall(function()
-      for _, part in ipairs({ "actor", "optimizer" }) do
-        if not self.trainer_resident[part] then
-          run_step(self, schedule_module.normalize("onload_" .. part, "after the failed publication"))
-        end
+      for _, step in ipairs(self.schedule:onloads("after the failed publication")) do
+        run_step(self, step)
       end
     end) or nil
   end
