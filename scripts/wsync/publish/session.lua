@@ -6,8 +6,9 @@
 --- publication inside it) and answer every rank with the same outcome.
 ---
 --- The session orchestrates, and owns the phase, the rounds and the failure;
---- its parts are modules of their own: the ranks' connections, registration
---- and the publish collective (wsync.publish.registry), the synthetic trainer
+--- its parts are modules of their own: the opening's steps
+--- (wsync.publish.opening), the ranks' connections, registration and the
+--- publish collective (wsync.publish.registry), the synthetic trainer
 --- processes (wsync.publish.trainers), the schedule's steps
 --- (wsync.publish.steps), the runtime (wsync.publish.rollout), one
 --- publication (wsync.publish.publication), the resident check
@@ -20,6 +21,7 @@ local loop = require("wsync.loop")
 local output = require("wsync.output")
 local plan_module = require("wsync.plan")
 local publication_module = require("wsync.publish.publication")
+local opening_module = require("wsync.publish.opening")
 local registry_module = require("wsync.publish.registry")
 local report_module = require("wsync.publish.report")
 local resident_check_module = require("wsync.publish.resident_check")
@@ -78,102 +80,22 @@ function Session:fail(err)
   changed(self)
 end
 
--- Runs schedule step `step` (wsync.publish.steps), timed as a step of the
--- round in progress (of the opening for a bootstrap step).
-local function run_step(session, step)
-  session.phase = schedule_module.describe(step)
-  session.schedule:run(step, session.round_report or session.report.opening, session.ranks, session.rollout)
+--- Runs schedule step `step` (the bootstrap's, a round's; wsync.publish.steps),
+--- timed as a step of the round in progress, or of the opening.
+---@param step table  a step of wsync.plan.schedule
+function Session:run_step(step)
+  self.phase = schedule_module.describe(step)
+  self.schedule:run(step, self.round_report or self.report.opening, self.ranks, self.rollout)
 end
 
--- Spawns the session's runtime on the ranks' devices, in rank order.
-local function spawn_rollout(session)
-  local recipe = session.recipe
-  local devices = session.ranks:devices()
-  local options = {
-    kind = recipe.runtime.kind, tp = session.topology.tp, backend = recipe.backend, devices = devices,
-    kv_bytes = math.max(recipe.memory.kv_bytes, 1), timeouts = recipe.timeouts, grace_ms = recipe.runtime.grace_ms,
-    model = recipe.runtime.kind == "vllm" and require("wsync.runtime.vllm").model_dir(recipe) or nil,
-    load = recipe.runtime.load, check = recipe.runtime.check, channel = recipe.runtime.channel,
-    engine = recipe.runtime.vllm,
-    python = recipe.runtime.python,
-    output = "[runtime] ",
-    -- (A runtime that does not answer, its startup handshake included, is
-    -- named while the host waits.)
-    on_slow = function(client, cmd, waited, deadline)
-      say("waiting for the %s (pid %d) to answer %s%s: %.0f s so far, deadline %g s (%s)", client.name, client.pid,
-        cmd, client.startup_info == nil and " (its startup handshake)" or "", waited, deadline, session:where())
-    end,
-  }
-  local replicas = session.topology.replicas or 1
-  if replicas > 1 then
-    -- (Replica i on the devices of trainer ranks i*TP .. i*TP + TP - 1.)
-    return rollout_module.spawn_replicas(options, replicas)
-  end
-  return rollout_module.spawn(options)
-end
-
--- Opening, step 1: the endpoint, and the synthetic trainers (external ones
--- are waited for).
-local function listen(session)
-  -- (Segments of this user's processes that died with SIGKILL hold memory
-  -- until someone removes them: a host does, as it does their directories.)
-  for _, transport in ipairs(transport_module.with("named_leftovers")) do
-    transport.remove_dead_segments(function(line)
-      say("%s", line)
-    end)
-  end
-  session.endpoint = session.registry:listen(session.recipe)
-  local world = session.topology.world
-  if session.recipe.trainer.kind == "synthetic" then
-    session.trainers:spawn(world, trainers_module.synthetic(session.recipe, session.endpoint.path, world))
-  else
-    say("waiting for %d external trainer ranks on %s", world, session.endpoint.path)
-  end
-  if session.on_listen then
-    session.on_listen(session.endpoint.path)
-  end
-end
-
--- Opening, step 2: every rank registers (a dead trainer, a lost rank or a
--- failure ends the wait early); then the schedule is checked again, against
--- the callbacks that every rank registered, so that a step no rank can run
--- is refused now, not after a publication committed.
-local function await_registration(session)
-  session.phase = "registration"
-  session.registry:await_registration(session.timeouts.registration, function()
-    return session.trainers:any_exited()
+--- Spawns the session's runtime on the ranks' devices, in rank order
+--- (wsync.publish.rollout's start): at the opening, and again after a
+--- failed publication when the recipe respawns it.
+---@return wsync.Rollout|wsync.ReplicaSet
+function Session:spawn_rollout()
+  return rollout_module.start(self.recipe, self.topology, (self.ranks:devices()), function()
+    return self:where()
   end)
-  session.ranks = session.registry:ranks(session.transport.GATHER)
-  -- (Each rank's tensors were checked as it registered; now the ranks' rows
-  -- together.)
-  session.ranks:check_registration(session.plan)
-  prepare_module.check_schedule(session.recipe, session.plan, session.topology, session.registry:common_callbacks())
-end
-
--- Opening, step 3: the runtime on the ranks' devices, then the bootstrap.
-local function start_rollout(session)
-  local recipe = session.recipe
-  say("%d trainer ranks registered; starting the %s runtime (%s) on their devices in rank order",
-    session.topology.world, recipe.runtime.kind, console.runtime_shape(session.topology))
-  session.phase = "runtime start"
-  session.rollout = report_module.timed(session.report.opening, "runtime start", "start", function()
-    return spawn_rollout(session)
-  end)
-  for _, step in ipairs(session.bootstrap) do
-    run_step(session, step)
-  end
-  if #session.bootstrap > 0 then
-    say("bootstrap done: rollout weights %s", session.rollout:request("info").state.weights)
-  end
-  local stream = recipe.rollout
-  if stream then
-    local requests = {}
-    for i = 1, stream.stream do
-      requests[i] = { prompt = { i }, max_tokens = stream.max_tokens }
-    end
-    session.rollout:request("submit", { requests = requests })
-    say("%d requests stream in the rollout runtime (rollout.stream); each round says what they produced", stream.stream)
-  end
 end
 
 --- Opens a session: checks the plan and schedule, opens the endpoint,
@@ -215,13 +137,7 @@ function M.open(recipe, options)
   say("schedule checked: predicted peak %s per device at %s", format_bytes(memory_report.peak),
     memory_report.peak_step)
   local ok, err = pcall(function()
-    report_module.timed(report.opening, "listen", "open", function()
-      listen(session)
-    end)
-    report_module.timed(report.opening, "registration", "wait", function()
-      await_registration(session)
-    end)
-    start_rollout(session)
+    opening_module.run(session)
     if session.stopped then -- a rank lost, or a malformed message, meanwhile
       error(session.stopped, 0)
     end
@@ -288,7 +204,7 @@ function Session:begin_round()
     end
     say("respawning the runtime after the failed publication")
     self.rollout = report_module.timed(self.round_report, "runtime respawn", "start", function()
-      return spawn_rollout(self)
+      return self:spawn_rollout()
     end)
   end
   self.in_round = true
@@ -300,7 +216,7 @@ function Session:begin_round()
       self.publish_where = schedule_step.where
       break
     end
-    run_step(self, schedule_step)
+    self:run_step(schedule_step)
   end
   self.phase = "publish"
   self.publication = publication_module.new({
@@ -330,7 +246,7 @@ function Session:end_round(publication)
   end
   say("published %s", console.publication(report))
   for index = self.after_publish, #self.steps do
-    run_step(self, self.steps[index])
+    self:run_step(self.steps[index])
   end
   -- (A session that streams requests, rollout.stream: what they produced.)
   if self.recipe.rollout then
@@ -402,7 +318,7 @@ function Session:round()
   if self.recipe.runtime.respawn and self.rollout.poisoned and not self.registry:any_lost() then
     result.respawn = pcall(function()
       for _, step in ipairs(self.schedule:onloads("after the failed publication")) do
-        run_step(self, step)
+        self:run_step(step)
       end
     end) or nil
   end
