@@ -12,8 +12,9 @@
 --- processes (wsync.publish.trainers), the schedule's steps
 --- (wsync.publish.steps), the runtime (wsync.publish.rollout), one
 --- publication (wsync.publish.publication), the resident check
---- (wsync.publish.resident_check), the run report (wsync.publish.report) and
---- what the session prints (wsync.publish.console).
+--- (wsync.publish.resident_check), the run report (wsync.publish.report),
+--- what the session prints (wsync.publish.console) and a whole run with its
+--- signals and verdict (wsync.publish.run).
 local uv = require("luv")
 local console = require("wsync.publish.console")
 local errors = require("wsync.errors")
@@ -26,6 +27,7 @@ local registry_module = require("wsync.publish.registry")
 local report_module = require("wsync.publish.report")
 local resident_check_module = require("wsync.publish.resident_check")
 local rollout_module = require("wsync.publish.rollout")
+local run_module = require("wsync.publish.run")
 local trainers_module = require("wsync.publish.trainers")
 local transport_module = require("wsync.transport")
 local versions_module = require("wsync.publish.versions")
@@ -476,89 +478,18 @@ function M.close(session)
 end
 Session.close = M.close
 
-local function closing_report(session)
-  for _, line in ipairs(console.closing(session, session.report:text_lines(), session.reports,
-    session.trainers:ends())) do
-    say("%s", line)
-  end
-end
-
---- Runs a model recipe to the end. Returns the session's reports; raises the
---- first failure after everything was closed.
+--- Runs a model recipe to the end (wsync.publish.run): Ctrl-C and SIGTERM
+--- abort it; the closing report and the verdict end it. Returns the
+--- session's reports; raises the first failure after everything was closed.
 ---@param recipe table
 ---@param options {signals: boolean?, on_open: fun(session: table)?, on_listen: fun(path: string)?,
 ---  report_file: file*?, publication: table?}?
 ---  signals = false installs no SIGINT/SIGTERM handler (an embedding host's session); on_open,
 ---  on_listen and publication as in M.open; report_file: the run report's file (wsync.publish.report),
 ---  written as the run goes and closed at its end, also when it fails
+---@return table[]
 function M.run(recipe, options)
-  options = options or {}
-  -- Ctrl-C or SIGTERM: fail-stop, leaving nothing behind, exit 128 + signal
-  -- (not in an embedding host's session: the process's signals are its own).
-  local opened = nil
-  local signals = {}
-  for name, number in pairs(options.signals == false and {} or { sigint = 2, sigterm = 15 }) do
-    local handle = uv.new_signal()
-    handle:start(name, function()
-      if opened then
-        M.abort(opened, name:upper())
-      end
-      os.exit(128 + number)
-    end)
-    handle:unref() -- the run ends when its work does, not when signals stop
-    signals[#signals + 1] = handle
-  end
-  local function stop_signals()
-    for _, handle in ipairs(signals) do
-      if not handle:is_closing() then
-        handle:close()
-      end
-    end
-  end
-  local open_ok, session = pcall(M.open, recipe, { on_open = function(created)
-    opened = created
-    if options.report_file then
-      created.report:write_to(options.report_file)
-    end
-    if options.on_open then
-      options.on_open(created)
-    end
-  end, on_listen = options.on_listen, publication = options.publication })
-  if not open_ok then
-    -- (open closed everything it had started.)
-    stop_signals()
-    if opened then
-      closing_report(opened)
-      opened.report:finish(session)
-    end
-    say("verdict: FAILED: %s", tostring(session))
-    errors.set_reported(session) -- (the verdict says it: once)
-    error(session, 0)
-  end
-  local ok, err = pcall(function()
-    while session:wait_publish() do
-      session:round()
-    end
-    -- Every publication the recipe asks for is done, or the session failed.
-    session:finish()
-  end)
-  if not ok then
-    session:fail(errors.is(err) and err or errors.new("LUA_ERROR", tostring(err)))
-  end
-  M.close(session)
-  stop_signals()
-  session.failure = session.failure or session.trainers:failure(session.timeouts.shutdown)
-  closing_report(session)
-  session.report:finish(session.failure)
-  if session.failure then
-    say("verdict: FAILED: %s", tostring(session.failure))
-    errors.set_reported(session.failure) -- (the verdict says it: once)
-    error(session.failure, 0)
-  end
-  say("verdict: OK: %d model versions published%s", session.report.published,
-    session.recipe.verify and (", every resident TP slice verified" .. (session.recipe.verify == "values"
-      and " against the trainer's values" or "")) or "")
-  return session.reports
+  return run_module.run(M, recipe, options)
 end
 
 return M
