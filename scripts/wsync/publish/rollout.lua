@@ -4,6 +4,8 @@
 --- packed buffers and sized their resident storage), which chunks' tensor
 --- metadata it has, and whether a failed publication destroyed it. A session
 --- that respawns makes a new one; a destroyed one is never used again.
+--- M.start spawns the one a recipe asks for (several replicas: a ReplicaSet).
+local console = require("wsync.publish.console")
 local errors = require("wsync.errors")
 local util = require("wsync.util")
 local plan_module = require("wsync.plan")
@@ -496,6 +498,41 @@ end
 
 function ReplicaSet:clients()
   return util.field_values(self.replicas, "client")
+end
+
+-- The recipe's runtime ----------------------------------------------------------
+
+--- Spawns the runtime `recipe` asks for (its runtime, backend, memory and
+--- timeouts) on `devices`, the trainer ranks' device indices in rank order:
+--- one of `topology.tp` workers, or with `topology.replicas` several, replica
+--- i on the devices of trainer ranks i*TP .. i*TP + TP - 1. Its output is
+--- relayed as "[runtime] " ("[runtime I] "); a command that waits for its
+--- answer, the startup handshake included, is named while the host waits,
+--- with `where()` (the session's phase). Raises RUNTIME_START.
+---@param recipe table
+---@param topology {tp: integer, replicas: integer?}
+---@param devices integer[]
+---@param where fun(): string
+---@return wsync.Rollout|wsync.ReplicaSet
+function M.start(recipe, topology, devices, where)
+  local options = {
+    kind = recipe.runtime.kind, tp = topology.tp, backend = recipe.backend, devices = devices,
+    kv_bytes = math.max(recipe.memory.kv_bytes, 1), timeouts = recipe.timeouts, grace_ms = recipe.runtime.grace_ms,
+    model = recipe.runtime.kind == "vllm" and require("wsync.runtime.vllm").model_dir(recipe) or nil,
+    load = recipe.runtime.load, check = recipe.runtime.check, channel = recipe.runtime.channel,
+    engine = recipe.runtime.vllm,
+    python = recipe.runtime.python,
+    output = "[runtime] ",
+    on_slow = function(client, cmd, waited, deadline)
+      console.say("waiting for the %s (pid %d) to answer %s%s: %.0f s so far, deadline %g s (%s)", client.name,
+        client.pid, cmd, client.startup_info == nil and " (its startup handshake)" or "", waited, deadline, where())
+    end,
+  }
+  local replicas = topology.replicas or 1
+  if replicas > 1 then
+    return M.spawn_replicas(options, replicas)
+  end
+  return M.spawn(options)
 end
 
 return M

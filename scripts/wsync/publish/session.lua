@@ -4,35 +4,49 @@
 --- runtime on the ranks' devices in rank order, run the bootstrap, then for
 --- every collective `publish` of the trainers run the memory schedule (the
 --- publication inside it) and answer every rank with the same outcome.
+---
+--- The session orchestrates, and owns the phase, the rounds and the failure;
+--- its parts are modules of their own: the opening's steps
+--- (wsync.publish.opening), the ranks' connections, registration and the
+--- publish collective (wsync.publish.registry), the synthetic trainer
+--- processes (wsync.publish.trainers), the schedule's steps
+--- (wsync.publish.steps), the runtime (wsync.publish.rollout), one
+--- publication (wsync.publish.publication), the resident check
+--- (wsync.publish.resident_check), the run report (wsync.publish.report),
+--- what the session prints (wsync.publish.console) and a whole run with its
+--- signals and verdict (wsync.publish.run).
 local uv = require("luv")
-local endpoint_module = require("wsync.control.endpoint")
+local console = require("wsync.publish.console")
 local errors = require("wsync.errors")
 local loop = require("wsync.loop")
-local messages = require("wsync.control.messages")
 local output = require("wsync.output")
 local plan_module = require("wsync.plan")
 local publication_module = require("wsync.publish.publication")
-local ranks_module = require("wsync.publish.ranks")
+local opening_module = require("wsync.publish.opening")
+local registry_module = require("wsync.publish.registry")
 local report_module = require("wsync.publish.report")
 local resident_check_module = require("wsync.publish.resident_check")
 local rollout_module = require("wsync.publish.rollout")
+local run_module = require("wsync.publish.run")
+local trainers_module = require("wsync.publish.trainers")
 local transport_module = require("wsync.transport")
 local versions_module = require("wsync.publish.versions")
 local prepare_module = require("wsync.recipe.prepare")
 local schedule_module = require("wsync.plan.schedule")
+local steps_module = require("wsync.publish.steps")
 local timeouts_module = require("wsync.control.timeouts")
 local process = require("wsync._process")
 
 local M = {}
 
+local say = console.say
 local format_bytes = plan_module.format_bytes
 
-local function say(format, ...)
-  io.stdout:write("wsync: ", string.format(format, ...), "\n")
-  io.stdout:flush()
-end
-
-local check_schedule = prepare_module.check_schedule
+---@class wsync.Session: wsync.RegistrySession
+---@field registry wsync.Registry
+---@field trainers wsync.Trainers
+local Session = {}
+Session.__index = Session
 
 -- Every wait of a session is on its condition: `changed` wakes them all to
 -- check again.
@@ -40,518 +54,50 @@ local function changed(session)
   session.condition:notify()
 end
 
--- Waits until `predicate()` holds, re-checked whenever changed() runs.
-local function wait_until(session, predicate)
-  session.condition:wait(predicate)
-end
-
--- Waits until `predicate()` holds or `seconds` have passed; returns whether
--- it holds. `what()`, when given, says what it waits for ("trainer ranks to
--- register: 1 of 2 (rank 1 missing)", "(timeouts.registration)"): printed
--- once the wait ran 5 s, then each time its length doubled.
-local function wait_for(session, seconds, predicate, what)
-  local progress = what and loop.progress(function(waited)
-    local waiting_for, deadline = what()
-    say("waiting for %s: %.0f s so far, deadline %g s %s", waiting_for, waited, seconds, deadline)
-  end)
-  local held = session.condition:wait_for(seconds, predicate)
-  loop.cancel(progress)
-  return held
-end
-
--- Where the session is, for a line that says what it waits for: "phase
--- chunks of model version 3, round 3", "phase runtime start".
-local function where(session)
-  local publication = session.publication
-  if session.phase == "publish" and publication then
+--- Where the session is, for a line that says what it waits for: "phase
+--- chunks of model version 3, round 3", "phase runtime start".
+---@return string
+function Session:where()
+  local publication = self.publication
+  if self.phase == "publish" and publication then
     return string.format("phase %s of model version %s, round %d", publication.phase,
-      publication.header and tostring(publication.header.model_version) or "(not yet numbered)", session.rounds + 1)
+      publication.header and tostring(publication.header.model_version) or "(not yet numbered)", self.rounds + 1)
   end
-  return "phase " .. session.phase .. (session.in_round and string.format(", round %d", session.rounds + 1) or "")
+  return "phase " .. self.phase .. (self.in_round and string.format(", round %d", self.rounds + 1) or "")
 end
 
--- The ranks of 0 .. world - 1 for which `has(rank)` is false, as text:
--- "rank 1", "ranks 0, 3".
-local function ranks_without(session, has)
-  local missing = {}
-  for rank = 0, session.topology.world - 1 do
-    if not has(rank) then
-      missing[#missing + 1] = tostring(rank)
-    end
-  end
-  return string.format("rank%s %s", #missing > 1 and "s" or "", table.concat(missing, ", "))
+--- True once the session has served every publication its recipe asks for
+--- (trainer.steps rounds, failed ones counted): from then on ranks may leave.
+---@return boolean
+function Session:steps_done()
+  return self.rounds >= self.recipe.trainer.steps
 end
 
-local function count(table_value)
-  local n = 0
-  for _ in pairs(table_value) do
-    n = n + 1
-  end
-  return n
+--- Stops the session with `err`: nothing more is published, its verdict
+--- fails (the first failure is the one reported); wakes every wait.
+---@param err wsync.Error
+function Session:fail(err)
+  self.failure = self.failure or err
+  self.stopped = self.stopped or err
+  changed(self)
 end
 
--- The trainer rank the connection `peer` registered as; nil for a connection
--- that registered none (an attached viewer).
-local function rank_of(session, peer)
-  for rank, registered in pairs(session.registered) do
-    if registered.peer == peer then
-      return rank
-    end
-  end
-  return nil
+--- Runs schedule step `step` (the bootstrap's, a round's; wsync.publish.steps),
+--- timed as a step of the round in progress, or of the opening.
+---@param step table  a step of wsync.plan.schedule
+function Session:run_step(step)
+  self.phase = schedule_module.describe(step)
+  self.schedule:run(step, self.round_report or self.report.opening, self.ranks, self.rollout)
 end
 
--- True once the session has served every publication its recipe asks for
--- (trainer.steps rounds, failed ones counted): from then on ranks may leave.
-local function steps_done(session)
-  return session.rounds >= session.recipe.trainer.steps
-end
-
--- Stops the session with `err`: nothing more is published, its verdict
--- fails (the first failure is the one reported); wakes every wait.
-local function fail_session(session, err)
-  session.failure = session.failure or err
-  session.stopped = session.stopped or err
-  changed(session)
-end
-
--- A registered rank is gone: its connection ended (the rank exited or was
--- killed, a command to it timed out, it broke the protocol). Before the
--- session's last step that fails the session, naming the rank and the phase;
--- during a publication round the round's own failure is the session's (the
--- round cannot finish without the rank, and every rank hears that error).
-local function lose(session, rank, reason)
-  if session.lost[rank] then
-    return
-  end
-  -- (`before_stop`: lost while the session still ran, so not a rank that
-  -- heard the session's failure and went; it may be stopped, or hung.)
-  session.lost[rank] = { reason = reason, phase = session.phase, before_stop = session.stopped == nil }
-  if not steps_done(session) and not session.in_round then
-    fail_session(session, errors.new("TRAINER_LOST", string.format("trainer rank %d was lost during %s: %s", rank,
-      session.phase, reason), { phase = session.phase, rank = rank }))
-  end
-  changed(session)
-end
-
--- The lowest rank lost before the session's last step, as an error; nil
--- when none was.
-local function lost_error(session)
-  local rank = nil
-  for lost_rank in pairs(session.lost) do
-    rank = math.min(rank or lost_rank, lost_rank)
-  end
-  if rank == nil or steps_done(session) then
-    return nil
-  end
-  local lost = session.lost[rank]
-  return errors.new("TRAINER_LOST", string.format("trainer rank %d was lost during %s: %s", rank, lost.phase,
-    lost.reason), { phase = lost.phase, rank = rank })
-end
-
--- The requests agents send to the host (their payloads are checked against
--- wsync.control.messages before a handler runs).
-local function agent_handlers(session, peer)
-  return {
-    register = function(payload)
-      local rank = payload.rank
-      if rank >= session.topology.world then
-        errors.raise("REGISTER", string.format("rank %d outside the recipe's %d trainer ranks", rank,
-          session.topology.world))
-      end
-      if payload.world ~= session.topology.world then
-        errors.raise("REGISTER", string.format("rank %d says world %d; the recipe says %d", rank, payload.world,
-          session.topology.world), { rank = rank })
-      end
-      local earlier = session.registered[rank]
-      if earlier then
-        -- (A rank that was lost has failed the session already, unless its
-        -- steps were done: a session never takes a rank back.)
-        errors.raise("REGISTER", string.format("rank %d registered twice (pid %s, then pid %s)%s", rank,
-          tostring(earlier.info.pid), tostring(payload.pid), session.lost[rank]
-          and string.format("; its first connection was lost (%s) and a session does not take a rank back",
-            session.lost[rank].reason) or ""), { rank = rank })
-      end
-      if session.stopped then
-        error(session.stopped, 0)
-      end
-      -- What it registered against the plan (a missing, extra or wrongly
-      -- shaped tensor): once every rank has registered, before the runtime
-      -- starts, the session fails with the lowest rank's mismatch and every
-      -- rank hears it (await_registration).
-      local fits, mismatch = pcall(ranks_module.check_tensors, session.plan, rank, payload.tensors)
-      if not fits and (session.mismatch == nil or rank < session.mismatch.rank) then
-        session.mismatch = mismatch
-      end
-      session.registered[rank] = { info = payload, peer = peer }
-      if session.recipe.trainer.kind ~= "synthetic" then
-        say("trainer rank %d registered (pid %d, device %s): %d of %d", rank, payload.pid, payload.device.uuid,
-          count(session.registered), session.topology.world)
-      end
-      changed(session)
-      wait_until(session, function()
-        return session.ready or session.stopped ~= nil
-      end)
-      if session.stopped then
-        error(session.stopped, 0)
-      end
-      return { plan = plan_module.summary(session.plan), model_version = session.versions.committed }
-    end,
-    state = function()
-      return session:state()
-    end,
-    publish = function(payload)
-      -- The rank this connection registered as, not whatever the payload says.
-      local rank = rank_of(session, peer)
-      if rank == nil then
-        errors.raise("NOT_REGISTERED", "publish from a connection that did not register a trainer rank")
-      end
-      if session.stopped then
-        error(session.stopped, 0)
-      end
-      if steps_done(session) then
-        errors.raise("STEPS_DONE", string.format("rank %d called publish after the session's %d steps "
-          .. "(trainer.steps in the recipe)", rank, session.recipe.trainer.steps), { rank = rank, phase = "publish" })
-      end
-      if session.publishing[rank] then
-        errors.raise("PUBLISH_TWICE", string.format("rank %d called publish again before its answer", rank),
-          { rank = rank })
-      end
-      local waiter = { step = payload.step, called = uv.hrtime() / 1e9 }
-      session.publishing[rank] = waiter
-      changed(session)
-      wait_until(session, function()
-        return waiter.done
-      end)
-      if waiter.error then
-        error(waiter.error, 0)
-      end
-      return waiter.result
-    end,
-  }
-end
-
--- The endpoint's view of the session: where it listens (the recipe's
--- control), handlers, message shapes, and what a malformed message or a lost
--- connection does.
-local function endpoint_options(session)
-  local control = session.recipe.control or {}
-  return {
-    handlers_for = function(peer)
-      -- (A rank that does not answer is named while the host waits.)
-      peer:watch(function(cmd, waited, deadline)
-        local rank = rank_of(session, peer)
-        say("waiting for %s to answer %s: %.0f s so far, deadline %g s (%s)", rank and string.format("trainer rank %d "
-          .. "(pid %s)", rank, tostring(session.registered[rank].info.pid)) or peer.name, cmd, waited, deadline,
-          where(session))
-      end)
-      return agent_handlers(session, peer)
-    end,
-    schemas = { requests = messages.to_host, results = messages.from_agent },
-    path = control.endpoint,
-    tcp = control.tcp,
-    token = session.token,
-    on_bad_request = function(peer, _, reason)
-      local rank = rank_of(session, peer)
-      if rank == nil then
-        -- Not a trainer rank of this session: it goes, the session goes on.
-        say("dropped the connection of %s: malformed request: %s", peer.name, reason)
-      else
-        fail_session(session, errors.new("BAD_MESSAGE", string.format("trainer rank %d (%s) sent a malformed "
-          .. "request: %s", rank, peer.name, reason), { rank = rank, phase = session.phase }))
-      end
-      peer:close("malformed request: " .. reason)
-    end,
-    on_lost = function(peer, reason, violation)
-      -- A trainer rank leaving matters; an attached viewer may come and go.
-      local rank = rank_of(session, peer)
-      if rank then
-        lose(session, rank, reason)
-      elseif violation then
-        say("dropped the connection of %s: %s", peer.name, reason)
-      end
-    end,
-    on_refused = function(reason)
-      say("%s", reason)
-    end,
-  }
-end
-
--- "signal 9" or "code 1".
-local function describe_exit(code, signal)
-  return signal ~= 0 and ("signal " .. signal) or ("code " .. code)
-end
-
-local function spawn_trainers(session)
-  local recipe = session.recipe
-  local program = require("wsync.util").program()
-  local model = recipe.model.preset or require("cjson").encode(recipe.model.config)
-  for rank = 0, session.topology.world - 1 do
-    -- (Its lines prefixed, where this process relays its children's output.)
-    local relay = output.new(string.format("[trainer %d] ", rank))
-    local handle, pid
-    handle, pid = uv.spawn(program, {
-      args = {
-        "trainer", "--endpoint", session.endpoint.path, "--rank", tostring(rank),
-        "--world", tostring(session.topology.world), "--model", model,
-        "--versions", tostring(recipe.trainer.steps), "--backend", recipe.backend,
-        "--storage", recipe.trainer.storage or "one",
-      },
-      stdio = { nil, relay and relay.stdout or 1, relay and relay.stderr or 2 },
-      -- A process group (and session) of its own: the terminal's Ctrl-C is
-      -- the host's to handle (the REPL interrupts a chunk, `wsync run` stops
-      -- in order), not a signal that kills the ranks under a session. (In
-      -- the guard's care all the same, by the mark in their environment:
-      -- should this host die, the guard ends them too.)
-      detached = true,
-      env = require("wsync.util").environment({ require("wsync.control.guard").environment() }),
-    }, function(code, signal)
-      session.trainers[rank] = { code = code, signal = signal }
-      handle:close()
-      -- Said at once (the session fails when its connection ends too): a
-      -- rank killed by a signal the host did not send, or one that ended
-      -- before the session did.
-      local ending = session.phase == "closing" or session.phase == "closed"
-      if not ending and not (session.killed and session.killed[rank])
-        and (signal ~= 0 or (code ~= 0 and session.stopped == nil)) then
-        say("synthetic trainer rank %d (pid %d) exited (%s) during %s", rank, pid, describe_exit(code, signal),
-          session.phase)
-      end
-      changed(session)
-    end)
-    if relay then
-      relay:spawned(handle ~= nil)
-    end
-    if not handle then
-      errors.raise("TRAINER_START", string.format("cannot start synthetic trainer rank %d: %s", rank, tostring(pid)))
-    end
-    session.trainer_handles[rank] = handle
-    session.trainer_pids[pid] = true
-  end
-end
-
--- What schedule step `step` does.
-local function perform(session, step)
-  if step.kind == "trainer" then
-    session.ranks:all("callback", function()
-      return { name = step.name }
-    end, session.timeouts.callback)
-    local effect = schedule_module.TRAINER_EFFECTS[step.name]
-    if effect then
-      session.trainer_resident[effect.part] = effect.to
-    end
-  elseif step.kind == "sleep" then
-    session.rollout:request("sleep", { level = step.level })
-  elseif step.kind == "wake" then
-    session.rollout:request("wake", { tags = step.tags })
-  elseif step.kind == "generate" then
-    session.rollout:request("generate", {})
-  elseif step.kind == "pause" then
-    -- (With several replicas, a two-phase pause: wsync.publish.rollout.)
-    session.rollout:pause({ mode = step.mode, kv = step.kv })
-  elseif step.kind == "resume" then
-    session.rollout:request("resume", {})
-  end
-end
-
--- Runs schedule step `step`, timed as a step of the round in progress (of
--- the opening for a bootstrap step: wsync.publish.report).
-local function run_step(session, step)
-  session.phase = schedule_module.describe(step)
-  report_module.timed(session.round_report or session.report.opening, session.phase, step.kind, function()
-    perform(session, step)
-  end, { where = step.where })
-end
-
-local function describe_publication(report)
-  local t = report.timings
-  return string.format("model version %d (step %d): %s in %d chunks, %.1f ms (fill %.1f, load %.1f, finish %.1f), "
-    .. "%.2f GB/s; receipts %d/%d%s", report.model_version, report.step, format_bytes(report.bytes), report.chunks,
-    t.total * 1e3, t.fill * 1e3, t.load * 1e3, t.finish * 1e3, report.gbps, #report.receipts, #report.receipts,
-    report.verified and (report.verified.elements and string.format("; resident weights verified on the device (%d "
-      .. "slices, %d elements on %d workers)", report.verified.slices, report.verified.elements,
-      report.verified.workers) or string.format("; resident weights verified (%d tensors on %d workers)",
-      report.verified.tensors, report.verified.workers)) or "")
-end
-
----@class wsync.Session
-local Session = {}
-Session.__index = Session
-
--- Spawns the session's runtime on the ranks' devices, in rank order.
-local function spawn_rollout(session)
-  local recipe = session.recipe
-  local devices = session.ranks:devices()
-  local options = {
-    kind = recipe.runtime.kind, tp = session.topology.tp, backend = recipe.backend, devices = devices,
-    kv_bytes = math.max(recipe.memory.kv_bytes, 1), timeouts = recipe.timeouts, grace_ms = recipe.runtime.grace_ms,
-    model = recipe.runtime.kind == "vllm" and require("wsync.runtime.vllm").model_dir(recipe) or nil,
-    load = recipe.runtime.load, check = recipe.runtime.check, channel = recipe.runtime.channel,
-    engine = recipe.runtime.vllm,
-    python = recipe.runtime.python,
-    output = "[runtime] ",
-    -- (A runtime that does not answer, its startup handshake included, is
-    -- named while the host waits.)
-    on_slow = function(client, cmd, waited, deadline)
-      say("waiting for the %s (pid %d) to answer %s%s: %.0f s so far, deadline %g s (%s)", client.name, client.pid,
-        cmd, client.startup_info == nil and " (its startup handshake)" or "", waited, deadline, where(session))
-    end,
-  }
-  local replicas = session.topology.replicas or 1
-  if replicas > 1 then
-    -- (Replica i on the devices of trainer ranks i*TP .. i*TP + TP - 1.)
-    return rollout_module.spawn_replicas(options, replicas)
-  end
-  return rollout_module.spawn(options)
-end
-
--- "TP2" or "2 x TP1": the runtime's shape, as messages say it.
--- The packed buffers a chunk goes through, or the direct path's words.
-local function buffers_shape(session)
-  if session.recipe.buffers.direct then
-    return "direct: no packed buffers, the TP workers read the trainer's storage"
-  end
-  return string.format("buffers %d x %s", session.plan.buffer_count, format_bytes(session.plan.buffer_bytes))
-end
-
-local function runtime_shape(topology)
-  local replicas = topology.replicas or 1
-  return replicas > 1 and string.format("%d x TP%d", replicas, topology.tp) or string.format("TP%d", topology.tp)
-end
-
--- Opening, step 1: the endpoint, and the synthetic trainers (external ones
--- are waited for).
-local function listen(session)
-  -- (Segments of this user's processes that died with SIGKILL hold memory
-  -- until someone removes them: a host does, as it does their directories.)
-  for _, transport in ipairs(transport_module.with("named_leftovers")) do
-    transport.remove_dead_segments(function(line)
-      say("%s", line)
-    end)
-  end
-  -- (A token the recipe gives stays where it is: the ranks read it there
-  -- too. One the host draws is printed.)
-  local token, token_place, field = require("wsync.recipe").control_token(session.recipe)
-  if not token and field then
-    errors.raise("ENDPOINT", token_place, { field = field })
-  end
-  session.token = token
-  session.endpoint = endpoint_module.listen(endpoint_options(session))
-  say("control endpoint %s", session.endpoint.path)
-  if session.endpoint.tcp_endpoint then
-    if token then
-      say("control endpoint for other hosts %s (its token is in %s)", session.endpoint.tcp_address, token_place)
-    else
-      say("control endpoint for other hosts %s", session.endpoint.tcp_endpoint)
-    end
-  end
-  if session.recipe.trainer.kind == "synthetic" then
-    spawn_trainers(session)
-  else
-    say("waiting for %d external trainer ranks on %s", session.topology.world, session.endpoint.path)
-  end
-  if session.on_listen then
-    session.on_listen(session.endpoint.path)
-  end
-end
-
--- Opening, step 2: every rank registers (a dead trainer, a lost rank or a
--- failure ends the wait early); then the schedule is checked again, against
--- the callbacks that every rank registered, so that a step no rank can run
--- is refused now, not after a publication committed.
-local function await_registration(session)
-  local world, timeouts = session.topology.world, session.timeouts
-  session.phase = "registration"
-  wait_for(session, timeouts.registration, function()
-    return count(session.registered) == world or count(session.trainers) > 0 or session.stopped ~= nil
-  end, function()
-    return string.format("the trainer ranks to register: %d of %d so far (%s missing)", count(session.registered),
-      world, ranks_without(session, function(rank)
-        return session.registered[rank] ~= nil
-      end)), "(timeouts.registration)"
+--- Spawns the session's runtime on the ranks' devices, in rank order
+--- (wsync.publish.rollout's start): at the opening, and again after a
+--- failed publication when the recipe respawns it.
+---@return wsync.Rollout|wsync.ReplicaSet
+function Session:spawn_rollout()
+  return rollout_module.start(self.recipe, self.topology, (self.ranks:devices()), function()
+    return self:where()
   end)
-  if session.stopped then
-    error(session.stopped, 0)
-  end
-  if session.mismatch then
-    error(session.mismatch, 0)
-  end
-  if count(session.registered) ~= world then
-    errors.raise("STARTUP", string.format("%d of %d trainer ranks registered within %g s "
-      .. "(timeouts.registration)%s", count(session.registered), world, timeouts.registration,
-      count(session.trainers) > 0 and " (a trainer process exited)" or ""))
-  end
-  session.ranks = ranks_module.new(session.registered, world, session.transport.GATHER)
-  -- (Each rank's tensors were checked as it registered; now the ranks' rows
-  -- together.)
-  session.ranks:check_registration(session.plan)
-  local common = nil
-  for rank = 0, world - 1 do
-    local names = {}
-    for _, name in ipairs(session.registered[rank].info.callbacks or {}) do
-      if common == nil or common[name] then
-        names[name] = true
-      end
-    end
-    common = names
-  end
-  check_schedule(session.recipe, session.plan, session.topology, common or {})
-end
-
--- Opening, step 3: the runtime on the ranks' devices, then the bootstrap.
-local function start_rollout(session)
-  local recipe = session.recipe
-  say("%d trainer ranks registered; starting the %s runtime (%s) on their devices in rank order",
-    session.topology.world, recipe.runtime.kind, runtime_shape(session.topology))
-  session.phase = "runtime start"
-  session.rollout = report_module.timed(session.report.opening, "runtime start", "start", function()
-    return spawn_rollout(session)
-  end)
-  for _, step in ipairs(session.bootstrap) do
-    run_step(session, step)
-  end
-  if #session.bootstrap > 0 then
-    say("bootstrap done: rollout weights %s", session.rollout:request("info").state.weights)
-  end
-  local stream = session.recipe.rollout
-  if stream then
-    local requests = {}
-    for i = 1, stream.stream do
-      requests[i] = { prompt = { i }, max_tokens = stream.max_tokens }
-    end
-    session.rollout:request("submit", { requests = requests })
-    say("%d requests stream in the rollout runtime (rollout.stream); each round says what they produced", stream.stream)
-  end
-end
-
--- The last three of `spans` as "v1 tokens 1-2 (kv recomputed), v2 3-4 ...".
-local function describe_spans(spans)
-  local words = {}
-  spans = spans or {}
-  for index = math.max(1, #spans - 2), #spans do
-    local span = spans[index]
-    words[#words + 1] = string.format("v%d tokens %d-%d%s", span.version, span.first_token, span.last_token,
-      span.kv and (" (kv " .. span.kv .. ")") or "")
-  end
-  return (#spans > 3 and "..., " or "") .. table.concat(words, ", ")
-end
-
--- After a round of a session that streams requests (rollout.stream): what
--- they produced since the last round, and the versions that produced them.
-local function say_stream(session, round)
-  if not session.recipe.rollout then
-    return
-  end
-  local polled = session.rollout:request("poll", {})
-  local tokens, requests, first = 0, 0, nil
-  for _, replica in ipairs(polled.replicas or { polled }) do
-    for _, request in ipairs(replica.requests or {}) do
-      tokens, requests = tokens + #request.tokens, requests + 1
-      first = first or request
-    end
-  end
-  say("round %d: %d streaming requests produced %d tokens since the last round%s", round, requests, tokens,
-    first and string.format("; request %d's versions: %s", first.id, describe_spans(first.spans)) or "")
 end
 
 --- Opens a session: checks the plan and schedule, opens the endpoint,
@@ -573,12 +119,14 @@ function M.open(recipe, options)
     recipe = recipe, plan = plan, topology = topology, timeouts = timeouts_module.with(recipe.timeouts),
     phase = "opening",
     transport = transport_module.for_backend(recipe.backend), versions = versions_module.new(),
-    registered = {}, publishing = {}, report = report, reports = report.rounds, rounds = 0,
-    condition = loop.condition(),
-    trainers = {},
-    trainer_handles = {}, trainer_pids = {}, lost = {}, memory_report = memory_report,
-    bootstrap = bootstrap, steps = steps, trainer_resident = { actor = true, optimizer = true },
+    report = report, reports = report.rounds, rounds = 0,
+    condition = loop.condition(), memory_report = memory_report,
+    bootstrap = bootstrap, steps = steps,
   }, Session)
+  session.schedule = steps_module.new(session.timeouts.callback)
+  session.registry = registry_module.new(session, { world = topology.world, plan = plan, steps = recipe.trainer.steps,
+    announce = recipe.trainer.kind ~= "synthetic" })
+  session.trainers = trainers_module.new(session)
   M.open_sessions[session] = true
   session.on_listen = options and options.on_listen
   session.publication_options = options and options.publication or {}
@@ -586,17 +134,12 @@ function M.open(recipe, options)
     options.on_open(session)
   end
   say("recipe %s: %s, %d canonical tensors, %s in %d chunks (%s), manifest %s", recipe.name,
-    plan.family, #plan.canonical, format_bytes(plan.bytes), #plan.chunks, buffers_shape(session), plan.manifest)
+    plan.family, #plan.canonical, format_bytes(plan.bytes), #plan.chunks, console.buffers_shape(recipe, plan),
+    plan.manifest)
   say("schedule checked: predicted peak %s per device at %s", format_bytes(memory_report.peak),
     memory_report.peak_step)
   local ok, err = pcall(function()
-    report_module.timed(report.opening, "listen", "open", function()
-      listen(session)
-    end)
-    report_module.timed(report.opening, "registration", "wait", function()
-      await_registration(session)
-    end)
-    start_rollout(session)
+    opening_module.run(session)
     if session.stopped then -- a rank lost, or a malformed message, meanwhile
       error(session.stopped, 0)
     end
@@ -607,7 +150,7 @@ function M.open(recipe, options)
   end)
   report:end_opening()
   if not ok then
-    fail_session(session, err)
+    session:fail(err)
     M.close(session)
     error(session.failure, 0)
   end
@@ -619,121 +162,31 @@ end
 --- done): its steps are done, it failed (a rank was lost, a malformed
 --- message), or the ranks did not call publish in time: within
 --- `timeouts.train_step` of the last answer no rank called it, or within
---- `timeouts.publish` of the first rank's call not every rank did. Ranks
---- already waiting in publish get the failure: a publication needs every
---- rank.
+--- `timeouts.publish` of the first rank's call not every rank did
+--- (wsync.publish.registry). Ranks already waiting in publish get the
+--- failure: a publication needs every rank.
 ---@return boolean, wsync.Error?
 function Session:wait_publish()
   self.phase = "waiting for publish"
-  if steps_done(self) or self.stopped then
+  if self:steps_done() or self.stopped then
     return false, self.stopped
   end
-  local world, timeouts = self.topology.world, self.timeouts
   -- (The round's waits count from the last answer, or from when the session
   -- was ready: the training step.)
   local since = self.answered_at or self.ready_at or uv.hrtime() / 1e9
-  local started, first_call = uv.now(), nil
-  local expired = nil
-  local timer = nil
-  local function arm(seconds)
-    loop.cancel(timer)
-    timer = loop.after(seconds * 1000, function()
-      changed(self)
-    end)
-  end
-  -- (What it waits for, said after 5 s and each time the wait doubled.)
-  local progress = loop.progress(function(waited)
-    say("waiting for the trainer ranks' next publish (the training step; no rank called it yet): %.0f s so far, "
-      .. "deadline %g s (timeouts.train_step)", waited, timeouts.train_step)
-  end)
-  arm(timeouts.train_step)
-  wait_until(self, function()
-    if count(self.publishing) == world or self.stopped or lost_error(self) then
-      return true
-    end
-    local now = uv.now()
-    if next(self.publishing) and not first_call then
-      first_call = now
-      arm(timeouts.publish)
-      loop.cancel(progress)
-      progress = loop.progress(function(waited)
-        say("waiting for trainer %s to call publish (%s did): %.0f s so far, deadline %g s (timeouts.publish)",
-          ranks_without(self, function(rank)
-            return self.publishing[rank] ~= nil
-          end), ranks_without(self, function(rank)
-            return self.publishing[rank] == nil
-          end), waited, timeouts.publish)
-      end)
-    end
-    if first_call and now - first_call >= timeouts.publish * 1000 then
-      expired = "publish"
-    elseif not first_call and now - started >= timeouts.train_step * 1000 then
-      expired = "train_step"
-    end
-    return expired ~= nil
-  end)
-  loop.cancel(timer)
-  loop.cancel(progress)
-  local waits = self:_waits(since)
-  if count(self.publishing) == world and not self.stopped then
+  local all, err = self.registry:await_publish(self.timeouts, self.report.published > 0)
+  local waits = self.registry:waits(since)
+  if all then
     self.waits = waits
     return true
   end
-  local err = self.stopped or lost_error(self)
-  if not err and expired == "publish" then
-    local missing = {}
-    for rank = 0, world - 1 do
-      if not self.publishing[rank] then
-        missing[#missing + 1] = tostring(rank)
-      end
-    end
-    err = errors.new("PUBLISH_TIMEOUT", string.format("trainer rank%s %s did not call publish within %g s of the "
-      .. "first rank's call (timeouts.publish)", #missing > 1 and "s" or "", table.concat(missing, ", "),
-      timeouts.publish), { phase = "publish", rank = tonumber(missing[1]) })
-  elseif not err then
-    err = errors.new("PUBLISH_TIMEOUT", string.format("no trainer rank called publish within %g s of %s "
-      .. "(timeouts.train_step)", timeouts.train_step, self.report.published > 0 and "the last publication" or
-      "the session's start"), { phase = "training" })
-  end
-  fail_session(self, err)
+  self:fail(err)
   -- (The wait that failed is a round of the report: its seconds are the run's.)
   local round = self.report:begin_round(self.rounds + 1, waits)
   round.steps[#round.steps].outcome = "failed"
   self.report:end_round(round, self.stopped)
   self:answer(nil, self.stopped)
   return false, self.stopped
-end
-
--- The waits before a round, from `since` (seconds of uv.hrtime) until now:
--- `train_step` to the first rank's call of publish, `publish_wait` from then
--- to the last rank's (none yet: it runs to now).
-function Session:_waits(since)
-  local first, last = nil, nil
-  for _, waiter in pairs(self.publishing) do
-    first = math.min(first or waiter.called, waiter.called)
-    last = math.max(last or waiter.called, waiter.called)
-  end
-  local now = uv.hrtime() / 1e9
-  if not first then
-    return { started = since, train_step = now - since }
-  end
-  first = math.max(first, since)
-  return { started = since, train_step = first - since, publish_wait = (count(self.publishing) == self.topology.world
-    and math.max(last, first) or now) - first }
-end
-
---- The trainer step the ranks publish (they must agree).
-function Session:publishing_step()
-  local step = nil
-  for rank = 0, self.topology.world - 1 do
-    local waiter = self.publishing[rank]
-    step = step or waiter.step
-    if waiter.step ~= step then
-      errors.raise("PUBLISH_MISMATCH", string.format("trainer ranks publish different steps (%s and %s)",
-        tostring(step), tostring(waiter.step)), { rank = rank })
-    end
-  end
-  return step or (self.versions.committed + 1)
 end
 
 --- Runs the schedule steps before "publish" and returns the publication,
@@ -743,7 +196,7 @@ end
 function Session:begin_round()
   -- (The round's report, with the waits for the ranks before it.)
   self.round_report = self.report:begin_round(self.rounds + 1, self.waits
-    or self:_waits(self.answered_at or self.ready_at or uv.hrtime() / 1e9))
+    or self.registry:waits(self.answered_at or self.ready_at or uv.hrtime() / 1e9))
   self.waits = nil
   local poisoned = self.rollout.poisoned
   if poisoned then
@@ -753,11 +206,11 @@ function Session:begin_round()
     end
     say("respawning the runtime after the failed publication")
     self.rollout = report_module.timed(self.round_report, "runtime respawn", "start", function()
-      return spawn_rollout(self)
+      return self:spawn_rollout()
     end)
   end
   self.in_round = true
-  local step = self:publishing_step()
+  local step = self.registry:publishing_step(self.versions.committed)
   self.round_report.step = step
   for index, schedule_step in ipairs(self.steps) do
     if schedule_step.kind == "publish" then
@@ -765,7 +218,7 @@ function Session:begin_round()
       self.publish_where = schedule_step.where
       break
     end
-    run_step(self, schedule_step)
+    self:run_step(schedule_step)
   end
   self.phase = "publish"
   self.publication = publication_module.new({
@@ -793,11 +246,14 @@ function Session:end_round(publication)
     end)
     report.verified = round.verified
   end
-  say("published %s", describe_publication(report))
+  say("published %s", console.publication(report))
   for index = self.after_publish, #self.steps do
-    run_step(self, self.steps[index])
+    self:run_step(self.steps[index])
   end
-  say_stream(self, round.round)
+  -- (A session that streams requests, rollout.stream: what they produced.)
+  if self.recipe.rollout then
+    say("%s", console.stream(round.round, self.rollout:request("poll", {})))
+  end
   self:answer({ model_version = report.model_version, publication_id = report.publication_id,
     receipts = #report.receipts, manifest = report.manifest })
   return round
@@ -821,17 +277,11 @@ function Session:answer(result, err)
     end
   end
   self.answered_at = uv.hrtime() / 1e9
-  for rank = 0, self.topology.world - 1 do
-    local waiter = self.publishing[rank]
-    if waiter then
-      waiter.result, waiter.error, waiter.done = result, err, true
-    end
-  end
+  self.registry:answer(result, err)
   if self.in_round then
     self.in_round = false
     self.rounds = self.rounds + 1
   end
-  self.publishing = {}
   self.publication = nil
   self.phase = "ready"
   changed(self)
@@ -867,12 +317,10 @@ function Session:round()
   -- A rank may go on to its next step only when a new runtime will take it,
   -- every rank is still there, and with its memory back: the failed round
   -- stopped mid-schedule.
-  if self.recipe.runtime.respawn and self.rollout.poisoned and count(self.lost) == 0 then
+  if self.recipe.runtime.respawn and self.rollout.poisoned and not self.registry:any_lost() then
     result.respawn = pcall(function()
-      for _, part in ipairs({ "actor", "optimizer" }) do
-        if not self.trainer_resident[part] then
-          run_step(self, schedule_module.normalize("onload_" .. part, "after the failed publication"))
-        end
+      for _, step in ipairs(self.schedule:onloads("after the failed publication")) do
+        self:run_step(step)
       end
     end) or nil
   end
@@ -897,21 +345,11 @@ end
 --- says whether it waits in publish, and why it was lost and how its process
 --- exited (a synthetic rank) when it was; `failure` the session's.
 function Session:state()
-  local ranks = {}
-  for rank, registered in pairs(self.registered) do
-    local exited = self.trainers[rank]
-    ranks[#ranks + 1] = { rank = rank, device = registered.info.device.uuid, pid = registered.info.pid,
-      publishing = self.publishing[rank] ~= nil, lost = self.lost[rank] and self.lost[rank].reason,
-      exited = exited and describe_exit(exited.code, exited.signal) }
-  end
-  table.sort(ranks, function(a, b)
-    return a.rank < b.rank
-  end)
   local publication, rollout = self.publication, self.rollout
   local poisoned = rollout and rollout.poisoned
   return {
     recipe = self.recipe.name, phase = self.phase, model_version = self.versions.committed,
-    plan = plan_module.summary(self.plan), ranks = ranks,
+    plan = plan_module.summary(self.plan), ranks = self.registry:state(self.trainers),
     runtime = rollout and rollout:state() or nil,
     publication = publication and { phase = publication.phase, model_version = publication.header
       and publication.header.model_version, next_chunk = publication.next_chunk } or nil,
@@ -925,28 +363,9 @@ end
 -- trainer created before it could report it. Says what could not be removed.
 local function remove_buffers(session)
   local descriptors = session.ranks and session.ranks.descriptors
-  local _, failures = session.transport.remove_leftovers(descriptors, session.trainer_pids)
+  local _, failures = session.transport.remove_leftovers(descriptors, session.trainers:pids())
   for _, failure in ipairs(failures) do
     say("cannot remove packed buffer %s: %s", failure.name, failure.message)
-  end
-end
-
--- How long an abort waits for its killed trainers to be gone, in ms.
-local ABORT_WAIT_MS = 2000
-
--- Waits, without running the loop (the process exits right after), until
--- every process of `pids` ({[pid] = true}) has ended: gone from /proc, or a
--- zombie that its parent did not reap yet. At most `ms` milliseconds.
-local function wait_gone(pids, ms)
-  local deadline = uv.hrtime() + ms * 1e6
-  for pid in pairs(pids or {}) do
-    while uv.hrtime() < deadline do
-      local stat = require("wsync.util").read_file("/proc/" .. pid .. "/stat") or ""
-      if stat == "" or stat:match("%) Z ") or stat:match("%) X ") then
-        break
-      end
-      uv.sleep(1)
-    end
   end
 end
 
@@ -977,15 +396,10 @@ function M.abort(session, signal_name)
       process.signal_group(client.group, "SIGKILL")
     end
   end
-  for _, handle in pairs(session.trainer_handles) do
-    if not handle:is_closing() then
-      handle:kill("sigkill")
-    end
-  end
   -- A killed trainer may still be inside a system call that creates a
   -- buffer's name (the signal acts when it returns): scan for names only
   -- once every killed trainer is gone or a zombie.
-  wait_gone(session.trainer_pids, ABORT_WAIT_MS)
+  session.trainers:kill_now()
   remove_buffers(session)
   -- (The run report's file is completed: the round in progress, failed.)
   local interrupted = errors.new("INTERRUPTED", signal_name .. ": the run was stopped")
@@ -1010,55 +424,16 @@ end
 --- that was lost need not leave: M.close kills what is left.
 function Session:finish()
   report_module.timed(self.report:begin_closing(), "ranks leave", "wait", function()
-    self:_finish()
+    self.phase = "ending"
+    if self.stopped then
+      self:answer(nil, self.stopped)
+      self.registry:tell_failure(self.stopped, self.timeouts.shutdown)
+    end
+    -- (When they did not all leave, M.close does not wait again: it closes
+    -- the connections that are still open and kills the synthetic ranks
+    -- that are still running.)
+    self.lingering = not self.registry:await_leaving(self.timeouts.shutdown, self.trainers)
   end)
-end
-
-function Session:_finish()
-  self.phase = "ending"
-  if self.stopped then
-    self:answer(nil, self.stopped)
-    local told = errors.fields(self.stopped)
-    for _, registered in pairs(self.registered) do
-      local peer = registered.peer
-      if not peer.closed and not peer.inflight.pending then
-        loop.spawn(function()
-          pcall(peer.request, peer, "abort", told, self.timeouts.shutdown)
-        end)
-      end
-    end
-  end
-  local function gone(rank)
-    local registered, handle, lost = self.registered[rank], self.trainer_handles[rank], self.lost[rank]
-    if handle and not self.trainers[rank] and not (self.stopped and lost and lost.before_stop) then
-      return false
-    end
-    return not (registered and not handle and not registered.peer.closed)
-  end
-  local left = wait_for(self, self.timeouts.shutdown, function()
-    for rank = 0, self.topology.world - 1 do
-      if not gone(rank) then
-        return false
-      end
-    end
-    return true
-  end, function()
-    return string.format("trainer %s to leave after the session's end", ranks_without(self, function(rank)
-      return gone(rank)
-    end)), "(timeouts.shutdown)"
-  end)
-  if not left then
-    -- M.close does not wait again: it closes the connections that are still
-    -- open and kills the synthetic ranks that are still running.
-    self.lingering = true
-    for rank = 0, self.topology.world - 1 do
-      local registered = self.registered[rank]
-      if registered and not self.trainer_handles[rank] and not registered.peer.closed then
-        say("trainer rank %d is still connected %g s after the session's end (timeouts.shutdown): closing its "
-          .. "connection", rank, self.timeouts.shutdown)
-      end
-    end
-  end
 end
 
 --- Closes everything the session started: runtime, endpoint, trainer
@@ -1085,35 +460,11 @@ function M.close(session)
   -- The ranks heard the end (their connections closed): a moment to exit by
   -- themselves unless the session already waited, then SIGKILL. A rank lost
   -- before a failure gets no moment: it may be stopped, or hung.
-  local function all_exited(spare_lost)
-    for rank in pairs(session.trainer_handles) do
-      local lost = session.lost[rank]
-      if not session.trainers[rank] and not (spare_lost and session.stopped and lost and lost.before_stop) then
-        return false
-      end
-    end
-    return true
-  end
-  local exit_started = uv.hrtime() / 1e9
-  if not session.lingering then
-    wait_for(session, 2, function()
-      return all_exited(true)
-    end)
-  end
-  for rank, handle in pairs(session.trainer_handles) do
-    if not session.trainers[rank] and not handle:is_closing() then
-      say("trainer rank %d (pid %s) did not exit: killed", rank, tostring(handle:get_pid()))
-      session.killed = session.killed or {}
-      session.killed[rank] = true
-      handle:kill("sigkill")
-    end
-  end
-  if not wait_for(session, 10, all_exited) then
-    say("synthetic trainer processes did not end 10 s after SIGKILL")
-  end
-  if next(session.trainer_handles) then
-    report_module.add_step(closing, { name = "trainers exit", kind = "wait", seconds = uv.hrtime() / 1e9
-      - exit_started })
+  local seconds = session.trainers:stop(not session.lingering, function(rank)
+    return session.stopped ~= nil and session.registry:lost_before_stop(rank)
+  end)
+  if seconds then
+    report_module.add_step(closing, { name = "trainers exit", kind = "wait", seconds = seconds })
   end
   -- A rank killed mid-publication never unlinks its packed buffers. Synthetic
   -- ranks have exited by now and external ones are disconnected: a name still
@@ -1127,119 +478,18 @@ function M.close(session)
 end
 Session.close = M.close
 
-local function closing_report(session)
-  say("closing report: recipe %s, %s, %d trainer ranks -> %s %s runtime", session.recipe.name,
-    session.plan.family, session.topology.world, runtime_shape(session.topology), session.recipe.runtime.kind)
-  say("  plan: %d canonical tensors, %s, %d chunks (%s), manifest %s", #session.plan.canonical,
-    format_bytes(session.plan.bytes), #session.plan.chunks, buffers_shape(session), session.plan.manifest)
-  for _, line in ipairs(session.report:text_lines()) do
-    say("  %s", line)
-  end
-  if next(session.trainer_handles) then
-    local ends = {}
-    for rank = 0, session.topology.world - 1 do
-      local status = session.trainers[rank]
-      ends[#ends + 1] = string.format("rank %d %s", rank, not status and "still running"
-        or session.killed and session.killed[rank] and "killed" or status.signal ~= 0 and ("ended by signal "
-        .. status.signal) or ("exited with code " .. status.code))
-    end
-    say("  synthetic trainer processes: %s", table.concat(ends, ", "))
-  end
-  local last = nil
-  for _, round in ipairs(session.reports) do
-    last = round.committed and round or last
-  end
-  if last then
-    local receipt = last.receipts[1]
-    say("  last receipt (TP rank 0): publication %s, version %d, device %s, %d resident tensors, manifest %s",
-      receipt.publication_id, receipt.model_version, receipt.uuid, receipt.resident_tensors, receipt.manifest)
-  end
-end
-
---- Runs a model recipe to the end. Returns the session's reports; raises the
---- first failure after everything was closed.
+--- Runs a model recipe to the end (wsync.publish.run): Ctrl-C and SIGTERM
+--- abort it; the closing report and the verdict end it. Returns the
+--- session's reports; raises the first failure after everything was closed.
 ---@param recipe table
 ---@param options {signals: boolean?, on_open: fun(session: table)?, on_listen: fun(path: string)?,
 ---  report_file: file*?, publication: table?}?
 ---  signals = false installs no SIGINT/SIGTERM handler (an embedding host's session); on_open,
 ---  on_listen and publication as in M.open; report_file: the run report's file (wsync.publish.report),
 ---  written as the run goes and closed at its end, also when it fails
+---@return table[]
 function M.run(recipe, options)
-  options = options or {}
-  -- Ctrl-C or SIGTERM: fail-stop, leaving nothing behind, exit 128 + signal
-  -- (not in an embedding host's session: the process's signals are its own).
-  local opened = nil
-  local signals = {}
-  for name, number in pairs(options.signals == false and {} or { sigint = 2, sigterm = 15 }) do
-    local handle = uv.new_signal()
-    handle:start(name, function()
-      if opened then
-        M.abort(opened, name:upper())
-      end
-      os.exit(128 + number)
-    end)
-    handle:unref() -- the run ends when its work does, not when signals stop
-    signals[#signals + 1] = handle
-  end
-  local function stop_signals()
-    for _, handle in ipairs(signals) do
-      if not handle:is_closing() then
-        handle:close()
-      end
-    end
-  end
-  local open_ok, session = pcall(M.open, recipe, { on_open = function(created)
-    opened = created
-    if options.report_file then
-      created.report:write_to(options.report_file)
-    end
-    if options.on_open then
-      options.on_open(created)
-    end
-  end, on_listen = options.on_listen, publication = options.publication })
-  if not open_ok then
-    -- (open closed everything it had started.)
-    stop_signals()
-    if opened then
-      closing_report(opened)
-      opened.report:finish(session)
-    end
-    say("verdict: FAILED: %s", tostring(session))
-    errors.set_reported(session) -- (the verdict says it: once)
-    error(session, 0)
-  end
-  local ok, err = pcall(function()
-    while session:wait_publish() do
-      session:round()
-    end
-    -- Every publication the recipe asks for is done, or the session failed.
-    session:finish()
-  end)
-  if not ok then
-    fail_session(session, errors.is(err) and err or errors.new("LUA_ERROR", tostring(err)))
-  end
-  M.close(session)
-  stop_signals()
-  for rank = 0, session.topology.world - 1 do
-    local status = session.trainers[rank]
-    if status and status.code ~= 0 and not session.failure then
-      session.failure = errors.new("TRAINER_FAILED", string.format("synthetic trainer rank %d %s", rank,
-        session.killed and session.killed[rank] and string.format("did not exit within %g s of the session's end "
-          .. "(timeouts.shutdown) and was killed", session.timeouts.shutdown) or ("exited with " ..
-          describe_exit(status.code, status.signal))), { rank = rank })
-    end
-  end
-  closing_report(session)
-  session.report:finish(session.failure)
-  if session.failure then
-    say("verdict: FAILED: %s", tostring(session.failure))
-    errors.set_reported(session.failure) -- (the verdict says it: once)
-    error(session.failure, 0)
-  end
-  say("verdict: OK: %d model versions published%s", session.report.published,
-    session.recipe.verify and (", every resident TP slice verified" .. (session.recipe.verify == "values"
-      and " against the trainer's values" or "")) or "")
-  return session.reports
+  return run_module.run(M, recipe, options)
 end
 
 return M

@@ -1,0 +1,75 @@
+--- The memory schedule's steps as a session runs them (wsync.plan.schedule
+--- checks, models and names them): a trainer callback on every rank at once,
+--- or a command to the rollout runtime (sleep, wake, generate, pause,
+--- resume), each timed as a step of the run report's round or opening. It
+--- keeps what the trainer ranks hold after their callbacks (the actor's and
+--- the optimizer's memory, offloaded or back), so that a failed round can
+--- give back what it had offloaded (Steps:onloads). The "publish" step is
+--- the session's own (wsync.publish.publication).
+local report_module = require("wsync.publish.report")
+local schedule_module = require("wsync.plan.schedule")
+
+local M = {}
+
+---@class wsync.ScheduleSteps
+---@field resident {actor: boolean, optimizer: boolean}  whether the trainer ranks hold each part now
+local Steps = {}
+Steps.__index = Steps
+
+--- A runner for a session whose ranks hold everything; a trainer callback
+--- gets `callback_timeout` seconds (timeouts.callback).
+---@param callback_timeout number
+---@return wsync.ScheduleSteps
+function M.new(callback_timeout)
+  return setmetatable({ callback_timeout = callback_timeout, resident = { actor = true, optimizer = true } }, Steps)
+end
+
+--- Runs schedule step `step` (not "publish") on `ranks` (wsync.Ranks: a
+--- trainer callback) or `rollout` (wsync.Rollout or ReplicaSet: the rest),
+--- timed into `target` (a round of wsync.publish.report, or its opening) as
+--- the step wsync.plan.schedule's describe names; raises what failed.
+---@param step table  a step of wsync.plan.schedule (normalized)
+---@param target table
+---@param ranks wsync.Ranks?
+---@param rollout table?
+function Steps:run(step, target, ranks, rollout)
+  report_module.timed(target, schedule_module.describe(step), step.kind, function()
+    if step.kind == "trainer" then
+      ranks:all("callback", function()
+        return { name = step.name }
+      end, self.callback_timeout)
+      local effect = schedule_module.TRAINER_EFFECTS[step.name]
+      if effect then
+        self.resident[effect.part] = effect.to
+      end
+    elseif step.kind == "sleep" then
+      rollout:request("sleep", { level = step.level })
+    elseif step.kind == "wake" then
+      rollout:request("wake", { tags = step.tags })
+    elseif step.kind == "generate" then
+      rollout:request("generate", {})
+    elseif step.kind == "pause" then
+      -- (With several replicas, a two-phase pause: wsync.publish.rollout.)
+      rollout:pause({ mode = step.mode, kv = step.kv })
+    elseif step.kind == "resume" then
+      rollout:request("resume", {})
+    end
+  end, { where = step.where })
+end
+
+--- The steps that bring back what the ranks offloaded (onload_actor, then
+--- onload_optimizer, each only when offloaded), `where` saying why ("after
+--- the failed publication").
+---@param where string
+---@return table[]
+function Steps:onloads(where)
+  local steps = {}
+  for _, part in ipairs({ "actor", "optimizer" }) do
+    if not self.resident[part] then
+      steps[#steps + 1] = schedule_module.normalize("onload_" .. part, where)
+    end
+  end
+  return steps
+end
+
+return M
