@@ -74,4 +74,37 @@ describe("cuda devices", function()
   it("counts the same devices through Lua as through the core", function()
     assert.are.equal(count, wsync.native.device.count("cuda"))
   end)
+
+  it("reads each device's memory through the driver (NVML): the CUDA runtime's total, and who holds it", function()
+    local uv = require("luv")
+    for index = 0, count - 1 do
+      local info = assert(wsync.native.device.query("cuda", index)) -- (this process now has a context there)
+      local memory, message, code = wsync.native.device.gpu_memory(info.uuid)
+      assert.is_table(memory, tostring(message) .. " " .. tostring(code))
+      assert.are.equal(info.total_bytes, memory.total_bytes)
+      assert.are.equal(memory.total_bytes - memory.free_bytes, memory.used_bytes)
+      -- (Another process may allocate between the two reads: a few MiB apart at most here.)
+      assert.is_true(math.abs(memory.free_bytes - info.free_bytes) < 64 * 2 ^ 20,
+        string.format("NVML free %.0f, CUDA free %.0f", memory.free_bytes, info.free_bytes))
+      local pids = {}
+      for _, entry in ipairs(memory.processes or {}) do
+        pids[#pids + 1] = string.format("%d:%s", entry.pid, tostring(entry.used_bytes))
+      end
+      local started = uv.hrtime()
+      for _ = 1, 100 do
+        assert(wsync.native.device.gpu_memory(info.uuid))
+      end
+      print(string.format("gpu_memory: device %d (%s): %.2f of %.2f GiB in use; processes (pid:bytes, as the driver "
+        .. "sees them; this one is %d): %s; %.1f us a sample", index, info.uuid, memory.used_bytes / 2 ^ 30,
+        memory.total_bytes / 2 ^ 30, uv.os_getpid(), table.concat(pids, " "), (uv.hrtime() - started) / 1e3 / 100))
+    end
+  end)
+
+  it("names a GPU the driver does not have", function()
+    local memory, message, code = wsync.native.device.gpu_memory("00000000-0000-0000-0000-000000000000")
+    assert.is_nil(memory)
+    assert.are.equal("ENOTFOUND", code)
+    assert.matches("^nvml: no GPU GPU%-00000000%-0000%-0000%-0000%-000000000000: ", message)
+  end)
 end)
+

@@ -34,6 +34,38 @@ function M.new(uuids, roles, query)
   return setmetatable({ devices = devices, roles = roles or {}, query = query or device.gpu_memory }, Probe)
 end
 
+--- The probe of a run's devices: every trainer rank's (`ranks`, as
+--- wsync.publish.registry's state lists them: {rank, device, pid}) and every
+--- TP worker's of `rollout` (wsync.Rollout or ReplicaSet; nil before it
+--- starts), the processes named "wsync host", "trainer rank R", "runtime",
+--- "TP worker W" (joined where one process is several: an embedded trainer
+--- is the host).
+---@param ranks {rank: integer, device: string, pid: integer?}[]
+---@param rollout table?
+---@param query function?  (tests)
+---@return wsync.MemoryProbe
+function M.of_run(ranks, rollout, query)
+  local uuids, roles = {}, {}
+  local function add(pid, role)
+    if pid then
+      roles[pid] = roles[pid] and roles[pid] .. ", " .. role or role
+    end
+  end
+  add(require("luv").os_getpid(), "wsync host")
+  for _, rank in ipairs(ranks) do
+    uuids[#uuids + 1] = rank.device
+    add(rank.pid, "trainer rank " .. rank.rank)
+  end
+  if rollout then
+    add(rollout:state().pid, "runtime")
+    for index, worker in ipairs(rollout:workers()) do
+      uuids[#uuids + 1] = worker.device and worker.device.uuid
+      add(worker.pid, "TP worker " .. (index - 1))
+    end
+  end
+  return M.new(uuids, roles, query)
+end
+
 --- What process `pid` is: its role in the run, else "pid N (COMMAND)" from
 --- /proc (a process of this machine's pid namespace), else "pid N".
 ---@param pid integer

@@ -6,8 +6,11 @@
 ---
 --- A session has an opening, rounds and a closing, each a list of steps: a
 --- step is `{name, kind, where, seconds, bytes, device_memory, outcome}`
---- (`bytes`: what it moved, when known; `device_memory`: the memory in use on
---- every device after it, a slot that nothing fills yet: null). A round is
+--- (`bytes`: what it moved, when known; `device_memory`: on the cuda backend,
+--- the memory in use on every device of the run after the step, as the
+--- driver sees it (wsync.publish.memory_probe): `{{device, used_bytes,
+--- total_bytes, processes = {{pid, role, used_bytes}} or null}}`; null on the
+--- host backend, or where the driver's library is missing). A round is
 --- one collective publish of the trainer ranks, FAILED ones included:
 ---
 --- - its waits for the ranks: `train_step` (from the last answer, or the
@@ -29,6 +32,7 @@
 --- holds every one, and `totals` adds every step's seconds up by name.
 local uv = require("luv")
 local errors = require("wsync.errors")
+local memory_probe = require("wsync.publish.memory_probe")
 local util = require("wsync.util")
 
 local M = {}
@@ -227,9 +231,28 @@ end
 
 -- JSON ------------------------------------------------------------------------------
 
+local function memory_json(sample)
+  if not sample then
+    return null
+  end
+  local out = util.json_array({})
+  for index, entry in ipairs(sample) do
+    local processes = null
+    if entry.processes then
+      processes = util.json_array({})
+      for i, process in ipairs(entry.processes) do
+        processes[i] = { pid = process.pid, role = process.role, used_bytes = process.used_bytes or null }
+      end
+    end
+    out[index] = { device = entry.device, used_bytes = entry.used_bytes, total_bytes = entry.total_bytes,
+      processes = processes }
+  end
+  return out
+end
+
 local function step_json(step)
   return { name = step.name, kind = step.kind, where = step.where or null, seconds = step.seconds,
-    bytes = step.bytes or null, device_memory = step.device_memory or null, outcome = step.outcome }
+    bytes = step.bytes or null, device_memory = memory_json(step.device_memory), outcome = step.outcome }
 end
 
 local function steps_json(steps)
@@ -408,6 +431,86 @@ local function step_names(rounds)
   return names
 end
 
+local GIB = 1024 ^ 3
+
+-- The devices that the rounds' memory samples name, in the order first met.
+local function sampled_devices(rounds)
+  local devices, seen = {}, {}
+  for _, round in ipairs(rounds) do
+    for _, step in ipairs(round.steps) do
+      for _, entry in ipairs(step.device_memory or {}) do
+        if not seen[entry.device] then
+          seen[entry.device] = true
+          devices[#devices + 1] = entry.device
+        end
+      end
+    end
+  end
+  return devices
+end
+
+-- Round `round`'s memory in use after the last step `name`, in GiB on each
+-- of `devices` ("12.34", "12.34/11.02"), or "-".
+local function step_memory(round, name, devices)
+  local sample
+  for _, step in ipairs(round.steps) do
+    if step.name == name then
+      sample = step.device_memory or sample
+    end
+  end
+  if not sample then
+    return "-"
+  end
+  local cells = {}
+  for index, device in ipairs(devices) do
+    cells[index] = "-"
+    for _, entry in ipairs(sample) do
+      if entry.device == device then
+        cells[index] = string.format("%.2f", entry.used_bytes / GIB)
+      end
+    end
+  end
+  return table.concat(cells, "/")
+end
+
+-- The memory tables of the closing report: each round's memory in use after
+-- each step, then the processes holding it after the last round's steps.
+local function memory_lines(lines, rounds, names)
+  local devices = sampled_devices(rounds)
+  if #devices == 0 then
+    return
+  end
+  local named = {}
+  for index, device in ipairs(devices) do
+    named[index] = string.format("%s", device)
+  end
+  lines[#lines + 1] = string.format("device memory in use after each step (GiB; %s: %s):",
+    #devices == 1 and "device" or "devices, in this order", table.concat(named, ", "))
+  local header, widths = { "round", "version" }, {}
+  for _, name in ipairs(names) do
+    header[#header + 1] = name
+  end
+  for index, cell in ipairs(header) do
+    widths[index] = math.max(#cell, index <= 2 and 7 or 6 * #devices)
+  end
+  lines[#lines + 1] = row(header, widths)
+  for _, round in ipairs(rounds) do
+    local cells = { tostring(round.round), round.model_version and tostring(round.model_version) or "-" }
+    for _, name in ipairs(names) do
+      cells[#cells + 1] = step_memory(round, name, devices)
+    end
+    lines[#lines + 1] = row(cells, widths)
+  end
+  local last = rounds[#rounds]
+  lines[#lines + 1] = string.format("what holds it after each step of round %d (GiB, by process):", last.round)
+  for _, step in ipairs(last.steps) do
+    for _, entry in ipairs(step.device_memory or {}) do
+      lines[#lines + 1] = string.format("  %s, %s: %s", step.name, entry.device,
+        memory_probe.describe(entry))
+    end
+  end
+end
+
 -- Round `round`'s seconds of step `name` (added up when it ran twice), and
 -- whether it failed there.
 local function step_seconds(round, name)
@@ -478,6 +581,7 @@ function Report:text_lines()
       cells[#cells + 1] = round.outcome == "ok" and "ok" or failed_where(round)
       lines[#lines + 1] = row(cells, widths)
     end
+    memory_lines(lines, rounds, names)
     -- Each publication's phases.
     header = { "version", "step", "bytes", "total ms" }
     for _, phase in ipairs(M.PHASES) do

@@ -34,6 +34,7 @@ local versions_module = require("wsync.publish.versions")
 local prepare_module = require("wsync.recipe.prepare")
 local schedule_module = require("wsync.plan.schedule")
 local steps_module = require("wsync.publish.steps")
+local memory_probe = require("wsync.publish.memory_probe")
 local timeouts_module = require("wsync.control.timeouts")
 local process = require("wsync._process")
 
@@ -90,6 +91,24 @@ function Session:run_step(step)
   self.schedule:run(step, self.round_report or self.report.opening, self.ranks, self.rollout)
 end
 
+--- The memory in use on every device of the run now (the ranks' and the
+--- runtime's TP workers'), its processes named by their role: a sample of
+--- wsync.publish.memory_probe, nil on the host backend (or where the driver
+--- cannot say).
+---@return table[]?
+function Session:sample_memory()
+  if self.recipe.backend ~= "cuda" or self.memory_unavailable then
+    return nil
+  end
+  local probe = memory_probe.of_run(self.registry:state(self.trainers), self.rollout)
+  local sample = probe:sample()
+  if not sample then
+    self.memory_unavailable = probe.unavailable
+    say("device memory after each step is not reported: %s", tostring(probe.unavailable))
+  end
+  return sample
+end
+
 --- Spawns the session's runtime on the ranks' devices, in rank order
 --- (wsync.publish.rollout's start): at the opening, and again after a
 --- failed publication when the recipe respawns it.
@@ -124,6 +143,9 @@ function M.open(recipe, options)
     bootstrap = bootstrap, steps = steps,
   }, Session)
   session.schedule = steps_module.new(session.timeouts.callback)
+  session.schedule:sample_memory_with(function()
+    return session:sample_memory()
+  end)
   session.registry = registry_module.new(session, { world = topology.world, plan = plan, steps = recipe.trainer.steps,
     announce = recipe.trainer.kind ~= "synthetic" })
   session.trainers = trainers_module.new(session)
@@ -237,6 +259,7 @@ function Session:end_round(publication)
   local round = self.round_report
   -- Committed: it is in the report even if a later step of the round fails.
   self.report:add_publication(round, report, "ok", self.publish_where)
+  round.steps[#round.steps].device_memory = self:sample_memory()
   local mode = require("wsync.recipe").verify_mode(self.recipe)
   if mode then
     self.resident_check = self.resident_check or resident_check_module.new({ mode = mode, plan = self.plan,

@@ -24,6 +24,14 @@ function M.new(callback_timeout)
   return setmetatable({ callback_timeout = callback_timeout, resident = { actor = true, optimizer = true } }, Steps)
 end
 
+--- Where the device memory after each step comes from: `sample()` returns
+--- what wsync.publish.memory_probe's sample does (nil: nothing to say);
+--- each step's report entry keeps it as its `device_memory`.
+---@param sample fun(): table[]?
+function Steps:sample_memory_with(sample)
+  self.sample = sample
+end
+
 --- Runs schedule step `step` (not "publish") on `ranks` (wsync.Ranks: a
 --- trainer callback) or `rollout` (wsync.Rollout or ReplicaSet: the rest),
 --- timed into `target` (a round of wsync.publish.report, or its opening) as
@@ -55,6 +63,9 @@ function Steps:run(step, target, ranks, rollout)
       rollout:request("resume", {})
     end
   end, { where = step.where })
+  if self.sample then
+    target.steps[#target.steps].device_memory = self.sample()
+  end
 end
 
 --- The steps that bring back what the ranks offloaded (onload_actor, then

@@ -59,3 +59,33 @@ describe("wsync.publish.memory_probe", function()
       probe.unavailable)
   end)
 end)
+
+describe("wsync.publish.memory_probe.of_run", function()
+  it("watches every rank's and TP worker's device once and names their processes", function()
+    local host = require("luv").os_getpid()
+    local rollout = {
+      state = function()
+        return { pid = 300 }
+      end,
+      workers = function()
+        return { { pid = 301, device = { uuid = "gpu-a" } }, { pid = 302, device = { uuid = "gpu-c" } } }
+      end,
+    }
+    local asked = {}
+    local probe = memory_probe.of_run({ { rank = 0, device = "gpu-a", pid = host }, { rank = 1, device = "gpu-b",
+      pid = 201 } }, rollout, function(uuid)
+      asked[#asked + 1] = uuid
+      return { used_bytes = 1, total_bytes = 2, processes = {} }
+    end)
+    assert.are.same({ "gpu-a", "gpu-b", "gpu-c" }, probe.devices)
+    assert.are.same({ [host] = "wsync host, trainer rank 0", [201] = "trainer rank 1", [300] = "runtime",
+      [301] = "TP worker 0", [302] = "TP worker 1" }, probe.roles)
+    assert.are.equal(3, #probe:sample())
+    assert.are.same({ "gpu-a", "gpu-b", "gpu-c" }, asked)
+  end)
+
+  it("watches only the ranks' devices before the runtime starts", function()
+    local probe = memory_probe.of_run({ { rank = 0, device = "gpu-a", pid = 200 } }, nil)
+    assert.are.same({ "gpu-a" }, probe.devices)
+  end)
+end)

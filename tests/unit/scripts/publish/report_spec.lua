@@ -170,4 +170,36 @@ describe("wsync.publish.report", function()
     assert.matches("\noverlap: fill and load run at once within chunks: chunk k%+1 fills while chunk k loads\n", text)
     assert.matches("\n  2 rounds [%d.]+ s: train_step 1%.000 s, publish_wait 0%.500 s", text)
   end)
+
+  it("prints and writes the memory in use on each device after each step, where it was sampled", function()
+    local GIB = 1024 ^ 3
+    local report = report_module.new(ABOUT)
+    local round = report:begin_round(1, { train_step = 0.5, publish_wait = 0.25 })
+    report_module.timed(round, "offload_optimizer", "trainer", function() end, { where = "schedule[1]" })
+    round.steps[#round.steps].device_memory = {
+      { device = "gpu-a", used_bytes = 10 * GIB, total_bytes = 80 * GIB, processes = {
+        { pid = 7, role = "wsync host, trainer rank 0", used_bytes = 4 * GIB }, { pid = 9, role = "TP worker 0" } } },
+      { device = "gpu-b", used_bytes = 2.5 * GIB, total_bytes = 80 * GIB } }
+    report:add_publication(round, publication(1, 0.01), "ok", "schedule[2]")
+    round.steps[#round.steps].device_memory = { { device = "gpu-a", used_bytes = 11 * GIB, total_bytes = 80 * GIB,
+      processes = {} }, { device = "gpu-b", used_bytes = 3 * GIB, total_bytes = 80 * GIB } }
+    report:end_round(round)
+    local text = table.concat(report:text_lines(), "\n") .. "\n"
+    assert.matches("\ndevice memory in use after each step %(GiB; devices, in this order: gpu%-a, gpu%-b%):\n"
+      .. "round +version +train_step +publish_wait +offload_optimizer +publish\n"
+      .. "1 +1 +%- +%- +10%.00/2%.50 +11%.00/3%.00\n",
+      text)
+    assert.matches("\nwhat holds it after each step of round 1 %(GiB, by process%):\n"
+      .. "  offload_optimizer, gpu%-a: 10%.00 GiB %(wsync host, trainer rank 0 4%.00, TP worker 0%)\n"
+      .. "  offload_optimizer, gpu%-b: 2%.50 GiB\n  publish, gpu%-a: 11%.00 GiB\n  publish, gpu%-b: 3%.00 GiB\n", text)
+    local steps = cjson.decode(util.json(report_module.round_json(round))).steps
+    assert.are.equal(cjson.null, steps[1].device_memory) -- (train_step: a wait, not sampled)
+    assert.are.same({ { device = "gpu-a", used_bytes = 10 * GIB, total_bytes = 80 * GIB, processes = {
+      { pid = 7, role = "wsync host, trainer rank 0", used_bytes = 4 * GIB },
+      { pid = 9, role = "TP worker 0", used_bytes = cjson.null } } },
+      { device = "gpu-b", used_bytes = 2.5 * GIB, total_bytes = 80 * GIB, processes = cjson.null } },
+      steps[3].device_memory)
+    assert.are.equal("[]", util.json(report_module.round_json(round).steps[4].device_memory[1].processes))
+  end)
 end)
+

@@ -87,4 +87,24 @@ describe("wsync.publish.steps", function()
     steps:run(normalized("save_checkpoint"), round, ranks, rollout)
     assert.are.same({ actor = true, optimizer = false }, steps.resident)
   end)
+
+  it("keeps the memory sampled after each step that ran, and samples nothing after one that failed", function()
+    local ranks, rollout = fakes("sleep")
+    local steps, round, samples = steps_module.new(30), { steps = {} }, 0
+    steps:run(normalized({ wake = { "weights" } }), round, ranks, rollout)
+    assert.is_nil(round.steps[1].device_memory)
+    steps:sample_memory_with(function()
+      samples = samples + 1
+      return { { device = "gpu-a", used_bytes = samples } }
+    end)
+    steps:run(normalized("offload_optimizer"), round, ranks, rollout)
+    assert.are.same({ { device = "gpu-a", used_bytes = 1 } }, round.steps[2].device_memory)
+    assert.has_error(function()
+      steps:run(normalized({ sleep = 2 }), round, ranks, rollout)
+    end)
+    assert.are.equal("failed", round.steps[3].outcome)
+    assert.is_nil(round.steps[3].device_memory)
+    assert.are.equal(1, samples)
+  end)
 end)
+
