@@ -183,6 +183,13 @@ int ws_agent_register_confirmed_callback(ws_agent *agent, const char *name,
                                                          int *done),
                                          void *user_data);
 
+/// Says, from inside a step callback, how many bytes the callback moved (an
+/// offload's or an onload's): the host's run report shows it as that step's
+/// bytes, added up over the ranks. Allowed inside a step callback, where
+/// ws_agent_set_tensor_data is too; called anywhere else it is forgotten at
+/// the next callback. WS_EINVAL above 2^53 bytes.
+int ws_agent_report_moved(ws_agent *agent, uint64_t bytes);
+
 /// Sets a check that ws_agent_ready and ws_agent_publish call about every 100
 /// ms while they wait on the loop, with the protocol of a confirmed callback:
 /// it completes when it returns 0 and sets `*done` to 1. A check that does not

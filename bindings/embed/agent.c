@@ -281,6 +281,26 @@ int ws_agent_set_tensor_data(ws_agent *agent, const char *name, void *data,
   return call_method_only(L, agent, 3);
 }
 
+int ws_agent_report_moved(ws_agent *agent, uint64_t bytes) {
+  if (agent == NULL)
+    return ws_fail(WS_EINVAL, "ws_agent_report_moved: agent is NULL");
+  ws_host *host = ws_host_link_get(agent->link);
+  if (host == NULL) {
+    snprintf(agent->error, sizeof agent->error,
+             "ws_agent_report_moved: the agent's host was closed; only "
+             "ws_agent_close remains");
+    return WS_ESTATE;
+  }
+  // (Allowed inside a step callback, as ws_agent_set_tensor_data: it only
+  // records the count.)
+  if (bytes > (uint64_t)largest_exact_integer)
+    return invalid(agent, "ws_agent_report_moved: bytes above 2^53%s", "");
+  lua_State *L = ws_host_lua_state(host);
+  push_method(L, agent, "report_moved");
+  lua_pushnumber(L, (lua_Number)bytes);
+  return call_method_only(L, agent, 1);
+}
+
 // The trainer's callback, called from Lua: [agent_callback box, user data]
 // as upvalues; returns the callback's status and whether it ran to its end (a
 // plain callback always did). Never raises.

@@ -361,6 +361,13 @@ static int self_check(void) {
                                           memory + first->offset,
                                           first->bytes) == 0,
              "set_tensor_data: %s", ws_agent_error(agent));
+  // What a callback moved: a count the host's run report can hold exactly
+  // (outside a callback it is forgotten).
+  SELF_CHECK(ws_agent_report_moved(agent, (1ULL << 53) + 1) == WS_EINVAL &&
+                 strstr(ws_agent_error(agent), "bytes above 2^53") != NULL,
+             "report_moved above 2^53: %s", ws_agent_error(agent));
+  SELF_CHECK(ws_agent_report_moved(agent, 4096) == 0, "report_moved: %s",
+             ws_agent_error(agent));
   SELF_CHECK(fill_version(&shards, memory, 1) == 0, "ws_synth_fill failed");
 
   // The agent outlives its host: every call but close is refused, and close
@@ -373,6 +380,11 @@ static int self_check(void) {
                  strstr(ws_agent_error(agent), "ws_agent_ready: the agent's "
                                                "host was closed") != NULL,
              "ready after the host closed: %s", ws_agent_error(agent));
+  SELF_CHECK(ws_agent_report_moved(agent, 1) == WS_ESTATE &&
+                 strstr(ws_agent_error(agent), "ws_agent_report_moved: the "
+                                               "agent's host was closed") !=
+                     NULL,
+             "report_moved after the host closed: %s", ws_agent_error(agent));
   SELF_CHECK(ws_agent_publish(agent, 1, NULL) == WS_ESTATE,
              "publish after the host closed: %s", ws_agent_error(agent));
   SELF_CHECK(ws_agent_set_tensor_data(agent, first->name, memory, 16) ==

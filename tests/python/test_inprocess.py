@@ -175,6 +175,7 @@ REPORTING_TRAINER = textwrap.dedent("""
         offloads.append(1)
         if len(offloads) == 2:
             raise RuntimeError("no host memory for the optimizer")
+        return 12345  # (the bytes it moved: the run report's)
 
     with wsync.Host(RECIPE) as host:
         agent = host.agent(rank=0, world=1)
@@ -183,6 +184,7 @@ REPORTING_TRAINER = textwrap.dedent("""
         agent.register_callback("offload_optimizer", offload_optimizer)
         for step in ("onload_optimizer", "offload_actor", "onload_actor"):
             agent.register_callback(step, lambda: None)
+        agent.register_callback("onload_optimizer", lambda: True)  # (a bool is no count of bytes)
         agent.ready()
         for name, shard in shards.items():
             synthetic.fill(shard, name, shard.shape, 0, 1)
@@ -221,6 +223,9 @@ def test_a_publication_and_host_reports_account_for_the_round_failed_ones_includ
                for step in report["steps"])
     assert all(step["device_memory"] is None and step["outcome"] == "ok" for step in report["steps"])
     assert next(step for step in report["steps"] if step["name"] == "publish")["bytes"] == 405248
+    moved = {step["name"]: step["bytes"] for step in report["steps"] if step["kind"] == "trainer"}
+    assert moved == {"offload_optimizer": 12345, "offload_actor": None, "onload_actor": None,
+                     "onload_optimizer": None}, moved
     # The round's steps add up to nearly all of it (the rest: the host's own bookkeeping).
     assert sum(step["seconds"] for step in report["steps"]) <= report["seconds"]
     assert {"phases": ["fill", "load"], "within": "chunks", "why": "chunk k+1 fills while chunk k loads"} in \

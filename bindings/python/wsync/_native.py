@@ -115,6 +115,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ws_agent_register_tensor": (c_int, [c_void_p, c_char_p, c_char_p, pointer(ctypes.c_int64), c_int,
                                              c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_int64]),
         "ws_agent_set_tensor_data": (c_int, [c_void_p, c_char_p, c_void_p, ctypes.c_uint64]),
+        "ws_agent_report_moved": (c_int, [c_void_p, ctypes.c_uint64]),
         "ws_agent_register_callback": (c_int, [c_void_p, c_char_p, CALLBACK, c_void_p]),
         "ws_agent_register_confirmed_callback": (c_int, [c_void_p, c_char_p, CONFIRMED_CALLBACK, c_void_p]),
         "ws_agent_set_interrupt_check": (c_int, [c_void_p, CONFIRMED_CALLBACK, c_void_p]),

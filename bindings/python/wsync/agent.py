@@ -261,7 +261,9 @@ class Agent:
         on every rank; this rank's ``publish`` raises it as the cause of the WsyncError, or,
         a KeyboardInterrupt or SystemExit (Ctrl-C, a SIGTERM handler), raises it itself,
         also when the signal came as the callback was entered. `fn` must not call wsync.
-        Storage that `fn` moved is looked up when it returns."""
+        Storage that `fn` moved is looked up when it returns. `fn` may return the number of
+        bytes it moved (an int): the run report shows it as the step's bytes, added up over
+        the ranks (wsync.OptimizerOffload's and wsync.ActorOffload's callbacks do)."""
         handle = self._checked("register_callback")
         if not callable(fn):
             raise InvalidArgument(f"register_callback {name}: {fn!r} is not callable", "EINVAL",
@@ -271,7 +273,9 @@ class Agent:
             # (An exception raised before this try is kept by _unraisable_kept; *done
             # stays 0 and the step fails as interrupted.)
             try:
-                fn()
+                moved = fn()
+                if isinstance(moved, int) and not isinstance(moved, bool) and 0 <= moved < 2 ** 53:
+                    self._lib.ws_agent_report_moved(handle, moved)
                 self._synchronize()
                 self._refresh(strict=False)
                 status = 0

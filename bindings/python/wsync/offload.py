@@ -96,9 +96,9 @@ class _Offloader:
         """A flat uint8 tensor over all of ``storage``."""
         return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (size,), (1,))
 
-    def offload(self) -> None:
+    def offload(self) -> int:
         """Copies every storage to the host arena, then frees it on the device (the step
-        callback ``NAMES[0]``)."""
+        callback ``NAMES[0]``); returns the bytes it moved (the run report's)."""
         import torch  # noqa: PLC0415 (only a trainer that moves memory needs it)
         if self.offloaded:
             raise RuntimeError(f"{self.NAMES[0]}: {self.what} is offloaded already")
@@ -129,10 +129,12 @@ class _Offloader:
         self.device_bytes = sum(size for _, size, _ in layout)
         self.last = {"step": self.NAMES[0], "bytes": self.device_bytes, "storages": len(layout),
                      "seconds": time.perf_counter() - started}
+        return self.device_bytes
 
-    def onload(self) -> None:
+    def onload(self) -> int:
         """Allocates every offloaded storage again and copies its bytes back (the step
-        callback ``NAMES[1]``); the current stream waits for the copies."""
+        callback ``NAMES[1]``); the current stream waits for the copies. Returns the bytes it
+        moved."""
         import torch  # noqa: PLC0415
         started = time.perf_counter()
         layout, arena = self.offloaded, self._arena
@@ -153,6 +155,7 @@ class _Offloader:
         self.offloaded = []
         self.last = {"step": self.NAMES[1], "bytes": moved, "storages": len(layout),
                      "seconds": time.perf_counter() - started}
+        return moved
 
     def synchronize(self) -> None:
         """Waits until the last onload's copies are done (an onload returns once they are

@@ -87,7 +87,8 @@ M.from_agent = {
     rank = index,
   }),
   memory = record({ free_bytes = bytes, total_bytes = bytes }),
-  callback = empty,
+  -- (bytes: what the callback said it moved, when it said: ws_agent_report_moved.)
+  callback = record({ bytes = bytes }),
   process_memory = record({ lua_heap_bytes = bytes, rss_bytes = bytes, pid = index }),
   nccl_id = record({ id = schema.string({ pattern = "^%x+$", required = true }) }),
   abort = empty,

@@ -41,11 +41,16 @@ end
 ---@param ranks wsync.Ranks?
 ---@param rollout table?
 function Steps:run(step, target, ranks, rollout)
+  local moved
   report_module.timed(target, schedule_module.describe(step), step.kind, function()
     if step.kind == "trainer" then
-      ranks:all("callback", function()
+      -- (bytes: what each rank's callback said it moved, added up; nil where
+      -- none said.)
+      for _, answer in ipairs(ranks:all("callback", function()
         return { name = step.name }
-      end, self.callback_timeout)
+      end, self.callback_timeout)) do
+        moved = answer.bytes and (moved or 0) + answer.bytes or moved
+      end
       local effect = schedule_module.TRAINER_EFFECTS[step.name]
       if effect then
         self.resident[effect.part] = effect.to
@@ -63,8 +68,10 @@ function Steps:run(step, target, ranks, rollout)
       rollout:request("resume", {})
     end
   end, { where = step.where })
+  local entry = target.steps[#target.steps]
+  entry.bytes = moved
   if self.sample then
-    target.steps[#target.steps].device_memory = self.sample()
+    entry.device_memory = self.sample()
   end
 end
 

@@ -274,6 +274,15 @@ function Agent:register_callback(name, fn)
   self.callbacks[name] = fn
 end
 
+--- Says, from inside a step callback, how many bytes it moved (the run
+--- report's bytes of that step, added up over the ranks); outside one it
+--- is forgotten.
+---@param bytes integer
+function Agent:report_moved(bytes)
+  check(type(bytes) == "number" and bytes >= 0 and bytes == math.floor(bytes), "report_moved(bytes)", 2)
+  self.moved_bytes = bytes
+end
+
 --- Sends the registration; returns when every rank has registered and the
 --- host is ready (the rollout runtime started, placed on the ranks' devices).
 function Agent:ready()
@@ -717,8 +726,11 @@ function Agent:_handlers()
       errors.raise("UNKNOWN_CALLBACK", string.format("rank %d has no callback '%s'", self.rank,
         tostring(payload.name)), { rank = self.rank, phase = "schedule" })
     end
+    self.moved_bytes = nil
     fn()
-    return {}
+    local moved = self.moved_bytes
+    self.moved_bytes = nil
+    return { bytes = moved }
   end
   return handlers
 end

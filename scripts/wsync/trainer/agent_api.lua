@@ -251,6 +251,21 @@ function Handle:move_tensor(name, pointer, bytes)
   return true
 end
 
+--- Records what the step callback running now moved (ws_agent_report_moved).
+---@param bytes number
+---@return true|nil, string?, string?
+function Handle:report_moved(bytes)
+  local usable, message, status = self:_usable("report_moved")
+  if not usable then
+    return nil, message, status
+  end
+  local ok, err = pcall(self.agent.report_moved, self.agent, bytes)
+  if not ok then
+    return misuse(err)
+  end
+  return true
+end
+
 --- Registers step callback `name`. `call()` runs the trainer's callback and
 --- returns its status and whether it ran to its end: a callback that did not
 --- (it was interrupted before it completed), or returned non-zero, fails the

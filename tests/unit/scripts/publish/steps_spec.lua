@@ -19,6 +19,7 @@ local function fakes(failing)
   end
   local ranks = { all = function(_, cmd, payload_of, timeout)
     ask(cmd, payload_of(0), timeout)
+    return { {}, {} } -- (two ranks, whose callbacks said nothing of bytes)
   end }
   local rollout = {
     request = function(_, cmd, payload)
@@ -105,6 +106,22 @@ describe("wsync.publish.steps", function()
     assert.are.equal("failed", round.steps[3].outcome)
     assert.is_nil(round.steps[3].device_memory)
     assert.are.equal(1, samples)
+  end)
+
+  it("adds up the bytes the ranks' callbacks said they moved, where any said", function()
+    local answers
+    local ranks = { all = function()
+      return answers
+    end }
+    local steps, round = steps_module.new(30), { steps = {} }
+    answers = { { bytes = 3 * 2 ^ 30 }, { bytes = 2 ^ 30 } }
+    steps:run(normalized("offload_optimizer"), round, ranks, nil)
+    answers = { {}, { bytes = 5 } }
+    steps:run(normalized("onload_optimizer", "schedule[2]"), round, ranks, nil)
+    answers = { {}, {} }
+    steps:run(normalized("onload_actor", "schedule[3]"), round, ranks, nil)
+    assert.are.same({ 4 * 2 ^ 30, 5 }, { round.steps[1].bytes, round.steps[2].bytes })
+    assert.is_nil(round.steps[3].bytes)
   end)
 end)
 
