@@ -1,9 +1,8 @@
 #include "gpu_memory.h"
 
+#include "library.h"
 #include "status.h"
 
-#include <dlfcn.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,66 +33,46 @@ static struct {
                            nvml_process *processes); // optional
   const char *(*error_string)(int result);
 } nvml;
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
-static int load_status;
-static char load_detail[512];
 
-static void load_library(void) {
-  const char *path = getenv("WSYNC_NVML_LIBRARY");
-  if (path == NULL || path[0] == '\0')
-    path = "libnvidia-ml.so.1";
-  void *library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (library == NULL) {
-    const char *why = dlerror();
-    load_status = WS_ENODEV;
-    snprintf(load_detail, sizeof load_detail,
-             "nvml: cannot load %s (the NVIDIA driver's library, for device "
-             "memory): %s",
-             path, why != NULL ? why : "unknown reason");
-    return;
-  }
-  struct {
-    const char *name;
-    void **slot;
-    int required;
-  } symbols[] = {
-      {"nvmlInit_v2", (void **)&nvml.init, 1},
-      {"nvmlDeviceGetHandleByUUID", (void **)&nvml.device_by_uuid, 1},
-      {"nvmlDeviceGetMemoryInfo", (void **)&nvml.memory_info, 1},
-      {"nvmlDeviceGetComputeRunningProcesses_v3",
-       (void **)&nvml.compute_processes, 0},
-      {"nvmlErrorString", (void **)&nvml.error_string, 1},
-  };
-  for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
-    *symbols[i].slot = dlsym(library, symbols[i].name);
-    if (*symbols[i].slot == NULL && symbols[i].required) {
-      load_status = WS_ENODEV;
-      snprintf(load_detail, sizeof load_detail, "nvml: %s has no %s", path,
-               symbols[i].name);
-      memset(&nvml, 0, sizeof nvml);
-      dlclose(library);
-      return;
-    }
-  }
+static ws_library_symbol nvml_symbols[] = {
+    {"nvmlInit_v2", (void **)&nvml.init, 1},
+    {"nvmlDeviceGetHandleByUUID", (void **)&nvml.device_by_uuid, 1},
+    {"nvmlDeviceGetMemoryInfo", (void **)&nvml.memory_info, 1},
+    {"nvmlDeviceGetComputeRunningProcesses_v3",
+     (void **)&nvml.compute_processes, 0},
+    {"nvmlErrorString", (void **)&nvml.error_string, 1},
+};
+
+// NVML's initialization, once its functions are found.
+static int start_nvml(const char *path, char *detail, size_t size) {
+  (void)path;
   int result = nvml.init();
   if (result != NVML_SUCCESS) {
-    load_status = WS_ENODEV;
-    snprintf(load_detail, sizeof load_detail, "nvml: nvmlInit_v2 failed: %s",
+    snprintf(detail, size, "nvml: nvmlInit_v2 failed: %s",
              nvml.error_string(result));
-    memset(&nvml, 0, sizeof nvml);
-    dlclose(library);
-    return;
+    return WS_ENODEV;
   }
-  load_status = WS_OK; // loaded and initialized for the process
+  return WS_OK;
 }
+
+static ws_library library = {
+    .prefix = "nvml",
+    .variable = "WSYNC_NVML_LIBRARY",
+    .default_path = "libnvidia-ml.so.1",
+    .purpose = "the NVIDIA driver's library, for device memory",
+    .symbols = nvml_symbols,
+    .count = sizeof nvml_symbols / sizeof nvml_symbols[0],
+    .start = start_nvml,
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+};
 
 int ws_gpu_memory_query(const char *uuid, ws_gpu_memory *out) {
   ws_clear_error();
   if (uuid == NULL || out == NULL)
     return ws_fail(WS_EINVAL, "nvml: a device's UUID and a result are needed");
-  pthread_once(&load_once, load_library);
-  if (load_status != WS_OK)
-    return ws_fail(load_status, "%s", load_detail);
+  int status = ws_library_load(&library);
+  if (status != WS_OK)
+    return status;
   char name[NVML_UUID_BUFFER];
   if (snprintf(name, sizeof name, "GPU-%s", uuid) >= (int)sizeof name)
     return ws_fail(WS_EINVAL, "nvml: device UUID '%.40s...' is too long", uuid);

@@ -1,6 +1,7 @@
 #include "nccl_comm.h"
 
 #include "cuda_internal.h"
+#include "library.h"
 #include "status.h"
 
 #include <stdlib.h>
@@ -8,8 +9,6 @@
 
 #ifdef WSYNC_WITH_CUDA
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
@@ -62,67 +61,46 @@ struct nccl_library {
 };
 
 static struct nccl_library nccl;
-static pthread_once_t load_once = PTHREAD_ONCE_INIT;
-static int load_status;
-static char load_detail[512];
 
-static void load_library(void) {
-  const char *path = getenv("WSYNC_NCCL_LIBRARY");
-  if (path == NULL || path[0] == '\0')
-    path = "libnccl.so.2";
-  void *library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (library == NULL) {
-    const char *why = dlerror();
-    load_status = WS_ENODEV;
-    snprintf(load_detail, sizeof load_detail,
-             "nccl: cannot load %s (NCCL is needed for trainer ranks on the "
-             "cuda backend): %s",
-             path, why != NULL ? why : "unknown reason");
-    return;
-  }
-  struct {
-    const char *name;
-    void **slot;
-    int required;
-  } symbols[] = {
-      {"ncclGetVersion", (void **)&nccl.get_version, 1},
-      {"ncclGetUniqueId", (void **)&nccl.get_unique_id, 1},
-      {"ncclCommInitRank", (void **)&nccl.comm_init_rank, 1},
-      {"ncclCommInitRankConfig", (void **)&nccl.comm_init_rank_config, 0},
-      {"ncclCommFinalize", (void **)&nccl.comm_finalize, 0},
-      {"ncclCommDestroy", (void **)&nccl.comm_destroy, 1},
-      {"ncclCommAbort", (void **)&nccl.comm_abort, 1},
-      {"ncclCommGetAsyncError", (void **)&nccl.comm_get_async_error, 1},
-      {"ncclGroupStart", (void **)&nccl.group_start, 1},
-      {"ncclGroupEnd", (void **)&nccl.group_end, 1},
-      {"ncclBroadcast", (void **)&nccl.broadcast, 1},
-      {"ncclAllGather", (void **)&nccl.all_gather, 1},
-      {"ncclGetErrorString", (void **)&nccl.get_error_string, 1},
-      {"ncclGetLastError", (void **)&nccl.get_last_error, 0},
-  };
-  for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
-    *symbols[i].slot = dlsym(library, symbols[i].name);
-    if (*symbols[i].slot == NULL && symbols[i].required) {
-      load_status = WS_ENODEV;
-      snprintf(load_detail, sizeof load_detail,
-               "nccl: %s has no %s (wsync needs NCCL 2.x)", path,
-               symbols[i].name);
-      memset(&nccl, 0, sizeof nccl);
-      dlclose(library);
-      return;
-    }
-  }
+static ws_library_symbol nccl_symbols[] = {
+    {"ncclGetVersion", (void **)&nccl.get_version, 1},
+    {"ncclGetUniqueId", (void **)&nccl.get_unique_id, 1},
+    {"ncclCommInitRank", (void **)&nccl.comm_init_rank, 1},
+    {"ncclCommInitRankConfig", (void **)&nccl.comm_init_rank_config, 0},
+    {"ncclCommFinalize", (void **)&nccl.comm_finalize, 0},
+    {"ncclCommDestroy", (void **)&nccl.comm_destroy, 1},
+    {"ncclCommAbort", (void **)&nccl.comm_abort, 1},
+    {"ncclCommGetAsyncError", (void **)&nccl.comm_get_async_error, 1},
+    {"ncclGroupStart", (void **)&nccl.group_start, 1},
+    {"ncclGroupEnd", (void **)&nccl.group_end, 1},
+    {"ncclBroadcast", (void **)&nccl.broadcast, 1},
+    {"ncclAllGather", (void **)&nccl.all_gather, 1},
+    {"ncclGetErrorString", (void **)&nccl.get_error_string, 1},
+    {"ncclGetLastError", (void **)&nccl.get_last_error, 0},
+};
+
+// NCCL's version, once its functions are found.
+static int start_nccl(const char *path, char *detail, size_t size) {
   int result = nccl.get_version(&nccl.version);
   if (result != NCCL_SUCCESS) {
-    load_status = WS_ENCCL;
-    snprintf(load_detail, sizeof load_detail,
-             "nccl: ncclGetVersion of %s failed (%d)", path, result);
-    memset(&nccl, 0, sizeof nccl);
-    dlclose(library);
-    return;
+    snprintf(detail, size, "nccl: ncclGetVersion of %s failed (%d)", path,
+             result);
+    return WS_ENCCL;
   }
-  load_status = WS_OK; // the library stays loaded for the process
+  return WS_OK;
 }
+
+static ws_library library = {
+    .prefix = "nccl",
+    .variable = "WSYNC_NCCL_LIBRARY",
+    .default_path = "libnccl.so.2",
+    .purpose = "NCCL is needed for trainer ranks on the cuda backend",
+    .needs = "wsync needs NCCL 2.x",
+    .symbols = nccl_symbols,
+    .count = sizeof nccl_symbols / sizeof nccl_symbols[0],
+    .start = start_nccl,
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+};
 
 static const char *result_name(int result) {
   if (result >= 0 &&
@@ -154,10 +132,7 @@ int ws_nccl_built(void) { return 1; }
 
 int ws_nccl_load(void) {
   ws_clear_error();
-  pthread_once(&load_once, load_library);
-  if (load_status != WS_OK)
-    return ws_fail(load_status, "%s", load_detail);
-  return WS_OK;
+  return ws_library_load(&library);
 }
 
 int ws_nccl_version(int *version) {
