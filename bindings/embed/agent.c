@@ -118,20 +118,31 @@ static int call_method_only(lua_State *L, ws_agent *agent, int nargs) {
   return status;
 }
 
-// Checks what every call but open checks and stores the host's Lua state in
-// `*state`; writes a refusal into the agent.
-static int check_agent(ws_agent *agent, const char *call, lua_State **state) {
+// Checks the agent and that its host is open, and stores the host in
+// `*host`: what every call but open checks, inside a step callback too;
+// writes a refusal into the agent.
+static int check_host(ws_agent *agent, const char *call, ws_host **host) {
   if (agent == NULL)
     return ws_fail(WS_EINVAL, "%s: agent is NULL", call);
-  ws_host *host = ws_host_link_get(agent->link);
-  if (host == NULL) {
+  *host = ws_host_link_get(agent->link);
+  if (*host == NULL) {
     snprintf(agent->error, sizeof agent->error,
              "%s: the agent's host was closed; only ws_agent_close remains",
              call);
     return WS_ESTATE;
   }
-  int status =
-      ws_host_refuse_in_callback(host, call, agent->error, sizeof agent->error);
+  return WS_OK;
+}
+
+// Checks what every call but open checks (check_host, and that no step
+// callback runs) and stores the host's Lua state in `*state`; writes a
+// refusal into the agent.
+static int check_agent(ws_agent *agent, const char *call, lua_State **state) {
+  ws_host *host = NULL;
+  int status = check_host(agent, call, &host);
+  if (status == WS_OK)
+    status = ws_host_refuse_in_callback(host, call, agent->error,
+                                        sizeof agent->error);
   if (status == WS_OK)
     *state = ws_host_lua_state(host);
   return status;
@@ -257,15 +268,10 @@ int ws_agent_register_tensor(ws_agent *agent, const char *name,
 
 int ws_agent_set_tensor_data(ws_agent *agent, const char *name, void *data,
                              uint64_t data_bytes) {
-  if (agent == NULL)
-    return ws_fail(WS_EINVAL, "ws_agent_set_tensor_data: agent is NULL");
-  ws_host *host = ws_host_link_get(agent->link);
-  if (host == NULL) {
-    snprintf(agent->error, sizeof agent->error,
-             "ws_agent_set_tensor_data: the agent's host was closed; only "
-             "ws_agent_close remains");
-    return WS_ESTATE;
-  }
+  ws_host *host = NULL;
+  int status = check_host(agent, "ws_agent_set_tensor_data", &host);
+  if (status != WS_OK)
+    return status;
   // Unlike every other call, allowed inside a step callback: it only records
   // the pointer and runs nothing on the loop.
   if (name == NULL)
@@ -282,15 +288,10 @@ int ws_agent_set_tensor_data(ws_agent *agent, const char *name, void *data,
 }
 
 int ws_agent_report_moved(ws_agent *agent, uint64_t bytes) {
-  if (agent == NULL)
-    return ws_fail(WS_EINVAL, "ws_agent_report_moved: agent is NULL");
-  ws_host *host = ws_host_link_get(agent->link);
-  if (host == NULL) {
-    snprintf(agent->error, sizeof agent->error,
-             "ws_agent_report_moved: the agent's host was closed; only "
-             "ws_agent_close remains");
-    return WS_ESTATE;
-  }
+  ws_host *host = NULL;
+  int status = check_host(agent, "ws_agent_report_moved", &host);
+  if (status != WS_OK)
+    return status;
   // (Allowed inside a step callback, as ws_agent_set_tensor_data: it only
   // records the count.)
   if (bytes > (uint64_t)largest_exact_integer)
