@@ -480,12 +480,8 @@ local function memory_lines(lines, rounds, names)
   if #devices == 0 then
     return
   end
-  local named = {}
-  for index, device in ipairs(devices) do
-    named[index] = string.format("%s", device)
-  end
   lines[#lines + 1] = string.format("device memory in use after each step (GiB; %s: %s):",
-    #devices == 1 and "device" or "devices, in this order", table.concat(named, ", "))
+    #devices == 1 and "device" or "devices, in this order", table.concat(devices, ", "))
   local header, widths = { "round", "version" }, {}
   for _, name in ipairs(names) do
     header[#header + 1] = name
