@@ -66,7 +66,9 @@ def main() -> int:
     layers = max(1, round(args.gb * 1e9 / 8 / (width * width)))  # 8 bytes of moments per parameter
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)]).to(
         "cuda", torch.bfloat16)
-    for parameter in model.parameters():
+    for parameter in model.parameters():  # (float32 gradients of bfloat16 parameters, as mixed precision keeps)
+        if hasattr(parameter, "grad_dtype"):  # (torch 2.10 on: a gradient must match it)
+            parameter.grad_dtype = torch.float32
         parameter.grad = torch.zeros(parameter.shape, dtype=torch.float32, device="cuda")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for parameter in model.parameters():  # (AdamW's float32 moments, as its first step makes them)
