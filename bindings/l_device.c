@@ -45,8 +45,9 @@ static void set_bytes(lua_State *L, const char *key, uint64_t bytes) {
 }
 
 // _device.gpu_memory(uuid) -> {total_bytes, used_bytes, free_bytes,
-// processes = {{pid, used_bytes}, ...} | nil} | nil, message, CODE: the GPU's
-// memory as its driver sees it (NVML; no CUDA context is made). A process's
+// reserved_bytes, processes = {{pid, used_bytes}, ...} | nil} | nil, message,
+// CODE: the GPU's memory as its driver sees it (NVML; no CUDA context is
+// made), the driver's reserve apart (host/gpu_memory.h). A process's
 // used_bytes is nil where the driver does not say; processes is nil where
 // NVML could not list them.
 static int device_gpu_memory(lua_State *L) {
@@ -54,10 +55,11 @@ static int device_gpu_memory(lua_State *L) {
   int status = ws_gpu_memory_query(luaL_checkstring(L, 1), &memory);
   if (status != WS_OK)
     return ws_lua_push_failure(L, status);
-  lua_createtable(L, 0, 4);
+  lua_createtable(L, 0, 5);
   set_bytes(L, "total_bytes", memory.total_bytes);
   set_bytes(L, "used_bytes", memory.used_bytes);
   set_bytes(L, "free_bytes", memory.free_bytes);
+  set_bytes(L, "reserved_bytes", memory.reserved_bytes);
   if (memory.process_count >= 0) {
     lua_createtable(L, memory.process_count, 0);
     for (int i = 0; i < memory.process_count; i++) {

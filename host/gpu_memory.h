@@ -26,9 +26,13 @@ typedef struct ws_gpu_process {
 
 /// A device's memory, whole and by process.
 typedef struct ws_gpu_memory {
-  uint64_t total_bytes;
-  uint64_t used_bytes; // total less free: every process and the driver's own
+  uint64_t total_bytes; // what processes can hold: the driver's reserve left
+                        // out where NVML names it (as CUDA's total does)
+  uint64_t used_bytes;  // total less free
   uint64_t free_bytes;
+  uint64_t reserved_bytes; // the driver's own (0: an NVML without
+                           // nvmlDeviceGetMemoryInfo_v2, whose total and
+                           // used count it)
   int process_count; // -1: NVML could not list them
   ws_gpu_process processes[WS_GPU_PROCESS_MAX];
 } ws_gpu_memory;

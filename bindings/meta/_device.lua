@@ -15,9 +15,10 @@
 ---@field used_bytes number? nil where the driver does not say
 
 ---@class wsync.GpuMemory
----@field total_bytes number
+---@field total_bytes number  what processes can hold (the driver's reserve left out where NVML names it)
 ---@field used_bytes number  total less free
 ---@field free_bytes number
+---@field reserved_bytes number  the driver's own (0: not named by this NVML; total and used then count it)
 ---@field processes wsync.GpuProcess[]? nil where NVML could not list them
 
 ---@class wsync._device

@@ -63,9 +63,11 @@ describe("wsync._device", function()
     local directory
 
     -- Runs `code` in a wsync of its own (NVML is opened once per process)
-    -- with $WSYNC_NVML_LIBRARY set to `library`; returns what it printed.
-    local function run(library, code)
-      local command = string.format("WSYNC_NVML_LIBRARY='%s' '%s' -e '%s' 2>&1", library, uv.exepath(), code)
+    -- with $WSYNC_NVML_LIBRARY set to `library` (and `env`, NAME=VALUE);
+    -- returns what it printed.
+    local function run(library, code, env)
+      local command = string.format("%s WSYNC_NVML_LIBRARY='%s' '%s' -e '%s' 2>&1", env or "", library, uv.exepath(),
+        code)
       local pipe = assert(io.popen(command))
       local output = pipe:read("*a")
       pipe:close()
@@ -88,14 +90,22 @@ describe("wsync._device", function()
       assert.are.equal(device.gpu_memory, wsync_device.gpu_memory)
     end)
 
-    it("reads a GPU's memory and its processes by UUID", function()
-      local output = run(directory .. "/libfake_nvml.so", [[
+    local READ = [[
         local m = assert(require("wsync._device").gpu_memory("aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"))
-        print(string.format("%.0f %.0f %.0f %d", m.total_bytes, m.used_bytes, m.free_bytes, #m.processes))
-        for _, p in ipairs(m.processes) do print(p.pid, p.used_bytes and string.format("%.0f", p.used_bytes)) end]])
-      -- (used is total less free, as cudaMemGetInfo has it: what the driver
-      -- reserves counts.)
-      assert.are.equal("80000000000 50000000000 30000000000 2\n101\t1000000000\n102\tnil\n", output)
+        print(string.format("%.0f %.0f %.0f %.0f %d", m.total_bytes, m.used_bytes, m.free_bytes, m.reserved_bytes,
+          #m.processes))
+        for _, p in ipairs(m.processes) do print(p.pid, p.used_bytes and string.format("%.0f", p.used_bytes)) end]]
+
+    it("reads a GPU's memory and its processes by UUID, the driver's reserve apart", function()
+      -- (total is what processes can hold, as CUDA's total is: NVML's less
+      -- the driver's reserve; used is that total less free.)
+      assert.are.equal("79500000000 49500000000 30000000000 500000000 2\n101\t1000000000\n102\tnil\n",
+        run(directory .. "/libfake_nvml.so", READ))
+    end)
+
+    it("counts the reserve in total and used where the driver names it nowhere (NVML's memory info v1)", function()
+      assert.are.equal("80000000000 50000000000 30000000000 0 2\n101\t1000000000\n102\tnil\n",
+        run(directory .. "/libfake_nvml.so", READ, "FAKE_NVML_V1=1"))
     end)
 
     it("names a GPU it does not have", function()

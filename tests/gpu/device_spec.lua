@@ -81,7 +81,15 @@ describe("cuda devices", function()
       local info = assert(wsync.native.device.query("cuda", index)) -- (this process now has a context there)
       local memory, message, code = wsync.native.device.gpu_memory(info.uuid)
       assert.is_table(memory, tostring(message) .. " " .. tostring(code))
-      assert.are.equal(info.total_bytes, memory.total_bytes)
+      -- (CUDA's total leaves out what the driver reserves, 615 MiB of an
+      -- H200's 141 GB: NVML's memory info v2 names it, v1 counts it.)
+      if memory.reserved_bytes > 0 then
+        assert.is_true(math.abs(memory.total_bytes - info.total_bytes) < 64 * 2 ^ 20,
+          string.format("NVML total %.0f (reserve %.0f apart), CUDA total %.0f", memory.total_bytes,
+            memory.reserved_bytes, info.total_bytes))
+      else
+        assert.is_true(memory.total_bytes >= info.total_bytes)
+      end
       assert.are.equal(memory.total_bytes - memory.free_bytes, memory.used_bytes)
       -- (Another process may allocate between the two reads: a few MiB apart at most here.)
       assert.is_true(math.abs(memory.free_bytes - info.free_bytes) < 64 * 2 ^ 20,
@@ -94,9 +102,11 @@ describe("cuda devices", function()
       for _ = 1, 100 do
         assert(wsync.native.device.gpu_memory(info.uuid))
       end
-      print(string.format("gpu_memory: device %d (%s): %.2f of %.2f GiB in use; processes (pid:bytes, as the driver "
+      print(string.format("gpu_memory: device %d (%s): %.2f of %.2f GiB in use (the driver's reserve %.3f GiB "
+        .. "apart; CUDA's total %.2f GiB); processes (pid:bytes, as the driver "
         .. "sees them; this one is %d): %s; %.1f us a sample", index, info.uuid, memory.used_bytes / 2 ^ 30,
-        memory.total_bytes / 2 ^ 30, uv.os_getpid(), table.concat(pids, " "), (uv.hrtime() - started) / 1e3 / 100))
+        memory.total_bytes / 2 ^ 30, memory.reserved_bytes / 2 ^ 30, info.total_bytes / 2 ^ 30, uv.os_getpid(),
+        table.concat(pids, " "), (uv.hrtime() - started) / 1e3 / 100))
     end
   end)
 
