@@ -64,34 +64,64 @@ static int process_count_group(lua_State *L) {
   return push_group_count(L, ws_process_count_group);
 }
 
-// _process.children() -> {{pid = pid, exited = boolean}, ...} | nil, message,
-// CODE
-static int process_children(lua_State *L) {
+// A core call that lists up to `capacity` pids (with `exited`: whether each
+// waits to be reaped) and stores how many there are in `*count`.
+typedef int (*list_pids_fn)(const void *query, int *pids, int *exited,
+                            int capacity, int *count);
+
+// What a listing found: `count` pids and their exited flags, in one
+// allocation that freeing `pids` releases.
+struct pid_list {
+  int *pids;
+  int *exited;
+  int count;
+};
+
+// Runs `list` with room for 64 pids, and again with room for all it found
+// while they did not fit. Raises (naming `what`) when out of memory.
+static int list_pids(lua_State *L, const char *what, list_pids_fn list,
+                     const void *query, struct pid_list *out) {
   int capacity = 64, count = 0;
   for (;;) {
     int *pids = malloc(sizeof *pids * (size_t)capacity * 2);
     if (pids == NULL)
-      return luaL_error(L, "children: out of memory");
-    int *exited = pids + capacity;
-    int status = ws_process_children(pids, exited, capacity, &count);
+      return luaL_error(L, "%s: out of memory", what);
+    int status = list(query, pids, pids + capacity, capacity, &count);
     if (status == WS_OK && count <= capacity) {
-      lua_createtable(L, count, 0); // [children]
-      for (int i = 0; i < count; i++) {
-        lua_createtable(L, 0, 2); // [children, child]
-        lua_pushinteger(L, pids[i]);
-        lua_setfield(L, -2, "pid");
-        lua_pushboolean(L, exited[i]);
-        lua_setfield(L, -2, "exited");
-        lua_rawseti(L, -2, i + 1); // [children]
-      }
-      free(pids);
-      return 1;
+      *out = (struct pid_list){pids, pids + capacity, count};
+      return WS_OK;
     }
     free(pids);
     if (status != WS_OK)
-      return ws_lua_push_failure(L, status);
+      return status;
     capacity = count + 64; // (more were found than fit: again, larger)
   }
+}
+
+static int list_children(const void *query, int *pids, int *exited,
+                         int capacity, int *count) {
+  (void)query;
+  return ws_process_children(pids, exited, capacity, count);
+}
+
+// _process.children() -> {{pid = pid, exited = boolean}, ...} | nil, message,
+// CODE
+static int process_children(lua_State *L) {
+  struct pid_list children = {NULL, NULL, 0};
+  int status = list_pids(L, "children", list_children, NULL, &children);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_createtable(L, children.count, 0); // [children]
+  for (int i = 0; i < children.count; i++) {
+    lua_createtable(L, 0, 2); // [children, child]
+    lua_pushinteger(L, children.pids[i]);
+    lua_setfield(L, -2, "pid");
+    lua_pushboolean(L, children.exited[i]);
+    lua_setfield(L, -2, "exited");
+    lua_rawseti(L, -2, i + 1); // [children]
+  }
+  free(children.pids);
+  return 1;
 }
 
 // _process.reap(pid) -> reaped | nil, message, CODE
@@ -117,6 +147,21 @@ static int process_watch(lua_State *L) {
   return ws_lua_push_integer_result(L, status, fd);
 }
 
+// The mark and sessions that find_marked looks for.
+struct mark_query {
+  const char *entry;
+  const int *sessions;
+  int session_count;
+};
+
+static int list_marked(const void *query, int *pids, int *exited, int capacity,
+                       int *count) {
+  const struct mark_query *mark = query;
+  (void)exited;
+  return ws_process_find_marked(mark->entry, mark->sessions,
+                                mark->session_count, pids, capacity, count);
+}
+
 // _process.find_marked("NAME=VALUE", {session, ...}?) -> {pid, ...} | nil,
 // message, CODE
 static int process_find_marked(lua_State *L) {
@@ -138,27 +183,18 @@ static int process_find_marked(lua_State *L) {
       sessions[i] = (int)session;
     }
   }
-  int capacity = 64, count = 0;
-  for (;;) {
-    int *pids = malloc(sizeof *pids * (size_t)capacity);
-    if (pids == NULL)
-      return luaL_error(L, "find_marked: out of memory");
-    int status = ws_process_find_marked(entry, sessions, session_count, pids,
-                                        capacity, &count);
-    if (status == WS_OK && count <= capacity) {
-      lua_createtable(L, count, 0); // [pids]
-      for (int i = 0; i < count; i++) {
-        lua_pushinteger(L, pids[i]);
-        lua_rawseti(L, -2, i + 1);
-      }
-      free(pids);
-      return 1;
-    }
-    free(pids);
-    if (status != WS_OK)
-      return ws_lua_push_failure(L, status);
-    capacity = count + 64; // (more were found than fit: again, larger)
+  struct mark_query query = {entry, sessions, session_count};
+  struct pid_list marked = {NULL, NULL, 0};
+  int status = list_pids(L, "find_marked", list_marked, &query, &marked);
+  if (status != WS_OK)
+    return ws_lua_push_failure(L, status);
+  lua_createtable(L, marked.count, 0); // [pids]
+  for (int i = 0; i < marked.count; i++) {
+    lua_pushinteger(L, marked.pids[i]);
+    lua_rawseti(L, -2, i + 1);
   }
+  free(marked.pids);
+  return 1;
 }
 
 int luaopen_wsync_process(lua_State *L) {

@@ -46,23 +46,26 @@ int ws_process_signal_group(int group, int signal_number) {
   return WS_OK;
 }
 
+// waitpid(`target`, WNOHANG), again when a signal interrupted it.
+static pid_t wait_without_blocking(pid_t target) {
+  pid_t got;
+  do
+    got = waitpid(target, NULL, WNOHANG);
+  while (got < 0 && errno == EINTR);
+  return got;
+}
+
 int ws_process_reap_group(int group, int *reaped) {
   ws_clear_error();
   *reaped = 0;
   if (group <= 1)
     return ws_fail(WS_EINVAL, "process: refusing to reap group %d", group);
-  for (;;) {
-    pid_t pid = waitpid(-(pid_t)group, NULL, WNOHANG);
-    if (pid > 0) {
-      (*reaped)++;
-      continue;
-    }
-    if (pid == 0 || errno == ECHILD)
-      return WS_OK;
-    if (errno != EINTR)
-      return ws_fail(WS_ESYS, "process: waitpid(-%d): %s", group,
-                     strerror(errno));
-  }
+  pid_t pid;
+  while ((pid = wait_without_blocking(-(pid_t)group)) > 0)
+    (*reaped)++;
+  if (pid == 0 || errno == ECHILD)
+    return WS_OK;
+  return ws_fail(WS_ESYS, "process: waitpid(-%d): %s", group, strerror(errno));
 }
 
 // Reads the state, parent, process group and session from /proc/PID/stat:
@@ -85,24 +88,81 @@ static int read_stat(const char *pid, char *state, int *parent, int *group,
   return sscanf(end + 1, " %c %d %d %d", state, parent, group, session) == 4;
 }
 
-int ws_process_count_group(int group, int *count) {
-  ws_clear_error();
-  *count = 0;
+// One process as its /proc/PID/stat shows it.
+struct process_entry {
+  int pid;
+  char state;
+  int parent, group, session;
+};
+
+// Calls `visit` with `context` and each process in /proc whose stat can be
+// read (one gone by then is passed over).
+static int each_process(void (*visit)(void *context,
+                                      const struct process_entry *process),
+                        void *context) {
   DIR *proc = opendir("/proc");
   if (proc == NULL)
     return ws_fail(WS_ESYS, "process: opendir /proc: %s", strerror(errno));
-  struct dirent *entry;
-  while ((entry = readdir(proc)) != NULL) {
-    if (!isdigit((unsigned char)entry->d_name[0]))
-      continue;
-    int parent = 0, member_group = 0, session = 0;
-    char state = 0;
-    if (read_stat(entry->d_name, &state, &parent, &member_group, &session) &&
-        member_group == group)
-      (*count)++;
+  struct dirent *item;
+  while ((item = readdir(proc)) != NULL) {
+    struct process_entry process = {0};
+    if (isdigit((unsigned char)item->d_name[0]) &&
+        read_stat(item->d_name, &process.state, &process.parent,
+                  &process.group, &process.session)) {
+      process.pid = atoi(item->d_name);
+      visit(context, &process);
+    }
   }
   closedir(proc);
   return WS_OK;
+}
+
+// What a listing found: up to `capacity` pids (and, when `exited` is not
+// NULL, whether each is a zombie), and how many there are in `*count`.
+struct found_pids {
+  int *pids;
+  int *exited;
+  int capacity;
+  int *count;
+};
+
+static void add_found(struct found_pids *found,
+                      const struct process_entry *process) {
+  if (*found->count < found->capacity) {
+    found->pids[*found->count] = process->pid;
+    if (found->exited != NULL)
+      found->exited[*found->count] = process->state == 'Z';
+  }
+  (*found->count)++;
+}
+
+struct group_count {
+  int group;
+  int *count;
+};
+
+static void count_member(void *context, const struct process_entry *process) {
+  struct group_count *counting = context;
+  if (process->group == counting->group)
+    (*counting->count)++;
+}
+
+int ws_process_count_group(int group, int *count) {
+  ws_clear_error();
+  *count = 0;
+  struct group_count counting = {group, count};
+  return each_process(count_member, &counting);
+}
+
+struct children_search {
+  struct found_pids found;
+  pid_t own;
+};
+
+static void add_child(void *context, const struct process_entry *process) {
+  struct children_search *search = context;
+  if (process->parent == search->own)
+    add_found(&search->found, process);
 }
 
 int ws_process_children(int *pids, int *exited, int capacity, int *count) {
@@ -110,28 +170,8 @@ int ws_process_children(int *pids, int *exited, int capacity, int *count) {
   *count = 0;
   if (capacity < 0 || (capacity > 0 && pids == NULL))
     return ws_fail(WS_EINVAL, "process: children: bad capacity");
-  DIR *proc = opendir("/proc");
-  if (proc == NULL)
-    return ws_fail(WS_ESYS, "process: opendir /proc: %s", strerror(errno));
-  pid_t own = getpid();
-  struct dirent *entry;
-  while ((entry = readdir(proc)) != NULL) {
-    if (!isdigit((unsigned char)entry->d_name[0]))
-      continue;
-    int parent = 0, group = 0, session = 0;
-    char state = 0;
-    if (!read_stat(entry->d_name, &state, &parent, &group, &session) ||
-        parent != own)
-      continue;
-    if (*count < capacity) {
-      pids[*count] = atoi(entry->d_name);
-      if (exited != NULL)
-        exited[*count] = state == 'Z';
-    }
-    (*count)++;
-  }
-  closedir(proc);
-  return WS_OK;
+  struct children_search search = {{pids, exited, capacity, count}, getpid()};
+  return each_process(add_child, &search);
 }
 
 int ws_process_reap(int pid, int *reaped) {
@@ -139,20 +179,17 @@ int ws_process_reap(int pid, int *reaped) {
   *reaped = 0;
   if (pid <= 0)
     return ws_fail(WS_EINVAL, "process: cannot reap pid %d", pid);
-  for (;;) {
-    pid_t got = waitpid((pid_t)pid, NULL, WNOHANG);
-    if (got == (pid_t)pid) {
-      *reaped = 1;
-      return WS_OK;
-    }
-    if (got == 0)
-      return WS_OK;
-    if (errno == ECHILD)
-      return ws_fail(WS_ENOTFOUND, "process: %d is no child of this process",
-                     pid);
-    if (errno != EINTR)
-      return ws_fail(WS_ESYS, "process: waitpid(%d): %s", pid, strerror(errno));
+  pid_t got = wait_without_blocking((pid_t)pid);
+  if (got == (pid_t)pid) {
+    *reaped = 1;
+    return WS_OK;
   }
+  if (got == 0)
+    return WS_OK;
+  if (errno == ECHILD)
+    return ws_fail(WS_ENOTFOUND, "process: %d is no child of this process",
+                   pid);
+  return ws_fail(WS_ESYS, "process: waitpid(%d): %s", pid, strerror(errno));
 }
 
 int ws_process_watch(int pid, int *fd) {
@@ -213,6 +250,29 @@ static int environ_holds(int pid, const char *entry, size_t length) {
   return found;
 }
 
+struct mark_search {
+  struct found_pids found;
+  pid_t own;
+  const char *entry;
+  size_t length;
+  const int *sessions;
+  int session_count;
+};
+
+static void add_marked(void *context, const struct process_entry *process) {
+  struct mark_search *search = context;
+  if (process->pid == search->own || process->state == 'Z' ||
+      process->state == 'X')
+    return; // (this one; gone, or a zombie: it holds nothing any more)
+  int in_session = 0;
+  for (int i = 0; i < search->session_count && !in_session; i++)
+    in_session = search->sessions[i] > 1 &&
+                 process->session == search->sessions[i];
+  if (in_session ||
+      environ_holds(process->pid, search->entry, search->length))
+    add_found(&search->found, process);
+}
+
 int ws_process_find_marked(const char *entry, const int *sessions,
                            int session_count, int *pids, int capacity,
                            int *count) {
@@ -223,31 +283,7 @@ int ws_process_find_marked(const char *entry, const int *sessions,
   if (capacity < 0 || session_count < 0 ||
       (session_count > 0 && sessions == NULL))
     return ws_fail(WS_EINVAL, "process: find_marked: bad counts");
-  size_t length = strlen(entry);
-  DIR *proc = opendir("/proc");
-  if (proc == NULL)
-    return ws_fail(WS_ESYS, "process: opendir /proc: %s", strerror(errno));
-  pid_t own = getpid();
-  struct dirent *item;
-  while ((item = readdir(proc)) != NULL) {
-    if (!isdigit((unsigned char)item->d_name[0]))
-      continue;
-    int pid = atoi(item->d_name);
-    if (pid == own)
-      continue;
-    int in_session = 0, parent = 0, group = 0, session = 0;
-    char state = 0;
-    if (!read_stat(item->d_name, &state, &parent, &group, &session) ||
-        state == 'Z' || state == 'X')
-      continue; // (gone, or a zombie: it holds nothing any more)
-    for (int i = 0; i < session_count && !in_session; i++)
-      in_session = sessions[i] > 1 && session == sessions[i];
-    if (!in_session && !environ_holds(pid, entry, length))
-      continue;
-    if (*count < capacity)
-      pids[*count] = pid;
-    (*count)++;
-  }
-  closedir(proc);
-  return WS_OK;
+  struct mark_search search = {{pids, NULL, capacity, count}, getpid(), entry,
+                               strlen(entry), sessions, session_count};
+  return each_process(add_marked, &search);
 }

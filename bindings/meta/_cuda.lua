@@ -145,63 +145,43 @@ function cuda.memcpy(target, target_offset, source, source_offset, length, strea
 ---@return wsync.cuda.Counters
 function cuda.counters() end
 
----@class wsync.cuda.Buffer
-local Buffer = {}
+---What a buffer and a mapping both are: device memory that reads, writes and fills.
+---@class wsync.cuda.Memory
+local Memory = {}
 ---@return wsync.cuda.Region
-function Buffer:region() end
+function Memory:region() end
 ---@return number
-function Buffer:pointer() end
+function Memory:pointer() end
 ---@return number
-function Buffer:size() end
+function Memory:size() end
 ---@return integer
-function Buffer:device() end
----@return string|nil handle, string? message, string? code  64 bytes, exported once
-function Buffer:export() end
+function Memory:device() end
 ---@param offset integer
 ---@param length integer
 ---@param stream wsync.cuda.Stream?
 ---@return string|nil bytes, string? message, string? code
-function Buffer:read(offset, length, stream) end
+function Memory:read(offset, length, stream) end
 ---@param offset integer
 ---@param bytes string
 ---@param stream wsync.cuda.Stream?
 ---@return true|nil ok, string? message, string? code
-function Buffer:write(offset, bytes, stream) end
+function Memory:write(offset, bytes, stream) end
 ---@param offset integer
 ---@param length integer
 ---@param value integer  0..255
 ---@param stream wsync.cuda.Stream?
 ---@return true|nil ok, string? message, string? code
-function Buffer:fill(offset, length, value, stream) end
+function Memory:fill(offset, length, value, stream) end
+
+---@class wsync.cuda.Buffer: wsync.cuda.Memory
+local Buffer = {}
+---@return string|nil handle, string? message, string? code  64 bytes, exported once
+function Buffer:export() end
 ---@return true|nil ok, string? message, string? code
 function Buffer:close() end
 
----@class wsync.cuda.Mapping
+---@class wsync.cuda.Mapping: wsync.cuda.Memory
 local Mapping = {}
----@return wsync.cuda.Region
-function Mapping:region() end
----@return number
-function Mapping:pointer() end
----@return number
-function Mapping:size() end
----@return integer
-function Mapping:device() end
----@param offset integer
----@param length integer
----@param stream wsync.cuda.Stream?
----@return string|nil bytes, string? message, string? code
-function Mapping:read(offset, length, stream) end
----@param offset integer
----@param bytes string
----@param stream wsync.cuda.Stream?
----@return true|nil ok, string? message, string? code
-function Mapping:write(offset, bytes, stream) end
----@param offset integer
----@param length integer
----@param value integer  0..255
----@param stream wsync.cuda.Stream?
----@return true|nil ok, string? message, string? code
-function Mapping:fill(offset, length, value, stream) end
 ---@return true|nil ok, string? message, string? code  the last mapping of a buffer closes the IPC handle
 function Mapping:close() end
 

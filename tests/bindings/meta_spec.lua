@@ -11,7 +11,8 @@
 -- functions are `function module.name(` and methods `function Class:name(`;
 -- a userdata class is named after its metatable, compared ignoring case and
 -- underscores inside a name (metatable wsync.manifest_segment: class
--- wsync.ManifestSegment).
+-- wsync.ManifestSegment), and has the stubs of the class it extends
+-- (`---@class wsync.cuda.Buffer: wsync.cuda.Memory`) as well as its own.
 local uv = require("luv")
 
 local META = "bindings/meta"
@@ -23,8 +24,8 @@ local function class_key(name)
 end
 
 -- The stubs of one file: {[class key] = {name = declared name, functions =
--- {[".f" or ":m"] = true}, fields = {[name] = true}}}. Raises on a function
--- stub on a local that no `---@class` named.
+-- {[".f" or ":m"] = true}, fields = {[name] = true}, parent = class key?}}.
+-- Raises on a function stub on a local that no `---@class` named.
 local function read_stubs(path)
   local file = assert(io.open(path))
   local classes, class_of_local = {}, {}
@@ -35,7 +36,9 @@ local function read_stubs(path)
     local class = line:match("^%-%-%-@class%s+([%w_.]+)")
     if class then
       local key = class_key(class)
+      local parent = line:match("^%-%-%-@class%s+[%w_.]+%s*:%s*([%w_.]+)")
       classes[key] = classes[key] or { name = class, functions = {}, fields = {} }
+      classes[key].parent = parent and class_key(parent)
       pending, documented = key, key
     elseif line:match("^%-%-%-") then
       local field = line:match("^%-%-%-@field%s+([%w_]+)")
@@ -63,6 +66,17 @@ local function read_stubs(path)
   end
   file:close()
   return classes
+end
+
+-- Whether `class` of `stubs` (or a class it extends) has stub `name`.
+local function has_stub(stubs, class, name)
+  while class do
+    if class.functions[name] then
+      return true
+    end
+    class = class.parent and stubs[class.parent]
+  end
+  return false
 end
 
 -- What the module `name` registers: {functions = {name...}, fields = {name...},
@@ -146,7 +160,7 @@ local function missing_stubs(module)
       missing[#missing + 1] = string.format("%s: no ---@class for the userdata of metatable %s", path, metatable)
     else
       for _, method in ipairs(methods) do
-        if not class.functions[":" .. method] then
+        if not has_stub(stubs, class, ":" .. method) then
           missing[#missing + 1] = string.format("%s: no stub `function %s:%s(...) end` (metatable %s)", path,
             class.name, method, metatable)
         end
@@ -195,6 +209,22 @@ describe("the stubs in bindings/meta", function()
     end
     table.sort(strays)
     assert.are.same({}, strays, "files in " .. META .. " that are not _<name>.lua of a C module wsync._<name>")
+  end)
+
+  it("finds a method stub on the class that a class extends", function()
+    local path = os.tmpname()
+    finally(function()
+      os.remove(path)
+    end)
+    local file = assert(io.open(path, "w"))
+    file:write("---@class wsync.Base\nlocal Base = {}\nfunction Base:shared() end\n",
+      "---@class wsync.Derived: wsync.Base\nlocal Derived = {}\nfunction Derived:own() end\n")
+    file:close()
+    local stubs = read_stubs(path)
+    local derived = stubs[class_key("wsync.Derived")]
+    assert.are.equal(class_key("wsync.Base"), derived.parent)
+    assert.is_true(has_stub(stubs, derived, ":own") and has_stub(stubs, derived, ":shared"))
+    assert.is_false(has_stub(stubs, stubs[class_key("wsync.Base")], ":own"))
   end)
 
   it("reports a missing stub, a missing field and an unknown local", function()

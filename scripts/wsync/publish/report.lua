@@ -417,36 +417,37 @@ local function row(cells, widths)
   return table.concat(parts, " ")
 end
 
--- The names of the steps of the rounds kept, in the order they first come.
-local function step_names(rounds)
-  local names, seen = {}, {}
+-- The distinct values that `values(step)` lists over the steps of the rounds
+-- kept, in the order they first come.
+local function distinct_step_values(rounds, values)
+  local distinct, seen = {}, {}
   for _, round in ipairs(rounds) do
     for _, step in ipairs(round.steps) do
-      if not seen[step.name] then
-        seen[step.name] = true
-        names[#names + 1] = step.name
+      for _, value in ipairs(values(step)) do
+        if not seen[value] then
+          seen[value] = true
+          distinct[#distinct + 1] = value
+        end
       end
     end
   end
-  return names
+  return distinct
+end
+
+-- The names of the steps of the rounds kept, in the order they first come.
+local function step_names(rounds)
+  return distinct_step_values(rounds, function(step)
+    return { step.name }
+  end)
 end
 
 local GIB = 1024 ^ 3
 
 -- The devices that the rounds' memory samples name, in the order first met.
 local function sampled_devices(rounds)
-  local devices, seen = {}, {}
-  for _, round in ipairs(rounds) do
-    for _, step in ipairs(round.steps) do
-      for _, entry in ipairs(step.device_memory or {}) do
-        if not seen[entry.device] then
-          seen[entry.device] = true
-          devices[#devices + 1] = entry.device
-        end
-      end
-    end
-  end
-  return devices
+  return distinct_step_values(rounds, function(step)
+    return util.field_values(step.device_memory or {}, "device")
+  end)
 end
 
 -- Round `round`'s memory in use after the last step `name`, in GiB on each

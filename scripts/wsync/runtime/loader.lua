@@ -19,6 +19,7 @@
 --- bound by address, one region per resident tensor).
 local uv = require("luv")
 local errors = require("wsync.errors")
+local chunk_plans_module = require("wsync.transport.chunk_plans")
 local manifest_module = require("wsync.native.manifest")
 local plan_module = require("wsync.plan")
 local shm = require("wsync.native.shm")
@@ -125,9 +126,7 @@ function M.new(options)
     context = options.context,
     memory = options.memory,
     imported = {},
-    chunks = {},
-    segments = {},
-    digests = manifest_module.digest_cache(),
+    load_plans = chunk_plans_module.new(options.transport),
   }, Loader)
 end
 
@@ -166,16 +165,6 @@ function Loader:buffer(slot, command)
   return memory
 end
 
--- Drops the chunks' load plans (a new init_weights).
-function Loader:_forget_chunks()
-  for _, chunk in pairs(self.chunks) do
-    chunk.segment:close()
-    self.transport.close_plan(chunk.plan)
-  end
-  self.chunks, self.segments = {}, {}
-  self.digests:clear()
-end
-
 --- init_weights{family, config, tp, transport, buffers, gate?}: once per
 --- runtime (and again only with a new session's buffers). Computes this
 --- rank's loader plan, has the memory hold its residents, and imports the
@@ -211,7 +200,7 @@ function Loader:init_weights(payload)
     end
   end
   self.plan = plan
-  self:_forget_chunks()
+  self.load_plans:clear()
   -- Resident tensors by index, for the receipts' count of those filled.
   self.resident_index = {}
   for index, tensor in ipairs(plan.tensors) do
@@ -304,12 +293,7 @@ function Loader:_plan_chunk(k, tensors)
   local direct = tensors[1] ~= nil and tensors[1].buffer ~= nil
   local chunk = { copies = copies, checks = checks, segment = segment, tensors = #tensors, residents = residents,
     direct = direct }
-  if self.chunks[k] then
-    self.chunks[k].segment:close()
-    self.transport.close_plan(self.chunks[k].plan)
-  end
-  self.chunks[k], self.segments[k] = chunk, segment
-  self.digests:clear()
+  self.load_plans:put(k, chunk)
   return chunk
 end
 
@@ -330,7 +314,7 @@ function Loader:load_chunk(payload)
   local update = self:_update("load_chunk outside start_update/finish_update")
   local buffer = self:buffer(payload.buffer, "load_chunk")
   local k = payload.chunk
-  local chunk = self.chunks[k]
+  local chunk = self.load_plans:get(k)
   if payload.tensors then
     chunk = self:_plan_chunk(k, payload.tensors)
   elseif not chunk then
@@ -403,7 +387,7 @@ function Loader:finish_update(payload)
         tostring(reason)))
     end
   end
-  local manifest, message = self.digests:of(update.loaded, self.segments)
+  local manifest, message = self.load_plans:manifest(update.loaded)
   if not manifest then
     fatal("MANIFEST", string.format("TP worker %d: %s", self.rank, tostring(message)))
   end
@@ -446,8 +430,9 @@ function Loader:resident_check(payload)
       self.transport.NAME))
   end
   local ops, checked = {}, 0
-  for k = 1, #self.chunks do
-    for _, op in ipairs(self.chunks[k] and self.chunks[k].checks or {}) do
+  for k = 1, self.load_plans:count() do
+    local chunk = self.load_plans:get(k)
+    for _, op in ipairs(chunk and chunk.checks or {}) do
       ops[#ops + 1] = op
       checked = checked + op.rows * op.elements
     end
@@ -527,7 +512,7 @@ function Loader:release_all()
   self:_close_gate()
   self.transport.close_imported(self.imported)
   self.imported = {}
-  self:_forget_chunks()
+  self.load_plans:clear()
   self.update = nil
   self.memory:release()
 end

@@ -11,6 +11,7 @@
 --- wsync host (the synthetic trainer, or libwsync embedded in a trainer).
 local ffi = require("ffi")
 local uv = require("luv")
+local chunk_plans_module = require("wsync.transport.chunk_plans")
 local copy = require("wsync.native.copy")
 local dtype_module = require("wsync.native.dtype")
 local errors = require("wsync.errors")
@@ -123,11 +124,11 @@ function M.connect(options)
     memory_index = {},  -- memory object -> its index in memories
     own = nil,          -- this rank's packed buffers (transport)
     targets = nil,      -- every rank's buffers, as this rank fills them
-    fill_plans = {},    -- by chunk: {plan, segment, tensors}, once per session
-    fill_segments = {}, -- by chunk: the chunk's part of the consumed manifest
-    digests = manifest_module.digest_cache(),
   }, Agent)
   self.transport = transport_module.for_backend(self.backend)
+  -- By chunk: {plan, segment, tensors}, once per session; the segments make
+  -- the consumed manifest.
+  self.fill_plans = chunk_plans_module.new(self.transport)
   self.endpoint = endpoint
   -- A unix socket path, or "tcp://ADDRESS:PORT?token=TOKEN" for a host in
   -- another network namespace (the token is the connection's first request).
@@ -367,16 +368,6 @@ local function refuse(self, code, phase, message, cause)
     cause = cause })
 end
 
--- Closes the chunks' fill plans (a new session, or another family).
-function Agent:_forget_fill_plans()
-  for _, fill in pairs(self.fill_plans) do
-    fill.segment:close()
-    self.transport.close_plan(fill.plan)
-  end
-  self.fill_plans, self.fill_segments = {}, {}
-  self.digests:clear()
-end
-
 -- Chunks ordered on the device (wsync.transport.cuda_ipc): when fills were
 -- queued behind its TP worker's loads and the publication did not end (its
 -- verify settles them), the worker will not load again (it was destroyed
@@ -400,7 +391,7 @@ function Agent:_release_buffers()
   self:_release_gate()
   self.transport.release(self.own, self.targets)
   self.own, self.targets, self.direct = nil, nil, nil
-  self:_forget_fill_plans()
+  self.fill_plans:clear()
 end
 
 function Agent:_init_buffers(payload)
@@ -454,7 +445,7 @@ function Agent:_attach(payload)
     refuse(self, "AGENT_ATTACH", "init", "cannot map the ranks' buffers: " .. message, code)
   end
   self.targets = targets
-  self:_forget_fill_plans()
+  self.fill_plans:clear()
   return {}
 end
 
@@ -462,7 +453,7 @@ function Agent:_begin(payload)
   self:_release_gate() -- (fills queued by a publication that failed)
   local family = plan_module.family(payload.family)
   if self.family and self.family ~= family then
-    self:_forget_fill_plans() -- another family's export makes other records
+    self.fill_plans:clear() -- another family's export makes other records
   end
   self.family = family
   -- The chunks this publication fills, in order: the consumed manifest is
@@ -575,8 +566,7 @@ function Agent:_plan_fill(k, slots)
     end
   end)
   local fill = { spans = spans, roots = roots, segment = segment, tensors = #slots }
-  self.fill_plans[k], self.fill_segments[k] = fill, segment
-  self.digests:clear()
+  self.fill_plans:put(k, fill)
   return fill
 end
 
@@ -585,13 +575,9 @@ end
 -- else the one planned before. Returns the chunk and its fill.
 function Agent:_chunk_fill(payload)
   local k = payload.chunk
-  local fill = self.fill_plans[k]
+  local fill = self.fill_plans:get(k)
   if payload.slots ~= nil then
-    if fill then
-      fill.segment:close()
-      self.transport.close_plan(fill.plan)
-    end
-    fill = self:_plan_fill(k, payload.slots)
+    fill = self:_plan_fill(k, payload.slots) -- (closes the one before)
   elseif not fill then
     refuse(self, "BAD_METADATA", "fill", string.format("chunk %d comes without its slots, and none came before", k))
   end
@@ -652,7 +638,7 @@ function Agent:_verify()
       refuse(self, "FILL_FAILED", "verify", "the fills queued on the device failed: " .. tostring(message), code)
     end
   end
-  local manifest, message = self.digests:of(self.consumed, self.fill_segments)
+  local manifest, message = self.fill_plans:manifest(self.consumed)
   self.consumed = nil
   if not manifest then
     refuse(self, "MANIFEST", "verify", message)

@@ -130,6 +130,21 @@ function Handle:_usable(call)
   return true
 end
 
+-- Runs the agent's method `method` (with `...`) at once, for API call `call`
+-- (which names it in a refusal): true, or nil, message, status when the
+-- handle is unusable or the agent's checks reject the arguments.
+function Handle:_call(call, method, ...)
+  local usable, message, status = self:_usable(call)
+  if not usable then
+    return nil, message, status
+  end
+  local ok, err = pcall(self.agent[method], self.agent, ...)
+  if not ok then
+    return misuse(err)
+  end
+  return true
+end
+
 -- Runs the agent's method `call` (with `...`) under the interrupt check, in
 -- state `state` only (else refused with `refusal`). Returns true and the
 -- method's result, or nil, message, status.
@@ -240,30 +255,14 @@ end
 --- callbacks (it runs nothing on the loop).
 ---@return true|nil, string?, string?
 function Handle:move_tensor(name, pointer, bytes)
-  local usable, message, status = self:_usable("set_tensor_data")
-  if not usable then
-    return nil, message, status
-  end
-  local ok, err = pcall(self.agent.move_tensor, self.agent, name, pointer, bytes)
-  if not ok then
-    return misuse(err)
-  end
-  return true
+  return self:_call("set_tensor_data", "move_tensor", name, pointer, bytes)
 end
 
 --- Records what the step callback running now moved (ws_agent_report_moved).
 ---@param bytes number
 ---@return true|nil, string?, string?
 function Handle:report_moved(bytes)
-  local usable, message, status = self:_usable("report_moved")
-  if not usable then
-    return nil, message, status
-  end
-  local ok, err = pcall(self.agent.report_moved, self.agent, bytes)
-  if not ok then
-    return misuse(err)
-  end
-  return true
+  return self:_call("report_moved", "report_moved", bytes)
 end
 
 --- Registers step callback `name`. `call()` runs the trainer's callback and

@@ -335,7 +335,7 @@ describe("wsync.runtime.loader", function()
   it("turns a manifest that cannot be made into a fatal MANIFEST error naming the worker", function()
     local loader = loader_module.new({ rank = 1, world = 2, device = { uuid = "u" }, transport = shm_transport,
       context = {}, memory = test_memory() })
-    loader.digests = failing("of")
+    loader.load_plans = failing("manifest")
     loader.update = { header = HEADER, loaded = { 1 }, tensors = 0, bytes = 0, touched = 0 }
     local ok, err = pcall(loader.finish_update, loader, { publication_id = HEADER.publication_id,
       model_version = 3 })
@@ -343,7 +343,7 @@ describe("wsync.runtime.loader", function()
     assert.is_true(errors.is(err), tostring(err))
     assert.are.equal("MANIFEST", err.code)
     assert.is_true(err.fatal)
-    assert.matches("TP worker 1: injected of failure", err.message, 1, true)
+    assert.matches("TP worker 1: injected manifest failure", err.message, 1, true)
   end)
 
   describe("with chunks ordered on the device", function()
@@ -369,9 +369,8 @@ describe("wsync.runtime.loader", function()
       local loader = loader_module.new({ rank = 0, world = 1, device = { uuid = "u" }, context = { device = 0 },
         transport = transport, memory = memory })
       loader.imported, loader.gate, loader.filled = { "buffer" }, gate, {}
-      loader.chunks = { { copies = {}, residents = {}, tensors = 1, plan = "plan", resident = "weights",
-        buffer = "buffer", segment = segment } }
-      loader.segments = { segment }
+      loader.load_plans:put(1, { copies = {}, residents = {}, tensors = 1, plan = "plan", resident = "weights",
+        buffer = "buffer", segment = segment })
       loader.update = { header = HEADER, loaded = {}, tensors = 0, bytes = 0, touched = 0, epoch = 1 }
       return loader, loads, settled
     end
@@ -384,7 +383,7 @@ describe("wsync.runtime.loader", function()
       local receipt = loader:finish_update({ publication_id = HEADER.publication_id, model_version = 3 })
       assert.are.same({ 0 }, settled)
       assert.are.equal(1, receipt.tensors)
-      loader.chunks[1].segment:close()
+      loader.load_plans:get(1).segment:close()
     end)
 
     it("waits for its stream with the last load and not at finish", function()
@@ -393,7 +392,7 @@ describe("wsync.runtime.loader", function()
       assert.are.same({ { memory = "gate mapping", seq = 6, last = true } }, loads)
       loader:finish_update({ publication_id = HEADER.publication_id, model_version = 3 })
       assert.are.same({}, settled) -- (the transport's load waited: last)
-      loader.chunks[1].segment:close()
+      loader.load_plans:get(1).segment:close()
     end)
 
     it("refuses, fatally, a load ordered on the device when init_weights mapped no gate", function()
@@ -403,7 +402,7 @@ describe("wsync.runtime.loader", function()
       assert.are.equal("NO_GATE", err.code)
       assert.is_true(err.fatal)
       assert.matches("init_weights mapped no gate", err.message, 1, true)
-      loader.chunks[1].segment:close()
+      loader.load_plans:get(1).segment:close()
     end)
   end)
 end)

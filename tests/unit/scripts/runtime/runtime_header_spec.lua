@@ -64,12 +64,12 @@ end)
 
 describe("reference runtime worker: receipts", function()
   local loader_module = require("wsync.runtime.loader")
-  local manifest_module = require("wsync.native.manifest")
+  local chunk_plans_module = require("wsync.transport.chunk_plans")
 
   -- A worker's loader in an update, as start_update leaves it (no processes).
   local function updating()
     return setmetatable({
-      rank = 1, world = 2, device = { uuid = UUIDS[2] }, digests = manifest_module.digest_cache(), segments = {},
+      rank = 1, world = 2, device = { uuid = UUIDS[2] }, load_plans = chunk_plans_module.new(nil),
       update = { header = header(), loaded = {}, tensors = 0, bytes = 0, touched = 0 },
     }, loader_module.Loader)
   end
