@@ -10,14 +10,17 @@ return {
   trainer = { kind = "external", ranks = 4 },
   -- vLLM serves the model of recipes/models/qwen3-30b-a3b (its config.json;
   -- with load_format "dummy" vLLM needs no checkpoint: wsync publishes it).
+  -- vLLM starts while the trainer holds all of its share (114 GiB a device:
+  -- bf16 parameters, gradients, fp32 master weights and Adam moments), and
+  -- reserves gpu_memory_utilization of the device at once: 0.16 (22.4 GiB:
+  -- its 14.2 GiB of TP4 weights, the rest KV cache) is what fits beside it.
   runtime = { kind = "vllm", tp = 4, respawn = false, model = "models/qwen3-30b-a3b", load = "direct",
-    vllm = { load_format = "dummy", gpu_memory_utilization = 0.4 } },
+    vllm = { load_format = "dummy", gpu_memory_utilization = 0.16 } },
   -- The largest trainer tensor (a layer's packed gate_up_proj) is 768 MiB.
   buffers = { bytes = 1 * GiB, count = 2 },
   memory = {
     device_bytes = 140 * GiB,
     optimizer_factor = 6, -- FP32 master weights and two Adam moments per BF16 parameter
-    kv_bytes = 40 * GiB,
     headroom_bytes = 2 * GiB,
   },
   bootstrap = { { sleep = 1 } },

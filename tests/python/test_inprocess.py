@@ -219,7 +219,8 @@ def test_a_publication_and_host_reports_account_for_the_round_failed_ones_includ
     assert [step["name"] for step in report["steps"]] == [
         "train_step", "publish_wait", "offload_optimizer", "wake weights", "publish", "resident_check",
         "offload_actor", "wake kv_cache", "sleep 2", "onload_actor", "onload_optimizer"], report["steps"]
-    assert all(set(step) == {"name", "kind", "where", "seconds", "bytes", "device_memory", "outcome"}
+    assert all(set(step) == {"name", "kind", "where", "seconds", "bytes", "device_memory", "predicted_bytes",
+                                "outcome"}
                for step in report["steps"])
     assert all(step["device_memory"] is None and step["outcome"] == "ok" for step in report["steps"])
     assert next(step for step in report["steps"] if step["name"] == "publish")["bytes"] == 405248

@@ -261,6 +261,10 @@ local function check(args)
     summary.trainer_ranks, summary.tp = topology.world, topology.tp
     summary.peak_device_bytes, summary.peak_step = memory.peak, memory.peak_step
     summary.device_budget_bytes = memory.budget
+    -- (The model's prediction after each step, per device: wsync.plan.schedule.)
+    summary.memory_steps = memory.steps
+    summary.memory_model = { context_bytes = memory.sizes.context, reservation_bytes = memory.sizes.reservation,
+      asleep_bytes = memory.sizes.asleep, kv_cache_bytes = memory.sizes.kv_cache, unmodelled = memory.sizes.unmodelled }
     summary.runtime = { kind = recipe.runtime.kind, tp = topology.tp, replicas = topology.replicas }
     if recipe.runtime.kind == "vllm" then
       summary.runtime.load = recipe.runtime.load or "direct"
@@ -305,10 +309,18 @@ local function check(args)
     for _, line in ipairs(lines) do
       io.stdout:write("  ", line, "\n")
     end
-    io.stdout:write("  schedule (bytes per device after each step):\n")
+    if memory.sizes.reservation then
+      io.stdout:write(string.format("  engine       vLLM reserves %s of the device's %s (KV cache %s); asleep it keeps "
+        .. "%s, and each process its CUDA context, %s\n", format_bytes(memory.sizes.reservation),
+        format_bytes(memory.sizes.device_bytes), format_bytes(memory.sizes.kv_cache), format_bytes(memory.sizes.asleep),
+        format_bytes(memory.sizes.context)))
+    elseif memory.sizes.unmodelled then
+      io.stdout:write(string.format("  not modelled %s\n", memory.sizes.unmodelled))
+    end
+    io.stdout:write("  schedule (predicted bytes per device after each step = trainer rank + TP worker):\n")
     for _, step in ipairs(memory.steps) do
-      io.stdout:write(string.format("    %-14s %-20s %d (%s)\n", step.where, step.step, step.bytes,
-        format_bytes(step.bytes)))
+      io.stdout:write(string.format("    %-14s %-20s %d (%s) = %s + %s\n", step.where, step.step, step.bytes,
+        format_bytes(step.bytes), format_bytes(step.trainer_bytes), format_bytes(step.rollout_bytes)))
     end
   end
   return 0

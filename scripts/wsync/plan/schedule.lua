@@ -11,14 +11,37 @@
 --- keeps the rollout's initial weights in host memory; later sleeps use level
 --- 2 and discard them, since publish rewrites them.
 ---
---- The model of one device: trainer parameters, gradients and optimizer state
---- (this rank's FSDP share), the rollout's resident TP-local weights, its KV
---- arena, and the packed buffers (from the first publish on) plus the largest
---- tensor in flight during a publish.
+--- The model of one device, two processes on it: a trainer rank (its CUDA
+--- context, its FSDP share of parameters, gradients and optimizer state, the
+--- packed buffers from the first publish on, plus the largest tensor in
+--- flight during a publish) and a TP worker of the rollout. The reference
+--- runtime's worker holds its context, its resident TP-local weights and its
+--- KV arena (memory.kv_bytes). vLLM's holds its context and what it reserved:
+--- gpu_memory_utilization of the device for weights, KV cache, activations
+--- and its non-torch memory, all of it while awake (it sizes the KV cache to
+--- fill the reservation), and only what sleep leaves (M.VLLM_ASLEEP_BYTES)
+--- plus its weights when they alone are awake. The device's total comes from
+--- memory.device_bytes or, at run time, from the device itself; without it
+--- vLLM's reservation is not modelled (`sizes.unmodelled` says so).
 local errors = require("wsync.errors")
 local plan_module = require("wsync.plan")
 
 local M = {}
+
+local MIB = 1024 * 1024
+
+--- A CUDA process's memory before it holds anything of the run: its context
+--- (0.49-0.55 GiB per process measured on the H200, CUDA 13, torch 2.11:
+--- tests/bench/logs/h200-2026-12-03). memory.context_bytes overrides it.
+M.CONTEXT_BYTES = 512 * MIB
+
+--- What a sleeping vLLM worker keeps beyond its context: its non-torch memory
+--- and what torch's allocator keeps (0.33 GiB for a 6 MiB model, 0.58 GiB for
+--- a 1.5 GB one, vLLM 0.26 on the H200).
+M.VLLM_ASLEEP_BYTES = 460 * MIB
+
+--- vLLM's own default share of the device.
+M.VLLM_UTILIZATION = 0.9
 
 --- Trainer callbacks with a known effect on memory. Other registered callbacks
 --- may be scheduled; they move nothing in the model.
@@ -112,18 +135,37 @@ local function describe(step)
 end
 M.describe = describe
 
---- The per-device sizes the model adds up, from the plan and the recipe.
+--- The engine of a recipe as the model sees it: {kind, utilization} for
+--- vLLM (gpu_memory_utilization, vLLM's default where the recipe leaves it),
+--- {kind} otherwise; `cuda`: whether its processes hold CUDA contexts.
+---@param recipe table
+function M.engine_of(recipe)
+  local runtime = recipe.runtime or {}
+  local engine = { kind = runtime.kind or "reference", cuda = recipe.backend == "cuda" }
+  if engine.kind == "vllm" then
+    engine.utilization = (runtime.vllm or {}).gpu_memory_utilization or M.VLLM_UTILIZATION
+  end
+  return engine
+end
+
+--- The per-device sizes the model adds up, from the plan, the recipe's
+--- memory table and its engine (M.engine_of; nil: the reference runtime on
+--- the host backend). `device_bytes`: the device's total, for vLLM's
+--- reservation (default memory.device_bytes).
 ---@param plan wsync.Plan
 ---@param topology {world: integer, tp: integer}
 ---@param memory table  recipe.memory
-function M.sizes(plan, topology, memory)
+---@param engine table?
+---@param device_bytes number?
+function M.sizes(plan, topology, memory, engine, device_bytes)
   local family = plan_module.family(plan.family)
   local rollout = 0
   for rank = 0, topology.tp - 1 do
     rollout = math.max(rollout, family.loader_plan(plan.config, topology.tp, rank).bytes)
   end
   local params = math.ceil(plan.bytes / topology.world)
-  return {
+  engine = engine or { kind = "reference" }
+  local sizes = {
     params = params,
     gradients = memory.gradients == false and 0 or params,
     optimizer = params * (memory.optimizer_factor or 6),
@@ -131,27 +173,59 @@ function M.sizes(plan, topology, memory)
     kv_cache = memory.kv_bytes or 0,
     buffers = plan.buffer_bytes * plan.buffer_count,
     largest = plan.largest.bytes,
+    context = engine.cuda and (memory.context_bytes or M.CONTEXT_BYTES) or 0,
   }
+  if engine.kind == "vllm" then
+    device_bytes = device_bytes or memory.device_bytes
+    if device_bytes then
+      sizes.reservation = math.floor(engine.utilization * device_bytes)
+      sizes.asleep = M.VLLM_ASLEEP_BYTES
+      if sizes.reservation <= rollout + sizes.asleep then
+        errors.raise("SCHEDULE_INVALID", string.format("vLLM's reservation, gpu_memory_utilization %g of the "
+          .. "device's %s, is %s: it does not hold a TP worker's %s of weights and the %s it needs beside them, "
+          .. "so no KV cache fits; raise gpu_memory_utilization", engine.utilization,
+          plan_module.format_bytes(device_bytes), plan_module.format_bytes(sizes.reservation),
+          plan_module.format_bytes(rollout), plan_module.format_bytes(sizes.asleep)),
+          { field = "runtime.vllm.gpu_memory_utilization" })
+      end
+      sizes.kv_cache = math.max(0, sizes.reservation - rollout - sizes.asleep)
+      sizes.device_bytes = device_bytes
+    else
+      sizes.unmodelled = string.format("vLLM's reservation (gpu_memory_utilization %g of the device): the "
+        .. "device's total is not known here (memory.device_bytes)", engine.utilization)
+    end
+  end
+  return sizes
+end
+
+-- The trainer rank's bytes and the TP worker's in `state`.
+local function parts(state, sizes)
+  local trainer = sizes.context
+  if state.actor then
+    trainer = trainer + sizes.params + sizes.gradients
+  end
+  if state.optimizer then
+    trainer = trainer + sizes.optimizer
+  end
+  if state.buffers then
+    trainer = trainer + sizes.buffers
+  end
+  local rollout = sizes.context
+  if sizes.reservation then
+    if state.weights == "awake" and state.kv_memory then
+      rollout = rollout + sizes.reservation
+    else
+      rollout = rollout + sizes.asleep + (state.weights == "awake" and sizes.rollout or 0)
+    end
+  else
+    rollout = rollout + (state.weights == "awake" and sizes.rollout or 0) + (state.kv_memory and sizes.kv_cache or 0)
+  end
+  return trainer, rollout
 end
 
 local function usage(state, sizes)
-  local total = 0
-  if state.actor then
-    total = total + sizes.params + sizes.gradients
-  end
-  if state.optimizer then
-    total = total + sizes.optimizer
-  end
-  if state.weights == "awake" then
-    total = total + sizes.rollout
-  end
-  if state.kv_cache then
-    total = total + sizes.kv_cache
-  end
-  if state.buffers then
-    total = total + sizes.buffers
-  end
-  return total
+  local trainer, rollout = parts(state, sizes)
+  return trainer + rollout
 end
 
 -- Applies one step to the modelled state; returns the peak during the step.
@@ -174,7 +248,7 @@ local function apply(state, step, sizes, callbacks)
       state[effect.part .. "_moved_by"] = step.where .. " (" .. describe(step) .. ")"
     end
   elseif step.kind == "sleep" then
-    state.kv_cache = false
+    state.kv_cache, state.kv_memory = false, false
     if state.weights == "awake" then
       state.weights = step.level == 1 and "offloaded" or "discarded"
     elseif state.weights == "offloaded" and step.level == 2 then
@@ -188,7 +262,7 @@ local function apply(state, step, sizes, callbacks)
       if state.weights ~= "awake" then
         refuse("wake kv_cache needs the rollout weights awake: wake weights first")
       end
-      state.kv_cache = true
+      state.kv_cache, state.kv_memory = true, true
     end
   elseif step.kind == "publish" then
     if not state.actor then
@@ -233,15 +307,21 @@ end
 ---@field schedule any[]
 ---@field budget number
 ---@field callbacks table<string, boolean>?
+---@field engine table?  M.engine_of(recipe)
+---@field device_bytes number?  the device's total, when known (default memory.device_bytes)
 
 --- Checks a bootstrap and a per-publication schedule against the model of one
---- device and returns the report: `{steps = {{where, step, bytes}}, peak,
---- peak_step, budget, sizes}`. Raises SCHEDULE_INVALID naming the step that
---- makes no sense or would overflow `budget`, or a schedule that does not give
---- the trainer back resident (it trains between publications).
+--- device and returns the report: `{steps = {{where, step, bytes,
+--- trainer_bytes, rollout_bytes}}, steady_steps, peak, peak_step, budget,
+--- sizes}` (bytes: after the step, or during it where that is more: a
+--- publish; `steps`: the bootstrap and the first round, `steady_steps`: the
+--- schedule's steps in every later round). Raises SCHEDULE_INVALID naming
+--- the step that makes no sense or would overflow `budget`, or a schedule
+--- that does not give the trainer back resident (it trains between
+--- publications).
 ---@param options wsync.ScheduleCheckOptions
 function M.check(options)
-  local sizes = M.sizes(options.plan, options.topology, options.memory or {})
+  local sizes = M.sizes(options.plan, options.topology, options.memory or {}, options.engine, options.device_bytes)
   local bootstrap, steps = {}, {}
   for i, step in ipairs(options.bootstrap or {}) do
     bootstrap[i] = M.normalize(step, string.format("bootstrap[%d]", i))
@@ -267,26 +347,33 @@ function M.check(options)
   if publishes == 0 then
     invalid("the schedule never publishes; it must publish exactly once", { field = "schedule" })
   end
-  local state = { actor = true, optimizer = true, weights = "awake", kv_cache = false, buffers = false }
+  -- (vLLM starts with its KV cache reserved; `kv_cache` is whether generation
+  -- may run, for the checks above: only a wake makes it so.)
+  local state = { actor = true, optimizer = true, weights = "awake", kv_cache = false, buffers = false,
+    kv_memory = (options.engine or {}).kind == "vllm" }
   local report = { steps = {}, peak = usage(state, sizes), peak_step = "start", budget = options.budget,
     sizes = sizes }
   -- Exact byte counts: two sizes close together read the same in MiB.
   local function check_budget(where, bytes)
     if options.budget and bytes > options.budget then
-      invalid(string.format("%s needs %d bytes (%s) on each device; the budget is %d bytes (%s)", where, bytes,
-        plan_module.format_bytes(bytes), options.budget, plan_module.format_bytes(options.budget)),
+      invalid(string.format("%s needs %d bytes (%s) on each device; the budget is %d bytes (%s): %d bytes (%s) "
+        .. "over", where, bytes, plan_module.format_bytes(bytes), options.budget,
+        plan_module.format_bytes(options.budget), bytes - options.budget,
+        plan_module.format_bytes(bytes - options.budget)),
         { field = where:match("^%S+") == "start" and "memory.device_bytes" or where:match("^%S+") })
     end
   end
   -- Before any step: the trainer with its optimizer and the rollout's
   -- weights, both resident, as the runtime starts.
   check_budget("start (trainer and rollout weights resident)", report.peak)
+  report.steady_steps = {}
   local function run(list, pass)
     for _, step in ipairs(list) do
       local bytes = apply(state, step, sizes, options.callbacks)
-      if pass == 1 then
-        report.steps[#report.steps + 1] = { where = step.where, step = describe(step), bytes = bytes }
-      end
+      local trainer, rollout = parts(state, sizes)
+      local into = pass == 1 and report.steps or report.steady_steps
+      into[#into + 1] = { where = step.where, step = describe(step), bytes = bytes, trainer_bytes = trainer,
+        rollout_bytes = rollout }
       if bytes > report.peak then
         report.peak, report.peak_step = bytes, step.where .. " (" .. describe(step) .. ")"
       end
@@ -306,6 +393,23 @@ function M.check(options)
   run(steps, 2)
   report.steady = state.weights == start.weights or nil
   return report, bootstrap, steps
+end
+
+--- The bytes `report` (M.check's) predicts on a device after the step at
+--- `where` ("bootstrap[1]", "schedule[3]"): the first round's, or with
+--- `steady` the later rounds'; nil for a step it does not know.
+---@param report table
+---@param where string
+---@param steady boolean?
+---@return number?
+function M.predicted_bytes(report, where, steady)
+  local list = steady and where:match("^schedule") and report.steady_steps or report.steps
+  for _, entry in ipairs(list) do
+    if entry.where == where then
+      return entry.bytes
+    end
+  end
+  return nil
 end
 
 return M

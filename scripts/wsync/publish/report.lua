@@ -252,7 +252,8 @@ end
 
 local function step_json(step)
   return { name = step.name, kind = step.kind, where = step.where or null, seconds = step.seconds,
-    bytes = step.bytes or null, device_memory = memory_json(step.device_memory), outcome = step.outcome }
+    bytes = step.bytes or null, device_memory = memory_json(step.device_memory),
+    predicted_bytes = step.predicted_bytes or null, outcome = step.outcome }
 end
 
 local function steps_json(steps)
@@ -508,6 +509,62 @@ local function memory_lines(lines, rounds, names)
   end
 end
 
+-- The most that one device of `sample` has in use.
+local function most_used(sample)
+  local most = 0
+  for _, entry in ipairs(sample) do
+    most = math.max(most, entry.used_bytes)
+  end
+  return most
+end
+
+--- How far a step's measured memory is from the model's prediction, against
+--- what the model promises (within 5% of the prediction or 1 GiB, the
+--- larger): {measured, predicted, percent, ratio (over 1: outside)}, or nil
+--- where the step has no sample or no prediction.
+---@param step table  a step of a round
+function M.memory_error(step)
+  if not (step.device_memory and step.predicted_bytes) then
+    return nil
+  end
+  local measured, predicted = most_used(step.device_memory), step.predicted_bytes
+  return { measured = measured, predicted = predicted,
+    percent = predicted > 0 and (measured - predicted) / predicted * 100 or 0,
+    ratio = math.abs(measured - predicted) / math.max(0.05 * predicted, GIB) }
+end
+
+-- The model against the measurement (wsync.plan.schedule): each step of the
+-- last round, then the step furthest outside what the model promises over
+-- all rounds, in one line a program can find.
+local function prediction_lines(lines, rounds)
+  local worst, worst_round
+  for _, round in ipairs(rounds) do
+    for _, step in ipairs(round.steps) do
+      local off = M.memory_error(step)
+      if off and (not worst or off.ratio > worst.off.ratio) then
+        worst, worst_round = { step = step, off = off }, round.round
+      end
+    end
+  end
+  if not worst then
+    return
+  end
+  local last = rounds[#rounds]
+  lines[#lines + 1] = string.format("the memory model against the device after each step of round %d (GiB, the most "
+    .. "loaded device):", last.round)
+  for _, step in ipairs(last.steps) do
+    local off = M.memory_error(step)
+    if off then
+      lines[#lines + 1] = string.format("  %-18s predicted %7.2f, measured %7.2f (%+.1f %%)", step.name,
+        off.predicted / GIB, off.measured / GIB, off.percent)
+    end
+  end
+  local off = worst.off
+  lines[#lines + 1] = string.format("schedule memory: worst step %s (round %d): predicted %.2f GiB, measured %.2f GiB "
+    .. "(%+.1f %%), %s 5%% or 1 GiB", worst.step.name, worst_round, off.predicted / GIB, off.measured / GIB,
+    off.percent, off.ratio <= 1 and "within" or "outside")
+end
+
 -- Round `round`'s seconds of step `name` (added up when it ran twice), and
 -- whether it failed there.
 local function step_seconds(round, name)
@@ -579,6 +636,7 @@ function Report:text_lines()
       lines[#lines + 1] = row(cells, widths)
     end
     memory_lines(lines, rounds, names)
+    prediction_lines(lines, rounds)
     -- Each publication's phases.
     header = { "version", "step", "bytes", "total ms" }
     for _, phase in ipairs(M.PHASES) do

@@ -96,7 +96,7 @@ end
 --- wsync.publish.memory_probe, nil on the host backend (or where the driver
 --- cannot say).
 ---@return table[]?
-function Session:sample_memory()
+function Session:sample_memory(where)
   if self.recipe.backend ~= "cuda" or self.memory_unavailable then
     return nil
   end
@@ -105,8 +105,28 @@ function Session:sample_memory()
   if not sample then
     self.memory_unavailable = probe.unavailable
     say("device memory after each step is not reported: %s", tostring(probe.unavailable))
+    return nil
   end
-  return sample
+  return sample, where and self:predicted_bytes(where, sample)
+end
+
+--- The model's bytes on a device after the step at `where` (the bootstrap's
+--- and the first round's, then the steady state's: wsync.plan.schedule),
+--- with vLLM's reservation taken from the total of the device `sample` names
+--- first where the recipe did not give one (memory.device_bytes).
+---@param where string
+---@param sample table[]  wsync.publish.memory_probe's sample
+---@return number?
+function Session:predicted_bytes(where, sample)
+  local report = self.memory_report
+  if report.sizes.unmodelled and sample[1] and sample[1].total_bytes then
+    if not self.run_memory_report then
+      self.run_memory_report = prepare_module.check_schedule(self.recipe, self.plan, self.topology, nil,
+        sample[1].total_bytes)
+    end
+    report = self.run_memory_report
+  end
+  return schedule_module.predicted_bytes(report, where, self.rounds > 0)
 end
 
 --- Spawns the session's runtime on the ranks' devices, in rank order
@@ -143,8 +163,8 @@ function M.open(recipe, options)
     bootstrap = bootstrap, steps = steps,
   }, Session)
   session.schedule = steps_module.new(session.timeouts.callback)
-  session.schedule:sample_memory_with(function()
-    return session:sample_memory()
+  session.schedule:sample_memory_with(function(where)
+    return session:sample_memory(where)
   end)
   session.registry = registry_module.new(session, { world = topology.world, plan = plan, steps = recipe.trainer.steps,
     announce = recipe.trainer.kind ~= "synthetic" })
@@ -259,7 +279,8 @@ function Session:end_round(publication)
   local round = self.round_report
   -- Committed: it is in the report even if a later step of the round fails.
   self.report:add_publication(round, report, "ok", self.publish_where)
-  round.steps[#round.steps].device_memory = self:sample_memory()
+  local entry = round.steps[#round.steps]
+  entry.device_memory, entry.predicted_bytes = self:sample_memory(self.publish_where)
   local mode = require("wsync.recipe").verify_mode(self.recipe)
   if mode then
     self.resident_check = self.resident_check or resident_check_module.new({ mode = mode, plan = self.plan,

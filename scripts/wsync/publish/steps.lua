@@ -24,10 +24,12 @@ function M.new(callback_timeout)
   return setmetatable({ callback_timeout = callback_timeout, resident = { actor = true, optimizer = true } }, Steps)
 end
 
---- Where the device memory after each step comes from: `sample()` returns
---- what wsync.publish.memory_probe's sample does (nil: nothing to say);
---- each step's report entry keeps it as its `device_memory`.
----@param sample fun(): table[]?
+--- Where the device memory after each step comes from: `sample(where)`
+--- returns what wsync.publish.memory_probe's sample does (nil: nothing to
+--- say) and the model's prediction for the step at `where` (bytes on the
+--- most loaded device, or nil); each step's report entry keeps them as its
+--- `device_memory` and `predicted_bytes`.
+---@param sample fun(where: string): table[]?, number?
 function Steps:sample_memory_with(sample)
   self.sample = sample
 end
@@ -71,7 +73,7 @@ function Steps:run(step, target, ranks, rollout)
   local entry = target.steps[#target.steps]
   entry.bytes = moved
   if self.sample then
-    entry.device_memory = self.sample()
+    entry.device_memory, entry.predicted_bytes = self.sample(entry.where)
   end
 end
 

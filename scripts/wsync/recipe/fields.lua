@@ -159,6 +159,10 @@ M.schema = schema.record({
           default = 6 }),
         gradients = schema.boolean({ default = true }),
         kv_bytes = integer(0, 0),
+        -- A CUDA process's own memory before it holds anything of the run
+        -- (its context), in the model of each device: wsync.plan.schedule's
+        -- CONTEXT_BYTES unless given.
+        context_bytes = integer(0, 0),
         headroom_bytes = integer(0, 0),
       },
       default = {},

@@ -16,15 +16,18 @@ local M = {}
 
 --- Checks the recipe's bootstrap and schedule against the plan and the
 --- trainer callbacks (nil: not known yet); returns the memory report and the
---- normalized bootstrap and schedule steps.
+--- normalized bootstrap and schedule steps. `device_bytes`: the device's total where known (at run time, from the
+--- device), for vLLM's reservation; default memory.device_bytes.
 ---@param recipe table
 ---@param plan wsync.Plan
 ---@param topology {world: integer, tp: integer, replicas: integer}
 ---@param callbacks table<string, boolean>?
-function M.check_schedule(recipe, plan, topology, callbacks)
+---@param device_bytes number?
+function M.check_schedule(recipe, plan, topology, callbacks, device_bytes)
   return schedule_module.check({
     plan = plan, topology = topology, memory = recipe.memory, bootstrap = recipe.bootstrap,
     schedule = recipe.schedule, budget = recipe.memory.device_bytes, callbacks = callbacks,
+    engine = schedule_module.engine_of(recipe), device_bytes = device_bytes,
   })
 end
 

@@ -60,9 +60,20 @@ describe("wsync check", function()
     assert.matches("\n  peak memory +" .. string.format("%d", json.peak_device_bytes)
       .. " bytes %([%d.]+ GiB%) per device, at ", out)
     assert.matches("\n  manifest +" .. json.manifest .. "\n", out)
-    -- every schedule step with its bytes
-    assert.matches("\n +schedule%[3%] +publish +%d+ %(", out)
+    -- every schedule step with its bytes, the trainer rank's and vLLM's
+    assert.matches("\n +schedule%[3%] +publish +%d+ %([%d.]+ GiB%) = [%d.]+ GiB %+ [%d.]+ GiB\n", out)
     assert.matches("\n +bootstrap%[1%] +sleep 1 +%d+ %(", out)
+    assert.matches("\n  engine +vLLM reserves 22.40 GiB of the device's 140.00 GiB %(KV cache [%d.]+ GiB%)", out)
+    -- and under --json, one entry per step of the bootstrap and the schedule
+    local recipe_steps = require("wsync.recipe").load("recipes/qwen3_30b_a3b_fsdp4_tp4.lua")
+    assert.are.equal(#recipe_steps.bootstrap + #recipe_steps.schedule, #json.memory_steps)
+    for _, step in ipairs(json.memory_steps) do
+      assert.is_string(step.where)
+      if step.step ~= "publish" then -- (a publish's bytes are its peak: the buffers and a tensor in flight)
+        assert.are.equal(step.bytes, step.trainer_bytes + step.rollout_bytes)
+      end
+    end
+    assert.are.equal(math.floor(0.16 * 140 * 2 ^ 30), json.memory_model.reservation_bytes)
   end)
 
   it("--json is the same text on every run: keys sorted at every depth, with the wsync version and commit",
@@ -136,7 +147,8 @@ describe("wsync check", function()
     assert.are.equal(3, result.code)
     assert.are.equal("", result.stdout)
     assert.are.equal(string.format("wsync: %s:%d: schedule[5] (wake kv_cache) needs 1534272 bytes (1.46 MiB) on "
-      .. "each device; the budget is 1468006 bytes (1.40 MiB) (schedule[5] is inherited from recipes/demo.lua:%d)\n",
+      .. "each device; the budget is 1468006 bytes (1.40 MiB): 66266 bytes (64.71 KiB) over (schedule[5] is "
+      .. "inherited from recipes/demo.lua:%d)\n",
       path, line, recipe.field_line("recipes/demo.lua", "schedule")), result.stderr)
     -- With --json the same error is a JSON object on stdout, with the same
     -- exit code, and nothing on stderr.

@@ -40,7 +40,7 @@ local function check(schedule_steps, options)
   return schedule.check({
     plan = PLAN, topology = TOPOLOGY, memory = options.memory or MEMORY,
     bootstrap = options.bootstrap or { { sleep = 1 } }, schedule = schedule_steps, budget = options.budget,
-    callbacks = options.callbacks,
+    callbacks = options.callbacks, engine = options.engine, device_bytes = options.device_bytes,
   })
 end
 
@@ -236,21 +236,26 @@ describe("schedule.check", function()
     it("sizes one device as computed by hand", function()
       local report = check(USUAL)
       assert.are.same({ params = P, gradients = P, optimizer = 2 * P, rollout = R, kv_cache = K, buffers = B,
-        largest = LARGEST }, report.sizes)
+        largest = LARGEST, context = 0 }, report.sizes)
     end)
 
     it("follows every step, and finds the peak and its step", function()
       local report = check(USUAL)
+      -- (Each step: the device's bytes, the trainer rank's and the TP worker's.)
+      local function step(where, name, trainer, rollout, during)
+        return { where = where, step = name, bytes = during or trainer + rollout, trainer_bytes = trainer,
+          rollout_bytes = rollout }
+      end
       local expected = {
-        { where = "bootstrap[1]", step = "sleep 1", bytes = 4 * P }, -- weights to host memory
-        { where = "schedule[1]", step = "offload_optimizer", bytes = 2 * P },
-        { where = "schedule[2]", step = "wake weights", bytes = 2 * P + R },
-        { where = "schedule[3]", step = "publish", bytes = 2 * P + R + B + LARGEST },
-        { where = "schedule[4]", step = "offload_actor", bytes = R + B },
-        { where = "schedule[5]", step = "wake kv_cache", bytes = R + B + K },
-        { where = "schedule[6]", step = "sleep 2", bytes = B },
-        { where = "schedule[7]", step = "onload_actor", bytes = 2 * P + B },
-        { where = "schedule[8]", step = "onload_optimizer", bytes = 4 * P + B },
+        step("bootstrap[1]", "sleep 1", 4 * P, 0), -- weights to host memory
+        step("schedule[1]", "offload_optimizer", 2 * P, 0),
+        step("schedule[2]", "wake weights", 2 * P, R),
+        step("schedule[3]", "publish", 2 * P + B, R, 2 * P + R + B + LARGEST),
+        step("schedule[4]", "offload_actor", B, R),
+        step("schedule[5]", "wake kv_cache", B, R + K),
+        step("schedule[6]", "sleep 2", B, 0),
+        step("schedule[7]", "onload_actor", 2 * P + B, 0),
+        step("schedule[8]", "onload_optimizer", 4 * P + B, 0),
       }
       assert.are.same(expected, report.steps)
       -- start: 4P + R = 1017088; the KV cache step: R + B + K = 1534272
@@ -271,7 +276,7 @@ describe("schedule.check", function()
       local err = refusal(USUAL, { budget = 1500000 })
       assert.are.equal("schedule[5]", err.field)
       assert.matches("schedule[5] (wake kv_cache) needs 1534272 bytes (1.46 MiB) on each device; the budget is "
-        .. "1500000 bytes (1.43 MiB)", err.message, 1, true)
+        .. "1500000 bytes (1.43 MiB): 34272 bytes (33.47 KiB) over", err.message, 1, true)
     end)
 
     it("accepts a budget of exactly the peak", function()
@@ -284,11 +289,92 @@ describe("schedule.check", function()
       assert.matches("start (trainer and rollout weights resident) needs 1017088 bytes", err.message, 1, true)
     end)
 
+    it("predicts each step of the first round, then of the steady state (the buffers held from the first publish)",
+      function()
+        local report = check(USUAL, { bootstrap = {} })
+        -- (First: the rollout's weights awake, as it starts, and no buffers
+        -- yet; later: the weights discarded by the sleep, the buffers held.)
+        assert.are.equal(2 * P + R, schedule.predicted_bytes(report, "schedule[1]"))
+        assert.are.equal(2 * P + B, schedule.predicted_bytes(report, "schedule[1]", true))
+        assert.are.equal(4 * P + B, schedule.predicted_bytes(report, "schedule[8]", true))
+        assert.is_nil(schedule.predicted_bytes(report, "schedule[9]"))
+      end)
+
     it("keeps counting the buffers after the first publish", function()
       local report = check(USUAL, { bootstrap = {} })
       assert.are.equal(4 * P + B, report.steps[#report.steps].bytes)
       local err = refusal(USUAL, { bootstrap = {}, budget = 4 * P + B - 1, memory = { optimizer_factor = 2 } })
       assert.are.equal("schedule[8]", err.field)
+    end)
+  end)
+
+  describe("memory model with vLLM's reservation and CUDA contexts", function()
+    local GIB = 1024 ^ 3
+    local C, ASLEEP = schedule.CONTEXT_BYTES, schedule.VLLM_ASLEEP_BYTES
+    local VLLM = { kind = "vllm", utilization = 0.25, cuda = true }
+    local DEVICE = 100 * GIB
+    local RESERVED = math.floor(0.25 * DEVICE)
+
+    it("holds the reservation while awake, what sleep leaves asleep, and a context in each process", function()
+      local report = check(USUAL, { engine = VLLM, device_bytes = DEVICE })
+      assert.are.equal(RESERVED, report.sizes.reservation)
+      assert.are.equal(RESERVED - R - ASLEEP, report.sizes.kv_cache)
+      local by_step = {}
+      for _, entry in ipairs(report.steps) do
+        by_step[entry.where] = entry
+      end
+      assert.are.equal(C + 4 * P, by_step["bootstrap[1]"].trainer_bytes)
+      assert.are.equal(C + ASLEEP, by_step["bootstrap[1]"].rollout_bytes) -- asleep: weights to the host
+      assert.are.equal(C + ASLEEP + R, by_step["schedule[2]"].rollout_bytes) -- its weights alone awake
+      assert.are.equal(C + RESERVED, by_step["schedule[5]"].rollout_bytes) -- the KV cache too: all it reserved
+      assert.are.equal(C + B + C + RESERVED, by_step["schedule[5]"].bytes)
+      assert.are.equal(C + ASLEEP, by_step["schedule[6]"].rollout_bytes)
+    end)
+
+    it("starts vLLM with its KV cache reserved, as vLLM does", function()
+      local report = check({ "offload_optimizer", "publish", "onload_optimizer" }, { bootstrap = {}, engine = VLLM,
+        device_bytes = DEVICE })
+      for _, entry in ipairs(report.steps) do
+        assert.are.equal(C + RESERVED, entry.rollout_bytes)
+      end
+      assert.are.equal(C + 4 * P + B + C + RESERVED, report.peak)
+    end)
+
+    it("predicts what the H200 measured of vLLM 0.26 within 5% or 1 GiB (tests/bench/logs/h200-2026-12-03)",
+      function()
+        -- vllm_memory.log: a 1.41 GiB model at gpu_memory_utilization 0.3 of
+        -- CUDA's 139.8 GiB; the EngineCore process's memory per state.
+        local measured = { awake = 42.490, asleep = 1.076, weights = 2.500 }
+        local sizes = schedule.sizes(PLAN, TOPOLOGY, {}, { kind = "vllm", utilization = 0.3, cuda = true },
+          139.8 * GIB)
+        local weights = 1.41 * GIB
+        local predicted = { awake = sizes.context + sizes.reservation, asleep = sizes.context + sizes.asleep,
+          weights = sizes.context + sizes.asleep + weights }
+        for state, gib in pairs(measured) do
+          local off = math.abs(predicted[state] - gib * GIB)
+          assert.is_true(off <= math.max(0.05 * gib * GIB, GIB),
+            string.format("%s: predicted %.3f GiB, measured %.3f GiB", state, predicted[state] / GIB, gib))
+        end
+      end)
+
+    it("says vLLM's reservation is not modelled where the device's total is not known", function()
+      local report = check(USUAL, { engine = VLLM })
+      assert.is_nil(report.sizes.reservation)
+      assert.matches("gpu_memory_utilization 0.25 of the device", report.sizes.unmodelled, 1, true)
+    end)
+
+    it("refuses a trainer and vLLM's reservation that do not fit beside each other, naming the bytes over", function()
+      -- (The optimizer state alone is 80% of the device: vLLM's 25% does not
+      -- fit beside it when vLLM starts.)
+      local memory = { optimizer_factor = 0.8 * DEVICE / P, kv_bytes = K }
+      local err = refusal(USUAL, { engine = VLLM, device_bytes = DEVICE, budget = DEVICE, memory = memory })
+      assert.are.equal("memory.device_bytes", err.field)
+      -- (Over: two contexts, the actor, 80 GiB of optimizer state and 25 GiB
+      -- reserved, less the 100 GiB: 6 GiB and the actor's 0.39 MiB.)
+      local over = 2 * C + 2 * P + 0.8 * DEVICE + RESERVED - DEVICE
+      assert.matches("start (trainer and rollout weights resident) needs ", err.message, 1, true)
+      assert.matches(string.format("the budget is %d bytes (100.00 GiB): %d bytes (6.00 GiB) over", DEVICE, over),
+        err.message, 1, true)
     end)
   end)
 end)

@@ -92,7 +92,7 @@ describe("wsync.publish.report", function()
     assert.are.same({ "train_step", "publish_wait", "offload_optimizer", "publish" }, {
       ok_round.steps[1].name, ok_round.steps[2].name, ok_round.steps[3].name, ok_round.steps[4].name })
     assert.are.same({ name = "publish", kind = "publish", where = "schedule[2]", seconds = 0.01, bytes = 405248,
-      device_memory = util.json_null, outcome = "ok" }, ok_round.steps[4])
+      device_memory = util.json_null, predicted_bytes = util.json_null, outcome = "ok" }, ok_round.steps[4])
     assert.are.equal(util.json_null, ok_round.error)
     assert.are.equal("failed", failed.outcome)
     assert.are.same({ code = "CALLBACK_FAILED", message = "callback 'offload_optimizer' failed", rank = 1,
@@ -201,5 +201,31 @@ describe("wsync.publish.report", function()
       steps[3].device_memory)
     assert.are.equal("[]", util.json(report_module.round_json(round).steps[4].device_memory[1].processes))
   end)
-end)
 
+  it("sets the model's prediction beside what each step measured, and names the worst step against its promise",
+    function()
+      local GIB = 1024 ^ 3
+      local report = report_module.new(ABOUT)
+      local round = report:begin_round(1, {})
+      local function step(name, measured, predicted)
+        report_module.timed(round, name, "trainer", function() end, { where = "schedule[1]" })
+        round.steps[#round.steps].device_memory = { { device = "gpu-a", used_bytes = 1 * GIB, total_bytes = 80 * GIB },
+          { device = "gpu-b", used_bytes = measured, total_bytes = 80 * GIB } }
+        round.steps[#round.steps].predicted_bytes = predicted
+      end
+      step("offload_optimizer", 30.5 * GIB, 30 * GIB) -- (0.5 GiB off: within 1 GiB)
+      step("wake kv_cache", 44 * GIB, 40 * GIB) -- (10 %: outside 5 % of 40 GiB, 2 GiB)
+      step("onload_optimizer", 2.5 * GIB, 2 * GIB)
+      report:end_round(round)
+      local kv = round.steps[#round.steps - 1]
+      assert.are.same({ measured = 44 * GIB, predicted = 40 * GIB, percent = 10, ratio = 2 },
+        report_module.memory_error(kv))
+      local text = table.concat(report:text_lines(), "\n") .. "\n"
+      assert.matches("\nthe memory model against the device after each step of round 1 %(GiB, the most loaded "
+        .. "device%):\n  offload_optimizer +predicted +30%.00, measured +30%.50 %(%+1%.7 %%%)\n", text)
+      assert.matches("\nschedule memory: worst step wake kv_cache %(round 1%): predicted 40%.00 GiB, measured 44%.00 "
+        .. "GiB %(%+10%.0 %%%), outside 5%% or 1 GiB\n", text)
+      local steps = cjson.decode(util.json(report_module.round_json(round))).steps
+      assert.are.equal(40 * GIB, steps[#steps - 1].predicted_bytes)
+    end)
+end)

@@ -94,12 +94,15 @@ describe("wsync.publish.steps", function()
     local steps, round, samples = steps_module.new(30), { steps = {} }, 0
     steps:run(normalized({ wake = { "weights" } }), round, ranks, rollout)
     assert.is_nil(round.steps[1].device_memory)
-    steps:sample_memory_with(function()
-      samples = samples + 1
-      return { { device = "gpu-a", used_bytes = samples } }
+    local asked
+    steps:sample_memory_with(function(where)
+      samples, asked = samples + 1, where
+      return { { device = "gpu-a", used_bytes = samples } }, 1000
     end)
     steps:run(normalized("offload_optimizer"), round, ranks, rollout)
     assert.are.same({ { device = "gpu-a", used_bytes = 1 } }, round.steps[2].device_memory)
+    assert.are.equal(1000, round.steps[2].predicted_bytes) -- (the model's, for the step it names)
+    assert.are.equal("schedule[1]", asked)
     assert.has_error(function()
       steps:run(normalized({ sleep = 2 }), round, ranks, rollout)
     end)
