@@ -10,6 +10,9 @@ local M = {}
 ---@param changes table?
 ---@return table
 function M.model(changes)
+  -- (On cuda each process also holds its CUDA context, about 0.5 GiB: a
+  -- budget that holds two, wsync.plan.schedule.)
+  local device_bytes = (changes or {}).backend == "cuda" and 2 * 1024 ^ 3 or 64 * 1024 * 1024
   return merge.merge({
     name = "model",
     backend = "host",
@@ -17,7 +20,7 @@ function M.model(changes)
     trainer = { kind = "synthetic", ranks = 2, steps = 3 },
     runtime = { kind = "reference", tp = 2 },
     buffers = { bytes = 160 * 1024, count = 2 },
-    memory = { device_bytes = 64 * 1024 * 1024, kv_bytes = 1024 * 1024 },
+    memory = { device_bytes = device_bytes, kv_bytes = 1024 * 1024 },
     schedule = { { wake = { "weights" } }, "publish" },
     timeouts = { load_chunk = 30 },
   }, changes or {})

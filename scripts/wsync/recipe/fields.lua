@@ -162,7 +162,7 @@ M.schema = schema.record({
         -- A CUDA process's own memory before it holds anything of the run
         -- (its context), in the model of each device: wsync.plan.schedule's
         -- CONTEXT_BYTES unless given.
-        context_bytes = integer(0, 0),
+        context_bytes = byte_count,
         headroom_bytes = integer(0, 0),
       },
       default = {},

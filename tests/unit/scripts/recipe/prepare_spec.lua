@@ -33,6 +33,19 @@ describe("prepare", function()
     assert.is_nil(prepare(direct, { plan_only = true }).gated)
   end)
 
+  it("models a CUDA context in each process on the cuda backend (memory.context_bytes, or the default), none on the "
+    .. "host", function()
+    local schedule = require("wsync.plan.schedule")
+    local function context(changes)
+      local _, _, report = prepare_module.prepare(assert(schema.check(fields.schema, model_recipe(changes))),
+        { plan_only = true })
+      return report.sizes.context
+    end
+    assert.are.equal(0, context())
+    assert.are.equal(schedule.CONTEXT_BYTES, context({ backend = "cuda" }))
+    assert.are.equal(300 * 2 ^ 20, context({ backend = "cuda", memory = { context_bytes = 300 * 2 ^ 20 } }))
+  end)
+
   it("knows the synthetic trainer's callbacks before its ranks register, not an external trainer's", function()
     assert.are.same({ offload_optimizer = true, onload_optimizer = true, offload_actor = true, onload_actor = true },
       prepare_module.known_callbacks(recipes.validated()))
