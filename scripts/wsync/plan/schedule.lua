@@ -136,13 +136,15 @@ end
 M.describe = describe
 
 --- The engine of a recipe as the model sees it: {kind, utilization} for
---- vLLM (gpu_memory_utilization, vLLM's default where the recipe leaves it),
---- {kind} otherwise; `cuda`: whether its processes hold CUDA contexts.
+--- vLLM on a GPU (gpu_memory_utilization, vLLM's default where the recipe
+--- leaves it), {kind} otherwise (vLLM on the host backend is a stand-in
+--- engine, modelled as the reference runtime); `cuda`: whether its processes
+--- hold CUDA contexts.
 ---@param recipe table
 function M.engine_of(recipe)
   local runtime = recipe.runtime or {}
   local engine = { kind = runtime.kind or "reference", cuda = recipe.backend == "cuda" }
-  if engine.kind == "vllm" then
+  if engine.kind == "vllm" and engine.cuda then
     engine.utilization = (runtime.vllm or {}).gpu_memory_utilization or M.VLLM_UTILIZATION
   end
   return engine
@@ -175,7 +177,7 @@ function M.sizes(plan, topology, memory, engine, device_bytes)
     largest = plan.largest.bytes,
     context = engine.cuda and (memory.context_bytes or M.CONTEXT_BYTES) or 0,
   }
-  if engine.kind == "vllm" then
+  if engine.kind == "vllm" and engine.utilization then
     device_bytes = device_bytes or memory.device_bytes
     if device_bytes then
       sizes.reservation = math.floor(engine.utilization * device_bytes)

@@ -357,6 +357,18 @@ describe("schedule.check", function()
         end
       end)
 
+    it("models vLLM's reservation on a GPU only (on the host backend the vllm runtime runs a stand-in engine)",
+      function()
+        assert.are.same({ kind = "vllm", cuda = true, utilization = 0.9 },
+          schedule.engine_of({ backend = "cuda", runtime = { kind = "vllm" } }))
+        local vllm = { kind = "vllm", vllm = { gpu_memory_utilization = 0.3 } }
+        assert.are.same({ kind = "vllm", cuda = true, utilization = 0.3 },
+          schedule.engine_of({ backend = "cuda", runtime = vllm }))
+        assert.are.same({ kind = "vllm", cuda = false }, schedule.engine_of({ backend = "host",
+          runtime = { kind = "vllm", vllm = { gpu_memory_utilization = 0.3 } } }))
+        assert.are.same({ kind = "reference", cuda = false }, schedule.engine_of({ backend = "host" }))
+      end)
+
     it("says vLLM's reservation is not modelled where the device's total is not known", function()
       local report = check(USUAL, { engine = VLLM })
       assert.is_nil(report.sizes.reservation)
