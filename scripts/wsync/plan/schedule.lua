@@ -351,23 +351,29 @@ function M.check(options)
   end
   -- (vLLM starts with its KV cache reserved; `kv_cache` is whether generation
   -- may run, for the checks above: only a wake makes it so.)
-  local state = { actor = true, optimizer = true, weights = "awake", kv_cache = false, buffers = false,
-    kv_memory = (options.engine or {}).kind == "vllm" }
+  -- (memory.optimizer_at_start = false: the optimizer's state is made by
+  -- the trainer's first step, after the runtime started and the bootstrap
+  -- ran, as torch's optimizers make theirs.)
+  local memory = options.memory or {}
+  local state = { actor = true, optimizer = memory.optimizer_at_start ~= false, weights = "awake", kv_cache = false,
+    buffers = false, kv_memory = (options.engine or {}).kind == "vllm" }
   local report = { steps = {}, peak = usage(state, sizes), peak_step = "start", budget = options.budget,
     sizes = sizes }
   -- Exact byte counts: two sizes close together read the same in MiB.
-  local function check_budget(where, bytes)
+  local function check_budget(where, bytes, field)
     if options.budget and bytes > options.budget then
       invalid(string.format("%s needs %d bytes (%s) on each device; the budget is %d bytes (%s): %d bytes (%s) "
         .. "over", where, bytes, plan_module.format_bytes(bytes), options.budget,
         plan_module.format_bytes(options.budget), bytes - options.budget,
         plan_module.format_bytes(bytes - options.budget)),
-        { field = where:match("^%S+") == "start" and "memory.device_bytes" or where:match("^%S+") })
+        { field = field or (where:match("^%S+") == "start" and "memory.device_bytes" or where:match("^%S+")) })
     end
   end
-  -- Before any step: the trainer with its optimizer and the rollout's
-  -- weights, both resident, as the runtime starts.
-  check_budget("start (trainer and rollout weights resident)", report.peak)
+  -- Before any step: the trainer with its optimizer (unless the first step
+  -- makes it) and the rollout's weights, both resident, as the runtime
+  -- starts.
+  check_budget(state.optimizer and "start (trainer and rollout weights resident)"
+    or "start (the trainer's actor and the rollout weights resident)", report.peak)
   report.steady_steps = {}
   local function run(list, pass)
     for _, step in ipairs(list) do
@@ -383,6 +389,18 @@ function M.check(options)
     end
   end
   run(bootstrap, 1)
+  if memory.optimizer_at_start == false then
+    if not state.optimizer then
+      state.optimizer = true
+      local trainer, rollout = parts(state, sizes)
+      report.first_step = { bytes = trainer + rollout, trainer_bytes = trainer, rollout_bytes = rollout }
+      local where = "the first train_step (it makes the optimizer's state)"
+      if report.first_step.bytes > report.peak then
+        report.peak, report.peak_step = report.first_step.bytes, where
+      end
+      check_budget(where, report.first_step.bytes, "memory.optimizer_at_start")
+    end
+  end
   local start = require("wsync.util").merged(state)
   run(steps, 1)
   if not (state.actor and state.optimizer) then

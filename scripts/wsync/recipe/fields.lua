@@ -163,6 +163,11 @@ M.schema = schema.record({
         -- (its context), in the model of each device: wsync.plan.schedule's
         -- CONTEXT_BYTES unless given.
         context_bytes = byte_count,
+        -- Whether the trainer's optimizer state exists when the runtime
+        -- starts (a resumed run), or its first step makes it after the
+        -- runtime started and the bootstrap ran (false: torch's optimizers
+        -- make their state lazily).
+        optimizer_at_start = schema.boolean({ default = true }),
         headroom_bytes = integer(0, 0),
       },
       default = {},

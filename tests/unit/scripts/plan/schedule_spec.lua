@@ -369,6 +369,24 @@ describe("schedule.check", function()
         assert.are.same({ kind = "reference", cuda = false }, schedule.engine_of({ backend = "host" }))
       end)
 
+    it("leaves the optimizer's state out of the start when the first step makes it (memory.optimizer_at_start)",
+      function()
+        local memory = { optimizer_factor = 2, kv_bytes = K, optimizer_at_start = false }
+        local report = check(USUAL, { memory = memory, engine = VLLM, device_bytes = DEVICE })
+        -- (start: the actor and vLLM's reservation; the bootstrap's sleep; then
+        -- the first step makes 2P of optimizer state beside the sleeping vLLM.)
+        assert.are.same({ bytes = C + 4 * P + C + ASLEEP, trainer_bytes = C + 4 * P, rollout_bytes = C + ASLEEP },
+          report.first_step)
+        assert.are.equal(C + 2 * P + C + RESERVED, report.peak) -- (the start: the actor beside all vLLM reserved)
+        -- Without the bootstrap's sleep, the first step's optimizer state
+        -- meets vLLM's whole reservation: refused, naming the field.
+        local err = refusal(USUAL, { bootstrap = {}, memory = memory, engine = VLLM, device_bytes = DEVICE,
+          budget = C + 2 * P + C + RESERVED + P })
+        assert.are.equal("memory.optimizer_at_start", err.field)
+        assert.matches("the first train_step (it makes the optimizer's state) needs ", err.message, 1, true)
+        assert.matches(": " .. string.format("%d", P) .. " bytes %([%d.]+ KiB%) over$", err.message)
+      end)
+
     it("says vLLM's reservation is not modelled where the device's total is not known", function()
       local report = check(USUAL, { engine = VLLM })
       assert.is_nil(report.sizes.reservation)
