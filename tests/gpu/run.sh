@@ -7,7 +7,7 @@
 # as build/bundle or build/bundle.tar.xz), writing every log under $OUT (default
 # ./gpu-out) and a summary.
 #
-#   [STAGES="tier fsdp2 copy shapes publish vllm vllm-faults example vllm-bench rl-step"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
+#   [STAGES="tier fsdp2 copy shapes publish host-time offload vllm vllm-faults vllm-memory example vllm-bench rl-step"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
 #     STAGES: which to run (default all; one device call has 10 minutes)
 #     VLLM_WAYS: the benchmark's ways beside vLLM's own (tests/bench/vllm_publish.py;
 #       default "direct storage,direct 2x4GiB,native")
@@ -18,12 +18,17 @@
 #       its plot in rl_example.png
 #     rl-step: the RL step's publication with the engine live, three model sizes
 #       (tests/bench/rl_step.py; its own device call: about 5 minutes)
+#     host-time: the host's time outside copies per publication at the 30B-A3B's and the
+#       235B's tensor counts (tests/bench/publish_bandwidth.lua layout)
+#     offload: the schedule's torch offloads against the pinned copy (tests/bench/offload.py)
+#     vllm-memory: vLLM's device memory in each sleep/wake state (tests/gpu/vllm_memory.py),
+#       the memory model's calibration
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 out=${OUT:-./gpu-out}
 mkdir -p "$out"
 scale=${1:-1}
-stages=" ${STAGES:-tier fsdp2 copy shapes publish vllm vllm-faults example vllm-bench rl-step} "
+stages=" ${STAGES:-tier fsdp2 copy shapes publish host-time offload vllm vllm-faults vllm-memory example vllm-bench rl-step} "
 # The bundle, or its archive (carried beside the vLLM bundle: both must fit in one
 # run's 64 MiB).
 if [ ! -f build/bundle/env.sh ] && [ -f build/bundle.tar.xz ]; then
@@ -69,7 +74,17 @@ if stage publish; then
   timeout 300 wsync tests/bench/cuda_publish.lua 8@0,8,device:8@0,device:8,device:1x8,serial:8,direct-tensor@0,direct-tensor 5 >"$out/cuda_publish.log" 2>&1 || status=1
   grep -v "^trainer rank\|^wsync:\|^  chunk" "$out/cuda_publish.log" | tail -n 24 | tee -a "$out/summary.txt"
 fi
-if stage vllm || stage vllm-faults || stage example || stage vllm-bench || stage rl-step; then
+if stage host-time; then
+  echo "== host time outside copies (tests/bench/publish_bandwidth.lua layout both 12)" | tee -a "$out/summary.txt"
+  timeout 120 wsync tests/bench/publish_bandwidth.lua layout both 12 >"$out/host_time.log" 2>&1 || status=1
+  grep -E "layout:|^host time" "$out/host_time.log" | tee -a "$out/summary.txt"
+fi
+if stage offload; then
+  echo "== the schedule's torch offloads (tests/bench/offload.py --gb 8)" | tee -a "$out/summary.txt"
+  timeout 150 python3 tests/bench/offload.py --gb 8 --json "$out/offload.json" >"$out/offload.log" 2>&1 || status=1
+  grep -E "^offload:" "$out/offload.log" | tail -n 8 | tee -a "$out/summary.txt"
+fi
+if stage vllm || stage vllm-faults || stage vllm-memory || stage example || stage vllm-bench || stage rl-step; then
   if [ -f .vllm/activate.sh ]; then
     # (Only now: the tier above runs without vLLM, its vLLM spec pending.)
     # shellcheck source=/dev/null
@@ -87,6 +102,13 @@ if stage vllm || stage vllm-faults || stage example || stage vllm-bench || stage
         | tee -a "$out/summary.txt"
       timeout 580 python3 tests/gpu/vllm_faults.py >"$out/vllm_faults.log" 2>&1 || status=1
       grep -E "^vllm_faults" "$out/vllm_faults.log" | tail -n 30 | tee -a "$out/summary.txt"
+    fi
+    if stage vllm-memory; then
+      echo "== vLLM's device memory by sleep/wake state (tests/gpu/vllm_memory.py, 1.5 GB model at 0.3)" \
+        | tee -a "$out/summary.txt"
+      timeout 150 python3 tests/gpu/vllm_memory.py tests/fixtures/models/rl_1p5g --utilization 0.3 \
+        --json "$out/vllm_memory.json" >"$out/vllm_memory.log" 2>&1 || status=1
+      grep -E "^vllm_memory:|Free memory on device|Sleep mode freed" "$out/vllm_memory.log" | tee -a "$out/summary.txt"
     fi
     if stage example; then
       echo "== the RL example (bindings/python/examples/grpo.py --steps 50, tests/gpu/rl_example.py)" \
