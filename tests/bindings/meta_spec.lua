@@ -211,16 +211,22 @@ describe("the stubs in bindings/meta", function()
     assert.are.same({}, strays, "files in " .. META .. " that are not _<name>.lua of a C module wsync._<name>")
   end)
 
-  it("finds a method stub on the class that a class extends", function()
+  -- The stubs of a stub file holding `text`, written to a temporary file
+  -- that the test removes (and its path, to write again).
+  local function stubs_of(text)
     local path = os.tmpname()
     finally(function()
       os.remove(path)
     end)
     local file = assert(io.open(path, "w"))
-    file:write("---@class wsync.Base\nlocal Base = {}\nfunction Base:shared() end\n",
-      "---@class wsync.Derived: wsync.Base\nlocal Derived = {}\nfunction Derived:own() end\n")
+    file:write(text)
     file:close()
-    local stubs = read_stubs(path)
+    return read_stubs(path), path
+  end
+
+  it("finds a method stub on the class that a class extends", function()
+    local stubs = stubs_of("---@class wsync.Base\nlocal Base = {}\nfunction Base:shared() end\n"
+      .. "---@class wsync.Derived: wsync.Base\nlocal Derived = {}\nfunction Derived:own() end\n")
     local derived = stubs[class_key("wsync.Derived")]
     assert.are.equal(class_key("wsync.Base"), derived.parent)
     assert.is_true(has_stub(stubs, derived, ":own") and has_stub(stubs, derived, ":shared"))
@@ -228,19 +234,12 @@ describe("the stubs in bindings/meta", function()
   end)
 
   it("reports a missing stub, a missing field and an unknown local", function()
-    local path = os.tmpname()
-    finally(function()
-      os.remove(path)
-    end)
-    local file = assert(io.open(path, "w"))
-    file:write("---@class wsync._socket\nlocal socket = {}\nfunction socket.peer(fd) end\n",
-      "---@class wsync.Other\nlocal Other = {}\nfunction Other:method() end\n")
-    file:close()
-    local stubs = read_stubs(path)
+    local stubs, path = stubs_of("---@class wsync._socket\nlocal socket = {}\nfunction socket.peer(fd) end\n"
+      .. "---@class wsync.Other\nlocal Other = {}\nfunction Other:method() end\n")
     assert.is_true(stubs[class_key("wsync._socket")].functions[".peer"])
     assert.is_nil(stubs[class_key("wsync._socket")].functions[".own_uid"])
     assert.is_true(stubs[class_key("wsync.other")].functions[":method"])
-    file = assert(io.open(path, "w"))
+    local file = assert(io.open(path, "w"))
     file:write("local loose = {}\nfunction loose.f() end\n")
     file:close()
     assert.has_error(function()
