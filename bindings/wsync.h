@@ -212,6 +212,24 @@ int ws_agent_ready(ws_agent *agent);
 /// (NULL accepted). On failure the error text is the same on every rank.
 int ws_agent_publish(ws_agent *agent, int64_t step, ws_publish_result *result);
 
+/// ws_agent_publish that also asks the schedule's "generate" step (after
+/// "publish") to generate for this rank with the weights just published:
+/// `generate_json` is a JSON object {"prompts": [[token id, ...], ...],
+/// "sampling": {...}} (sampling as the runtime's generate takes it, the same
+/// on every rank that asks; NULL: ask nothing). Its outputs are then
+/// ws_agent_generation's. A recipe whose schedule does not generate after
+/// "publish" refuses the call (INVALID_ARGUMENT).
+int ws_agent_publish_generate(ws_agent *agent, int64_t step,
+                              const char *generate_json,
+                              ws_publish_result *result);
+
+/// Returns what the last successful ws_agent_publish_generate generated for
+/// this rank, as JSON {"model_version": N, "outputs": [...]} (the runtime's
+/// outputs of this rank's prompts, in order, each stamped with the version
+/// it was generated with), or an empty string when it asked nothing. Valid
+/// until the next publish or ws_agent_close.
+const char *ws_agent_generation(const ws_agent *agent);
+
 /// Returns the report of this agent's last successful ws_agent_publish, as
 /// JSON (its round: the schedule's steps and the waits for the ranks, each
 /// with its seconds; the publication's phases in `timings`, its bytes, the

@@ -37,6 +37,7 @@ struct ws_agent {
   int handle;       // registry reference to the wsync.trainer.agent_api handle
   char error[8192]; // last error text
   char *report;     // the last publish's round report (JSON), or NULL
+  char *generation; // what the last publish generated for the rank (JSON)
 };
 
 // A step callback of either kind: `confirmed` when it reports through
@@ -407,7 +408,28 @@ static void copy_string_field(lua_State *L, int index, const char *key,
   lua_pop(L, 1);
 }
 
+// Replaces `*kept` with a copy of the string field `name` of the table at
+// `index` (NULL when the field is no string).
+static void keep_string_field(lua_State *L, int index, const char *name,
+                              char **kept) {
+  lua_getfield(L, index, name);
+  size_t length = 0;
+  const char *text = lua_tolstring(L, -1, &length);
+  char *copy = text != NULL ? malloc(length + 1) : NULL;
+  if (copy != NULL)
+    memcpy(copy, text, length + 1);
+  free(*kept);
+  *kept = copy;
+  lua_pop(L, 1);
+}
+
 int ws_agent_publish(ws_agent *agent, int64_t step, ws_publish_result *result) {
+  return ws_agent_publish_generate(agent, step, NULL, result);
+}
+
+int ws_agent_publish_generate(ws_agent *agent, int64_t step,
+                              const char *generate_json,
+                              ws_publish_result *result) {
   if (result != NULL)
     memset(result, 0, sizeof *result);
   lua_State *L = NULL;
@@ -425,8 +447,12 @@ int ws_agent_publish(ws_agent *agent, int64_t step, ws_publish_result *result) {
     lua_pushnumber(L, (lua_Number)step);
   else
     lua_pushnil(L);
+  if (generate_json != NULL)
+    lua_pushstring(L, generate_json);
+  else
+    lua_pushnil(L);
   int first = 0;
-  status = call_method(L, agent, 1, &first);
+  status = call_method(L, agent, 2, &first);
   if (status == WS_OK && result != NULL) {
     lua_getfield(L, first, "model_version");
     result->model_version = (int64_t)lua_tonumber(L, -1);
@@ -439,15 +465,8 @@ int ws_agent_publish(ws_agent *agent, int64_t step, ws_publish_result *result) {
                       sizeof result->manifest);
   }
   if (status == WS_OK) {
-    lua_getfield(L, first, "report");
-    size_t length = 0;
-    const char *report = lua_tolstring(L, -1, &length);
-    char *copy = report != NULL ? malloc(length + 1) : NULL;
-    if (copy != NULL) {
-      memcpy(copy, report, length + 1);
-      free(agent->report);
-      agent->report = copy;
-    }
+    keep_string_field(L, first, "report", &agent->report);
+    keep_string_field(L, first, "generation", &agent->generation);
   }
   lua_settop(L, top);
   return status;
@@ -455,6 +474,10 @@ int ws_agent_publish(ws_agent *agent, int64_t step, ws_publish_result *result) {
 
 const char *ws_agent_report(const ws_agent *agent) {
   return agent != NULL && agent->report != NULL ? agent->report : "";
+}
+
+const char *ws_agent_generation(const ws_agent *agent) {
+  return agent != NULL && agent->generation != NULL ? agent->generation : "";
 }
 
 const char *ws_agent_error(const ws_agent *agent) {
@@ -468,6 +491,7 @@ void ws_agent_close(ws_agent *agent) {
   if (host == NULL) { // its host is closed: nothing left but the memory
     ws_host_link_release(agent->link);
     free(agent->report);
+    free(agent->generation);
     free(agent);
     return;
   }
@@ -480,5 +504,6 @@ void ws_agent_close(ws_agent *agent) {
   luaL_unref(L, LUA_REGISTRYINDEX, agent->handle);
   ws_host_link_release(agent->link);
   free(agent->report);
+  free(agent->generation);
   free(agent);
 }

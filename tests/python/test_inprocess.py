@@ -241,3 +241,55 @@ def test_a_publication_and_host_reports_account_for_the_round_failed_ones_includ
     assert failed["model_version"] is None and failed["committed"] is False and failed["timings"]["total"] is None
     assert [(s["name"], s["outcome"]) for s in failed["steps"]] == [
         ("train_step", "ok"), ("publish_wait", "ok"), ("offload_optimizer", "failed")], failed["steps"]
+
+
+def test_publish_generates_the_ranks_prompts_with_the_weights_just_published(tmp_path):
+    """One publish call is the whole switch: the schedule's "generate" step generates the
+    rank's prompts between the memory steps, and its outputs come back with the
+    publication; a schedule without "generate" refuses the request and publishes on."""
+    code = textwrap.dedent("""
+        import json
+        import numpy as np
+        import synthetic
+        import wsync
+
+        def run(recipe, asks):
+            shards = {name: np.zeros(shape, dtype=np.uint16) for name, shape in synthetic.layout()}
+            with wsync.Host(recipe) as host:
+                agent = host.agent(rank=0, world=1)
+                for name, shard in shards.items():
+                    agent.register_tensor(name, shard, dtype="bfloat16")
+                for step in ("offload_optimizer", "onload_optimizer", "offload_actor", "onload_actor"):
+                    agent.register_callback(step, lambda: None)
+                agent.ready()
+                for version in (1, 2, 3):
+                    for name, shard in shards.items():
+                        synthetic.fill(shard, name, shard.shape, 0, version)
+                    ask = asks(version)
+                    try:
+                        publication = agent.publish(version, generate=ask)
+                    except wsync.WsyncError as err:
+                        print("refused:", err.code, err, flush=True)
+                        publication = agent.publish(version)
+                    print("published", publication.model_version, json.dumps(publication.generation,
+                                                                                sort_keys=True), flush=True)
+
+        ask = {"prompts": [[1, 2, 3], [7, 8]], "sampling": {"max_tokens": 4}}
+        run(RECIPE, lambda version: None if version == 2 else ask)
+        run(RECIPE.replace("_generate", ""), lambda version: ask if version == 1 else None)
+    """)
+    result = run_trainer(code, "tests/fixtures/recipes/external_one_rank_generate.lua", tmp_path)
+    output = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, output
+    published = [line.split(" ", 2) for line in result.stdout.splitlines() if line.startswith("published ")]
+    assert [int(version) for version, _ in [(p[1], p[2]) for p in published]] == [1, 2, 3, 1, 2, 3], output
+    generations = [json.loads(p[2]) for p in published]
+    for index in (0, 2):  # (versions 1 and 3 of the first run asked)
+        generation = generations[index]
+        assert generation["model_version"] == index + 1, output
+        assert [len(out["token_ids"]) for out in generation["outputs"]] == [4, 4], output
+        assert all(out["model_version"] == index + 1 for out in generation["outputs"]), output
+    assert generations[1] is None and generations[3:] == [None, None, None], output
+    assert "refused: INVALID_ARGUMENT publish: [rank 0] publish was asked to generate, and the recipe's schedule has " \
+        "no \"generate\" step after \"publish\"" in result.stdout, output
+    assert result.stdout.count("wsync: verdict: OK: 3 model versions published") == 2, output

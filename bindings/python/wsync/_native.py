@@ -121,7 +121,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ws_agent_set_interrupt_check": (c_int, [c_void_p, CONFIRMED_CALLBACK, c_void_p]),
         "ws_agent_ready": (c_int, [c_void_p]),
         "ws_agent_publish": (c_int, [c_void_p, ctypes.c_int64, pointer(PublishResult)]),
+        "ws_agent_publish_generate": (c_int, [c_void_p, ctypes.c_int64, c_char_p, pointer(PublishResult)]),
         "ws_agent_report": (c_char_p, [c_void_p]),
+        "ws_agent_generation": (c_char_p, [c_void_p]),
         "ws_agent_error": (c_char_p, [c_void_p]),
         "ws_agent_close": (None, [c_void_p]),
     }

@@ -87,6 +87,9 @@ class Publication:
     seconds: float = 0.0  # the publication, from its preflight to its commit
     timings: Mapping[str, Optional[float]] = field(default_factory=dict)  # seconds of each phase
     report: Mapping[str, Any] = field(default_factory=dict)  # the whole round (see above)
+    # What the schedule's "generate" step generated for this rank (publish(generate=...)):
+    # {"model_version", "outputs"}, the outputs of its prompts in order; None when it asked none.
+    generation: Optional[Mapping[str, Any]] = None
 
 
 class Agent:
@@ -346,22 +349,33 @@ class Agent:
                 pointers[name] = memory
         return found
 
-    def publish(self, step: Optional[int] = None) -> Publication:
+    def publish(self, step: Optional[int] = None, generate: Optional[Mapping[str, Any]] = None) -> Publication:
         """Joins the collective publication of trainer step `step` (every rank the same; None
         lets the host number it). Returns when the rollout runtime committed the new weights
-        (or raises WsyncError, with the same text on every rank: nothing was committed)."""
+        (or raises WsyncError, with the same text on every rank: nothing was committed), and
+        the recipe's schedule steps after "publish" ran.
+
+        `generate` ({"prompts": [[token ids]], "sampling": {...}}, sampling the same on every
+        rank that asks) is what the schedule's "generate" step generates for this rank with
+        the weights just published, between the schedule's memory steps (the trainer's
+        offloads, the KV cache woken before it; the sleep and onloads after it): one call is
+        the whole switch from training to generation and back. Its outputs come back as the
+        Publication's ``generation``. A schedule with no "generate" after "publish" refuses it."""
         handle = self._checked("publish")
         self._synchronize()
         self._refresh()
         result = _native.PublishResult()
-        self._run("publish", self._lib.ws_agent_publish, handle, -1 if step is None else int(step),
-                  ctypes.byref(result))
+        request = None if generate is None else json.dumps(dict(generate)).encode()
+        self._run("publish", self._lib.ws_agent_publish_generate, handle, -1 if step is None else int(step),
+                  request, ctypes.byref(result))
         text = _native.text(self._lib.ws_agent_report(handle))
         report = json.loads(text) if text else {}
         timings = report.get("timings") or {}
+        generated = _native.text(self._lib.ws_agent_generation(handle))
         return Publication(int(result.model_version), result.publication_id.decode(), result.manifest.decode(),
                            int(result.receipts), bytes=int(report.get("bytes") or 0),
-                           seconds=float(timings.get("total") or 0.0), timings=timings, report=report)
+                           seconds=float(timings.get("total") or 0.0), timings=timings, report=report,
+                           generation=json.loads(generated) if generated else None)
 
     def close(self) -> None:
         """Leaves the host, unmaps every buffer the agent mapped; closes the agent's own host.

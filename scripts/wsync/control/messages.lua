@@ -62,6 +62,15 @@ M.to_host = {
   publish = record({
     rank = index,
     step = schema.number({ integer = true, min = 0 }),
+    -- (What this rank asks the schedule's "generate" step to generate, with
+    -- the weights just published: its prompts as token ids, and sampling as
+    -- the runtime's generate takes it; the answer's `generation` has the
+    -- outputs.)
+    generate = record({
+      prompts = schema.list({ item = schema.list({ item = index, min_length = 1 }), min_length = 1,
+        required = true }),
+      sampling = schema.map({ item = schema.any({}) }),
+    }),
   }),
 }
 
@@ -112,6 +121,9 @@ M.from_host = {
     -- (the round's report as JSON text: its steps and the publication's
     -- phases, timed; wsync.publish.report.round_json)
     report = schema.string({}),
+    -- (as JSON text, when this rank asked publish to generate: {model_version,
+    -- outputs}, its own prompts' outputs in order)
+    generation = schema.string({}),
   }),
 }
 

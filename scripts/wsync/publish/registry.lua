@@ -227,7 +227,11 @@ function Registry:handlers(peer)
         errors.raise("PUBLISH_TWICE", string.format("rank %d called publish again before its answer", rank),
           { rank = rank })
       end
-      local waiter = { step = payload.step, called = uv.hrtime() / 1e9 }
+      if payload.generate and not session:generates() then
+        errors.raise("INVALID_ARGUMENT", "publish was asked to generate, and the recipe's schedule has no \"generate\" "
+          .. "step after \"publish\"", { rank = rank, field = "generate" })
+      end
+      local waiter = { step = payload.step, called = uv.hrtime() / 1e9, generate = payload.generate }
       self.publishing[rank] = waiter
       self.condition:notify()
       self.condition:wait(function()
@@ -483,15 +487,52 @@ function Registry:publishing_step(committed)
   return step or (committed + 1)
 end
 
+--- What the ranks waiting in publish asked the schedule's "generate" step
+--- to generate, as one request to the runtime: every rank's prompts in rank
+--- order, and the sampling they all give; nil when none asked. Returns the
+--- request and, by rank, which of its outputs are the rank's ({first,
+--- count}). Ranks that ask with different sampling are refused.
+---@return table? request, table<integer, {first: integer, count: integer}>? shares
+function Registry:generation_request()
+  local prompts, shares, sampling, sampled_by = {}, {}, nil, nil
+  local util = require("wsync.util")
+  for rank = 0, self.world - 1 do
+    local waiter = self.publishing[rank]
+    local asked = waiter and waiter.generate
+    if asked then
+      local this = util.json(asked.sampling or {})
+      if sampling and this ~= sampling then
+        errors.raise("PUBLISH_MISMATCH", string.format("trainer ranks %d and %d ask publish to generate with "
+          .. "different sampling (%s and %s)", sampled_by, rank, sampling, this), { rank = rank })
+      end
+      sampling, sampled_by = this, sampled_by or rank
+      shares[rank] = { first = #prompts + 1, count = #asked.prompts }
+      for _, prompt in ipairs(asked.prompts) do
+        prompts[#prompts + 1] = prompt
+      end
+    end
+  end
+  if #prompts == 0 then
+    return nil
+  end
+  return { prompts = prompts, sampling = require("cjson").decode(sampling) }, shares
+end
+
 --- Answers every rank waiting in publish with `result` or `err`; the next
 --- calls of publish are the next round's. (The session notifies.)
+--- `per_rank` (by rank, optional): fields added to that rank's result.
 ---@param result table?
 ---@param err wsync.Error?
-function Registry:answer(result, err)
+---@param per_rank table<integer, table>?
+function Registry:answer(result, err, per_rank)
   for rank = 0, self.world - 1 do
     local waiter = self.publishing[rank]
     if waiter then
-      waiter.result, waiter.error, waiter.done = result, err, true
+      local own = result
+      if result and per_rank and per_rank[rank] then
+        own = require("wsync.util").merged(result, per_rank[rank])
+      end
+      waiter.result, waiter.error, waiter.done = own, err, true
     end
   end
   self.publishing = {}

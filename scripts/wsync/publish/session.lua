@@ -110,6 +110,20 @@ function Session:sample_memory(where)
   return sample, where and self:predicted_bytes(where, sample)
 end
 
+--- Whether the schedule generates after its "publish" (a rank's publish may
+--- then ask for what it generates).
+---@return boolean
+function Session:generates()
+  local published = false
+  for _, step in ipairs(self.steps) do
+    published = published or step.kind == "publish"
+    if published and step.kind == "generate" then
+      return true
+    end
+  end
+  return false
+end
+
 --- The model's bytes on a device after the step at `where` (the bootstrap's
 --- and the first round's, then the steady state's: wsync.plan.schedule),
 --- with vLLM's reservation taken from the total of the device `sample` names
@@ -253,6 +267,9 @@ function Session:begin_round()
   end
   self.in_round = true
   local step = self.registry:publishing_step(self.versions.committed)
+  local request, shares = self.registry:generation_request()
+  self.generation = request and { request = request, shares = shares } or nil
+  self.schedule:generate_for(self.generation)
   self.round_report.step = step
   for index, schedule_step in ipairs(self.steps) do
     if schedule_step.kind == "publish" then
@@ -321,7 +338,9 @@ function Session:answer(result, err)
     end
   end
   self.answered_at = uv.hrtime() / 1e9
-  self.registry:answer(result, err)
+  self.registry:answer(result, err, result and self:generations())
+  self.generation = nil
+  self.schedule:generate_for(nil)
   if self.in_round then
     self.in_round = false
     self.rounds = self.rounds + 1
@@ -329,6 +348,28 @@ function Session:answer(result, err)
   self.publication = nil
   self.phase = "ready"
   changed(self)
+end
+
+--- By rank, the `generation` of its answer (JSON text: {model_version,
+--- outputs}, its own prompts' outputs) when it asked its publish to
+--- generate and the schedule's "generate" step ran; nil when none asked.
+---@return table<integer, table>?
+function Session:generations()
+  local generation = self.generation
+  if not (generation and generation.answer) then
+    return nil
+  end
+  local outputs = generation.answer.outputs or {}
+  local util = require("wsync.util")
+  local per_rank = {}
+  for rank, share in pairs(generation.shares) do
+    local own = util.json_array({})
+    for index = share.first, share.first + share.count - 1 do
+      own[#own + 1] = outputs[index]
+    end
+    per_rank[rank] = { generation = util.json({ model_version = generation.answer.model_version, outputs = own }) }
+  end
+  return per_rank
 end
 
 --- One whole round: schedule, publication, answers. A failure poisons (when

@@ -34,6 +34,14 @@ function Steps:sample_memory_with(sample)
   self.sample = sample
 end
 
+--- The round's generation (wsync.publish.registry's generation_request):
+--- the request the next "generate" step sends instead of an empty one, and
+--- where its answer is kept (`answer`); nil: none asked.
+---@param generation {request: table}?
+function Steps:generate_for(generation)
+  self.generation = generation
+end
+
 --- Runs schedule step `step` (not "publish") on `ranks` (wsync.Ranks: a
 --- trainer callback) or `rollout` (wsync.Rollout or ReplicaSet: the rest),
 --- timed into `target` (a round of wsync.publish.report, or its opening) as
@@ -62,7 +70,13 @@ function Steps:run(step, target, ranks, rollout)
     elseif step.kind == "wake" then
       rollout:request("wake", { tags = step.tags })
     elseif step.kind == "generate" then
-      rollout:request("generate", {})
+      -- (What the ranks asked their publish to generate, when they asked:
+      -- Steps:generate_for; its answer is kept for their answers.)
+      local asked = self.generation
+      local answer = rollout:request("generate", asked and asked.request or {})
+      if asked then
+        asked.answer = answer
+      end
     elseif step.kind == "pause" then
       -- (With several replicas, a two-phase pause: wsync.publish.rollout.)
       rollout:pause({ mode = step.mode, kv = step.kv })

@@ -314,16 +314,20 @@ end
 
 --- Joins a publication (collective: every rank calls it). `step` names the
 --- trainer step whose weights these are (every rank must agree). Returns
---- {model_version, publication_id, receipts}; raises the publication's error,
---- the same on every rank, when it fails.
+--- {model_version, publication_id, receipts, report, generation?}; raises the
+--- publication's error, the same on every rank, when it fails. `generate`
+--- ({prompts, sampling?}): what the schedule's "generate" step generates for
+--- this rank with the weights just published (its outputs in `generation`,
+--- JSON text).
 ---@param step integer?
+---@param generate {prompts: integer[][], sampling: table?}?
 ---@return table
-function Agent:publish(step)
+function Agent:publish(step, generate)
   if self.aborted then
     error(self.aborted, 0)
   end
-  local ok, result = pcall(self.peer.request, self.peer, "publish", { rank = self.rank, step = step },
-    self.timeout)
+  local ok, result = pcall(self.peer.request, self.peer, "publish", { rank = self.rank, step = step,
+    generate = generate }, self.timeout)
   if not ok then
     -- (A failed publication destroyed its runtime: fills it left queued on
     -- the device behind its loads run now, before the trainer goes on and

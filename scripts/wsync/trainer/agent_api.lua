@@ -328,12 +328,26 @@ end
 
 --- Joins a collective publication of trainer step `step` (nil: the host's
 --- next model version). Returns {model_version, publication_id, manifest,
---- receipts, report}: `report` the round's report as JSON
+--- receipts, report, generation}: `report` the round's report as JSON
 --- (wsync.publish.report.round_json; "" from a host that sends none).
+--- `generate_json` (JSON text {prompts, sampling}, or nil): what the
+--- schedule's "generate" step generates for this rank with the weights just
+--- published; `generation` is then its answer as JSON text ({model_version,
+--- outputs}; "" otherwise).
 ---@param step integer?
+---@param generate_json string?
 ---@return table|nil, string?, string?
-function Handle:publish(step)
-  local ok, result, status = self:_wait_for("publish", "ready", "publish: call ready first", step)
+function Handle:publish(step, generate_json)
+  local generate
+  if generate_json ~= nil then
+    local decoded, value = pcall(require("cjson").decode, generate_json)
+    if not decoded or type(value) ~= "table" then
+      return nil, "publish: the generation request is not a JSON object: " .. tostring(generate_json):sub(1, 80),
+        "EINVAL"
+    end
+    generate = value
+  end
+  local ok, result, status = self:_wait_for("publish", "ready", "publish: call ready first", step, generate)
   if not ok then
     return nil, result, status
   end
@@ -343,6 +357,7 @@ function Handle:publish(step)
     manifest = result.manifest,
     receipts = result.receipts,
     report = result.report or "",
+    generation = result.generation or "",
   }
 end
 

@@ -342,6 +342,55 @@ describe("wsync.publish.registry", function()
       assert.are.same({}, registry.publishing)
     end)
 
+    it("joins the ranks' generation requests in rank order, gives each its own share, refuses mixed sampling",
+      function()
+        local session = session_of()
+        function session.generates()
+          return true
+        end
+        local registry = registry_for(3, session)
+        local peers = register_all(registry, session, 3)
+        local results = {}
+        async.run_async(function()
+          local calls = {}
+          local asks = { [0] = { prompts = { { 1, 2 }, { 3 } }, sampling = { max_tokens = 4 } }, [1] = nil,
+            [2] = { prompts = { { 9 } }, sampling = { max_tokens = 4 } } }
+          for rank = 0, 2 do
+            calls[rank] = async.start(registry:handlers(peers[rank]).publish, { step = 7, generate = asks[rank] })
+          end
+          assert.is_true(registry:await_publish({ train_step = 5, publish = 5 }, false))
+          local request, shares = registry:generation_request()
+          assert.are.same({ prompts = { { 1, 2 }, { 3 }, { 9 } }, sampling = { max_tokens = 4 } }, request)
+          assert.are.same({ [0] = { first = 1, count = 2 }, [2] = { first = 3, count = 1 } }, shares)
+          registry.publishing[2].generate.sampling = { max_tokens = 5 }
+          local err = error_of(registry.generation_request, registry)
+          assert.are.equal("PUBLISH_MISMATCH", err.code)
+          assert.matches("trainer ranks 0 and 2 ask publish to generate with different sampling", err.message, 1, true)
+          registry:answer({ model_version = 5 }, nil, { [2] = { generation = "{}" } })
+          session.condition:notify()
+          for rank = 0, 2 do
+            local ok, result = calls[rank]()
+            assert(ok, result)
+            results[rank] = result
+          end
+        end)
+        assert.are.same({ model_version = 5 }, results[0])
+        assert.are.same({ model_version = 5, generation = "{}" }, results[2])
+      end)
+
+    it("refuses a rank's request to generate where the schedule does not generate after publish", function()
+      local session = session_of()
+      function session.generates()
+        return false
+      end
+      local registry = registry_for(1, session)
+      local peers = register_all(registry, session, 1)
+      local err = error_of(registry:handlers(peers[0]).publish, { step = 7, generate = { prompts = { { 1 } } } })
+      assert.are.equal("INVALID_ARGUMENT", err.code)
+      assert.are.equal("generate", err.field)
+      assert.are.same({}, registry.publishing)
+    end)
+
     it("passes an error to every rank, refuses ranks that disagree on the step", function()
       local session = session_of()
       local registry = registry_for(2, session)
