@@ -71,6 +71,23 @@ def test_the_optimizer_offload_moves_the_state_out_and_back():
     assert offload.moved == 4
 
 
+def test_the_optimizer_offload_moves_master_parameters_too_when_asked():
+    # (Mixed precision: the optimizer steps float32 masters of bfloat16 model parameters.)
+    model = torch.nn.Parameter(torch.ones(4, 3, dtype=torch.bfloat16))
+    master = torch.nn.Parameter(model.detach().float())
+    optimizer = torch.optim.AdamW([master], lr=0.1)
+    master.grad = torch.ones(4, 3)
+    optimizer.step()
+    kept = master.detach().clone()
+    pointer = master.data_ptr()
+    offload = wsync.OptimizerOffload(optimizer, params=True)
+    assert offload.offload() == 3 * 4 * 3 * 4  # (the master and both moments, float32)
+    assert master.data_ptr() != pointer and model.data_ptr() != 0
+    offload.onload()
+    assert torch.equal(master.detach(), kept)
+    assert wsync.OptimizerOffload(optimizer).offload() == 2 * 4 * 3 * 4  # (the moments alone)
+
+
 class TestTensors:
     @pytest.fixture
     def agent(self, tmp_path):

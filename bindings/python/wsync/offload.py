@@ -169,12 +169,18 @@ class OptimizerOffload(_Offloader):
     memory (``offload``, the step callback ``"offload_optimizer"``) and back (``onload``,
     ``"onload_optimizer"``). Scalars stay where they are (AdamW's ``step`` counters are
     0-dimensional). Under FSDP2 the state is sharded as the parameters are: this rank's
-    shards move."""
+    shards move. With ``params=True`` the parameters the optimizer steps move too: the
+    float32 master copies of mixed-precision training, where the model holds bfloat16
+    parameters of its own (they and their moments are the memory model's optimizer state,
+    ``memory.optimizer_factor = 6``)."""
 
     NAMES = ("offload_optimizer", "onload_optimizer")
 
-    def __init__(self, optimizer: Any) -> None:
+    def __init__(self, optimizer: Any, params: bool = False) -> None:
         def tensors() -> Iterable[Any]:
+            if params:
+                for group in optimizer.param_groups:
+                    yield from group["params"]
             for state in optimizer.state.values():
                 for value in state.values():
                     if getattr(value, "dim", None) is not None and value.dim() > 0:
