@@ -182,6 +182,7 @@ function Publication:_fill(k, gate)
 end
 
 function Publication:_load(k, gate)
+  self:_started() -- (no chunk loads before the runtime is updating)
   local started = now()
   local tensors = self.plan.direct and self.ranks:direct_tensors(self.plan, k) or nil
   local ok, answer = pcall(self.rollout.load_chunk, self.rollout, self.plan, k, M.buffer_of(self.plan, k), tensors,
@@ -415,14 +416,18 @@ function Publication:init()
 end
 
 --- The runtime enters update mode; the agents start their consumed manifests
---- (at once: neither waits for the other).
-function Publication:start()
+--- (at once: neither waits for the other). With `overlapped` (run() does so)
+--- the runtime's start_update is only sent: it is answered while chunk 1
+--- fills, and no chunk loads before it is (Publication:_started); a failure
+--- of it is still named as start's.
+---@param overlapped boolean?
+function Publication:start(overlapped)
   local header = self.header
   self:_phase("start", function()
     self.started_update = true -- from here on, a failure poisons
     local _, failed, failure = loop.all(2, function(i)
       if i == 1 then
-        self.rollout:request("start_update", { header = header })
+        self:_start_update(overlapped)
       else
         self.ranks:all("begin", function()
           return { family = self.plan.family, publication_id = header.publication_id }
@@ -433,6 +438,46 @@ function Publication:start()
       error(failure, 0)
     end
   end)
+end
+
+-- Asks the runtime's start_update; with `overlapped`, in a coroutine of its
+-- own whose answer (its seconds counted as start's) Publication:_started
+-- waits for.
+function Publication:_start_update(overlapped)
+  local payload = { header = self.header }
+  if not overlapped then
+    self.rollout:request("start_update", payload)
+    return
+  end
+  local starting = { changed = loop.condition() }
+  self.starting = starting
+  local started = now()
+  loop.spawn(function()
+    return self.rollout:request("start_update", payload)
+  end, function(ok, err)
+    self.timings.start = (self.timings.start or 0) + (now() - started)
+    starting.done, starting.failure = true, not ok and err or nil
+    starting.changed:notify()
+  end)
+end
+
+-- Waits until the runtime answered start_update (overlapped: chunk 1 fills
+-- meanwhile); raises its failure, named as start's.
+function Publication:_started()
+  local starting = self.starting
+  if not starting then
+    return
+  end
+  starting.changed:wait(function()
+    return starting.done
+  end)
+  local failure = starting.failure
+  if failure ~= nil then
+    if errors.is(failure) then
+      failure.folded_phase = "start"
+    end
+    error(failure, 0)
+  end
 end
 
 --- Moves the next chunk alone (fill by every rank, consensus, load): the
@@ -563,16 +608,23 @@ function Publication:overlaps()
   if self.serial then
     return {}
   end
+  local overlaps
   if self.plan.gated and self.rollout.ordered then
-    return { { phases = { "fill", "load" }, within = "chunks", why = "every fill and load is queued at once; the "
+    overlaps = { { phases = { "fill", "load" }, within = "chunks", why = "every fill and load is queued at once; the "
       .. "device runs fill 1, load 1, fill 2, ... in turn (buffers.order = \"device\")" } }
+  else
+    overlaps = {
+      { phases = { "fill", "load" }, within = "chunks", why = self.plan.direct and "the runtime reads the trainer's "
+        .. "storage: no load waits for a fill" or "chunk k+1 fills while chunk k loads" },
+      { phases = { "verify", "load" }, within = "chunks", why = "the ranks' manifests are checked while the last "
+        .. "chunk loads" },
+    }
   end
-  return {
-    { phases = { "fill", "load" }, within = "chunks", why = self.plan.direct and "the runtime reads the trainer's "
-      .. "storage: no load waits for a fill" or "chunk k+1 fills while chunk k loads" },
-    { phases = { "verify", "load" }, within = "chunks", why = "the ranks' manifests are checked while the last "
-      .. "chunk loads" },
-  }
+  if self.starting then
+    overlaps[#overlaps + 1] = { phases = { "start", "fill" }, within = "the publication", why = "the runtime's "
+      .. "start_update is answered while chunk 1 fills; no chunk loads before it is" }
+  end
+  return overlaps
 end
 
 --- The publication's report (after release; of a failed one, what it
@@ -606,7 +658,7 @@ end
 function Publication:run()
   self:preflight()
   self:init()
-  self:start()
+  self:start(not self.serial) -- (start_update answered while chunk 1 fills)
   self:chunks(true) -- (verify with the last load)
   self:finish(true) -- (release in finish's answer)
   return self:release()

@@ -29,8 +29,9 @@ end
 -- makes that call fail; `delay` (ms) makes fills and loads wait; `exported`
 -- is rank 1's manifest at verify; `keeps_release`: the runtime's finish
 -- answer does not say it released; `slow_start`: start_update and begin
--- wait `delay` too; `unordered_runtime`: a runtime whose workers cannot wait
--- on the device. The fourth result holds the gates the fills and loads got.
+-- wait `delay` too; `start_delay` (ms): start_update alone waits that
+-- long; `unordered_runtime`: a runtime whose workers cannot wait on the
+-- device. The fourth result holds the gates the fills and loads got.
 local function stand_ins(options)
   options = options or {}
   local log = {}
@@ -112,6 +113,9 @@ local function stand_ins(options)
       header = payload.header
       if options.slow_start then
         wait("start_update")
+      elseif options.start_delay then
+        loop.sleep(options.start_delay)
+        log[#log + 1] = "end start_update"
       end
     elseif cmd == "finish_update" then
       local receipts = {}
@@ -256,6 +260,39 @@ describe("wsync.publish.publication", function()
       new(plan_of(1), ranks, rollout):run()
       assert.are.same({ "start_update#1", "begin#1" }, { log[5], log[6] })
       assert.matches("^end ", log[7])
+    end)
+  end)
+
+  it("has the runtime's start_update answered while chunk 1 fills, and loads no chunk before it is", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins({ delay = 10, start_delay = 60 })
+      local report = new(plan_of(2), ranks, rollout):run()
+      local at = {}
+      for index, line in ipairs(log) do
+        at[line] = at[line] or index
+      end
+      assert.is_true(at["end fill 1"] < at["end start_update"], "chunk 1 did not fill while the runtime started")
+      assert.is_true(at["load#1 chunk 1 buffer 1"] > at["end start_update"], "chunk 1 loaded before the start")
+      assert.is_true(report.timings.start >= 0.05, "start's time is not start_update's round trip")
+      assert.are.same({ "start", "fill" }, report.overlaps[#report.overlaps].phases)
+    end)
+  end)
+
+  it("poisons as start's when the start_update answered while chunk 1 fills failed; nothing loads", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins({ delay = 5, fail = "start_update#1" })
+      local versions = versions_module.new()
+      local publication = new(plan_of(2), ranks, rollout, versions)
+      local ok, err = pcall(publication.run, publication)
+      assert.is_false(ok)
+      assert.are.equal("PUBLISH_FAILED", err.code)
+      assert.are.equal("start", err.phase)
+      assert.matches("publication of model version 1 failed in start: injected start_update#1", err.message, 1, true)
+      for _, line in ipairs(log) do
+        assert.is_nil(line:match("^load#"), "a chunk was loaded after start_update failed")
+      end
+      assert.is_not_nil(rollout.destroyed, "not poisoned")
+      assert.are.equal(0, versions.committed)
     end)
   end)
 
