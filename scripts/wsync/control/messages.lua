@@ -78,7 +78,6 @@ M.from_agent = {
     gate = name,
   }),
   attach = empty,
-  begin = empty,
   fill = record({ bytes = bytes, rank = index }, { open = true }),
   verify = record({
     manifest = schema.string({ pattern = "^" .. string.rep("%x", 64) .. "$", required = true }),
@@ -127,16 +126,17 @@ M.to_agent = {
     buffers = schema.list({ item = schema.list({ item = name, min_length = 1 }), min_length = 1, required = true }),
     nccl_id = schema.string({ pattern = "^%x+$" }),
   }),
-  begin = record({
-    family = schema.string({ required = true }),
-    publication_id = schema.string({ pattern = "^" .. string.rep("%x", 32) .. "$", required = true }),
-  }),
   -- (fill's slots come with a chunk's first fill of a session only, and are
-  -- checked one by one where they are planned: the list is long.)
+  -- checked one by one where they are planned: the list is long. `begin`
+  -- comes with a publication's first fill: the rank starts it then.)
   fill = record({
     chunk = schema.number({ integer = true, min = 1, required = true }),
     buffer = schema.number({ integer = true, min = 1, required = true }),
     slots = schema.any({}),
+    begin = record({
+      family = schema.string({ required = true }),
+      publication_id = schema.string({ pattern = "^" .. string.rep("%x", 32) .. "$", required = true }),
+    }),
     -- (chunks ordered on the device: wait for LOADED >= after, then FILLED =
     -- seq; uint32)
     gate = record({

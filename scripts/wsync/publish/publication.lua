@@ -168,8 +168,14 @@ end
 -- seconds went.)
 function Publication:_fill(k, gate)
   local started = now()
+  -- (The publication's first fill starts it on every rank: `begin`.)
+  local begin = nil
+  if not self.begun then
+    self.begun = true
+    begin = { family = self.plan.family, publication_id = self.header.publication_id }
+  end
   local ok, reports = pcall(self.ranks.fill, self.ranks, self.plan, k, M.buffer_of(self.plan, k), self.timeouts.fill,
-    gate)
+    gate, begin)
   self.timings.fill = (self.timings.fill or 0) + (now() - started)
   if not ok then
     error(reports, 0)
@@ -226,8 +232,9 @@ end
 --- the ranks' manifests there).
 ---
 --- The direct path's fill moves nothing (the runtime reads the ranks' own
---- storage, which `begin` found where it was exported), so its load does not
---- wait for it; a failed fill still poisons.
+--- storage, which `begin` found where it was exported), so its loads wait
+--- only for the first fill, which begins the publication on every rank; a
+--- failed fill still poisons.
 function Publication:_move_chunks(first, after_fills)
   local plan = self.plan
   if plan.gated and self.rollout.ordered and first == 1 and not self.serial then
@@ -264,7 +271,7 @@ function Publication:_move_chunks(first, after_fills)
   end, function(state)
     for k = first, count do
       state.changed:wait(function()
-        return state.failure ~= nil or filled >= k or not waits_for_fill
+        return state.failure ~= nil or filled >= (waits_for_fill and k or first)
       end)
       if state.failure then
         return
@@ -415,28 +422,16 @@ function Publication:init()
   end)
 end
 
---- The runtime enters update mode; the agents start their consumed manifests
---- (at once: neither waits for the other). With `overlapped` (run() does so)
---- the runtime's start_update is only sent: it is answered while chunk 1
---- fills, and no chunk loads before it is (Publication:_started); a failure
---- of it is still named as start's.
+--- The runtime enters update mode (its start_update; the ranks start the
+--- publication with its first fill). With `overlapped` (run() does so) the
+--- start_update is only sent: it is answered while chunk 1 fills, and no
+--- chunk loads before it is (Publication:_started); a failure of it is still
+--- named as start's.
 ---@param overlapped boolean?
 function Publication:start(overlapped)
-  local header = self.header
   self:_phase("start", function()
     self.started_update = true -- from here on, a failure poisons
-    local _, failed, failure = loop.all(2, function(i)
-      if i == 1 then
-        self:_start_update(overlapped)
-      else
-        self.ranks:all("begin", function()
-          return { family = self.plan.family, publication_id = header.publication_id }
-        end, self.timeouts.start)
-      end
-    end)
-    if failed then
-      error(failure, 0)
-    end
+    self:_start_update(overlapped)
   end)
 end
 

@@ -269,13 +269,17 @@ end
 --- their reports once all succeeded (the consensus gate). The chunk's slots
 --- go with its first fill of the session: the ranks plan it then, and keep
 --- the plan. `gate` ({after, seq}): chunks ordered on the device, the fill
---- only queued (wsync.transport.cuda_ipc).
+--- only queued (wsync.transport.cuda_ipc). `begin` ({family,
+--- publication_id}) goes with a publication's first fill: each rank starts
+--- the publication then, before it reads anything.
 ---@param plan wsync.Plan
 ---@param k integer
 ---@param buffer integer
 ---@param timeout number
-function Ranks:fill(plan, k, buffer, timeout, gate)
-  local payload = { chunk = k, buffer = buffer, gate = gate }
+---@param gate table?
+---@param begin table?
+function Ranks:fill(plan, k, buffer, timeout, gate, begin)
+  local payload = { chunk = k, buffer = buffer, gate = gate, begin = begin }
   if not self.fills_planned[k] then
     payload.slots = self:_fill_slots(plan.chunks[k])
   end

@@ -458,6 +458,9 @@ function Agent:_attach(payload)
   return {}
 end
 
+-- Starts a publication on this rank (the `begin` of its first fill:
+-- {family, publication_id}): a new consumed manifest, and the shards'
+-- pointers read where they are now.
 function Agent:_begin(payload)
   self:_release_gate() -- (fills queued by a publication that failed)
   local family = plan_module.family(payload.family)
@@ -600,8 +603,12 @@ end
 
 -- Fills chunk `k` into buffer slot `payload.buffer` of every rank: one
 -- transport call. A chunk's slots come with its first fill after attach;
--- later fills name the chunk only.
+-- later fills name the chunk only. A publication's first fill brings its
+-- `begin`, which starts it here before anything is read.
 function Agent:_fill(payload)
+  if payload.begin ~= nil then
+    self:_begin(payload.begin)
+  end
   if self.direct and self.consumed then
     -- The direct path: nothing to copy (the TP worker reads this rank's
     -- storage); the chunk's records still make the consumed manifest.
@@ -700,7 +707,7 @@ end
 function Agent:_handlers()
   local util = require("wsync.util")
   local handlers = util.method_handlers(self, {
-    init_buffers = Agent._init_buffers, attach = Agent._attach, begin = Agent._begin, fill = Agent._fill,
+    init_buffers = Agent._init_buffers, attach = Agent._attach, fill = Agent._fill,
     verify = Agent._verify, nccl_id = Agent._nccl_id, values_sums = Agent._values_sums,
   })
   -- The device's memory now (the preflight checks it before buffers exist).

@@ -65,6 +65,17 @@ describe("wsync.control.messages.check", function()
       select(2, messages.check(messages.to_agent, "fill", { chunk = 1, slots = {} })))
   end)
 
+  it("takes a publication's begin with its first fill only, and refuses a begin without its publication id",
+    function()
+      local id = string.rep("0f", 16)
+      local checked = messages.check(messages.to_agent, "fill", { chunk = 1, buffer = 1,
+        begin = { family = "qwen3_moe", publication_id = id } })
+      assert.are.equal(id, checked.begin.publication_id)
+      assert.are.equal("fill: field 'begin.publication_id': is required",
+        select(2, messages.check(messages.to_agent, "fill", { chunk = 1, buffer = 1, begin = { family = "x" } })))
+      assert.is_nil(messages.to_agent.begin)
+    end)
+
   it("refuses a runtime's info without workers and a finish without receipts", function()
     assert.are.equal("info: field 'workers': is required", select(2, messages.check(messages.from_runtime, "info",
       { protocol = 1, tp_world = 1, state = {} })))

@@ -28,10 +28,11 @@ end
 -- Stand-ins: `log` gets one line per call; `fail` = {what = "fill#2", ...}
 -- makes that call fail; `delay` (ms) makes fills and loads wait; `exported`
 -- is rank 1's manifest at verify; `keeps_release`: the runtime's finish
--- answer does not say it released; `slow_start`: start_update and begin
--- wait `delay` too; `start_delay` (ms): start_update alone waits that
--- long; `unordered_runtime`: a runtime whose workers cannot wait on the
--- device. The fourth result holds the gates the fills and loads got.
+-- answer does not say it released; `start_delay` (ms): start_update
+-- waits that long; `fill_delay` (ms): fills wait that long instead of
+-- `delay`; `unordered_runtime`: a runtime whose workers cannot wait on the
+-- device. The fourth result holds the gates the fills and loads got, and
+-- the `begin` each fill got (`begins`).
 local function stand_ins(options)
   options = options or {}
   local log = {}
@@ -75,19 +76,22 @@ local function stand_ins(options)
   ranks.gate_numbers = getmetatable(require("wsync.publish.ranks").new({}, 0)).__index.gate_numbers
   function ranks:all(cmd)
     hit(cmd)
-    if cmd == "begin" and options.slow_start then
-      wait("begin")
-    end
     if cmd == "verify" then
       return { { manifest = MANIFEST, tensors = 1 }, { manifest = options.exported or MANIFEST, tensors = 1 } }
     end
     return { {}, {} }
   end
-  local gates = { fills = {}, loads = {} }
-  function ranks:fill(_, k, buffer, _, gate)
+  local gates = { fills = {}, loads = {}, begins = {} }
+  function ranks:fill(_, k, buffer, _, gate, begin)
     hit("fill")
     log[#log] = log[#log] .. string.format(" chunk %d buffer %d", k, buffer)
     gates.fills[#gates.fills + 1] = gate or false
+    gates.begins[#gates.begins + 1] = begin or false
+    if options.fill_delay then
+      loop.sleep(options.fill_delay)
+      log[#log + 1] = "end fill " .. k
+      return { { copy_seconds = 0.001 }, { copy_seconds = 0.002 } }
+    end
     wait("fill " .. k)
     return { { copy_seconds = 0.001 }, { copy_seconds = 0.002 } }
   end
@@ -111,9 +115,7 @@ local function stand_ins(options)
     hit(cmd)
     if cmd == "start_update" then
       header = payload.header
-      if options.slow_start then
-        wait("start_update")
-      elseif options.start_delay then
+      if options.start_delay then
         loop.sleep(options.start_delay)
         log[#log + 1] = "end start_update"
       end
@@ -157,7 +159,7 @@ describe("wsync.publish.publication", function()
       -- (verify as soon as the last chunk is filled, while it loads; release
       -- in finish_update's answer)
       assert.are.same({ "memory#1", "check_registration#1", "init_buffers#1", "init_weights#1",
-        "start_update#1", "begin#1", "fill#1 chunk 1 buffer 1", "end fill 1", "verify#1",
+        "start_update#1", "fill#1 chunk 1 buffer 1", "end fill 1", "verify#1",
         "load#1 chunk 1 buffer 1", "end load 1", "finish_update#1" }, log)
       assert.are.equal(1, report.model_version)
       assert.are.equal(1, versions.committed)
@@ -254,12 +256,16 @@ describe("wsync.publish.publication", function()
     end)
   end)
 
-  it("asks the runtime's start_update and the agents' begin at once", function()
+  it("starts the publication on every rank with its first fill, and sends no begin of its own", function()
     async.run_async(function()
-      local ranks, rollout, log = stand_ins({ delay = 20, slow_start = true })
-      new(plan_of(1), ranks, rollout):run()
-      assert.are.same({ "start_update#1", "begin#1" }, { log[5], log[6] })
-      assert.matches("^end ", log[7])
+      local ranks, rollout, log, seen = stand_ins()
+      local publication = new(plan_of(3), ranks, rollout)
+      publication:run()
+      assert.are.same({ family = "qwen3_moe", publication_id = publication.header.publication_id }, seen.begins[1])
+      assert.are.same({ false, false }, { seen.begins[2], seen.begins[3] })
+      for _, line in ipairs(log) do
+        assert.is_nil(line:match("^begin"), line)
+      end
     end)
   end)
 
@@ -327,21 +333,22 @@ describe("wsync.publish.publication", function()
     end)
   end)
 
-  it("on the direct path, loads a chunk without waiting for its fill (which moves nothing)", function()
+  it("on the direct path, loads a chunk without waiting for its fill (which moves nothing), once the first fill "
+    .. "began the publication", function()
     async.run_async(function()
-      local ranks, rollout, log = stand_ins({ delay = 20 })
-      local plan = plan_of(1)
+      local ranks, rollout, log = stand_ins({ delay = 5, fill_delay = 40 })
+      local plan = plan_of(3, 4)
       plan.direct = true
       function ranks:direct_tensors()
         return {}
       end
       new(plan, ranks, rollout):run()
-      local load_at, fill_end_at
+      local at = {}
       for index, line in ipairs(log) do
-        load_at = line:match("^load#1") and index or load_at
-        fill_end_at = line == "end fill 1" and index or fill_end_at
+        at[line:match("^(load#%d)") or line] = index
       end
-      assert.is_true(load_at < fill_end_at, "the load waited for the fill")
+      assert.is_true(at["load#1"] > at["end fill 1"], "a load read the storage before the ranks began")
+      assert.is_true(at["load#2"] < at["end fill 2"], "the load waited for its fill")
     end)
   end)
 
