@@ -37,6 +37,14 @@ local tensor = record({
   end,
 })
 
+-- A rank's consumed manifest (its answer to verify; with its last fill).
+local consumed = record({
+  manifest = schema.string({ pattern = "^" .. string.rep("%x", 64) .. "$", required = true }),
+  tensors = schema.number({ integer = true, min = 0, required = true }),
+  bytes = bytes,
+  rank = index,
+})
+
 local device = record({
   backend = schema.enum({ "host", "cuda", required = true }),
   index = schema.number({ integer = true, min = 0, required = true }),
@@ -78,13 +86,8 @@ M.from_agent = {
     gate = name,
   }),
   attach = empty,
-  fill = record({ bytes = bytes, rank = index }, { open = true }),
-  verify = record({
-    manifest = schema.string({ pattern = "^" .. string.rep("%x", 64) .. "$", required = true }),
-    tensors = schema.number({ integer = true, min = 0, required = true }),
-    bytes = bytes,
-    rank = index,
-  }),
+  fill = record({ bytes = bytes, rank = index, consumed = record(consumed.fields) }, { open = true }),
+  verify = consumed,
   memory = record({ free_bytes = bytes, total_bytes = bytes }),
   -- (bytes: what the callback said it moved, when it said: ws_agent_report_moved.)
   callback = record({ bytes = bytes }),
@@ -137,6 +140,8 @@ M.to_agent = {
       family = schema.string({ required = true }),
       publication_id = schema.string({ pattern = "^" .. string.rep("%x", 32) .. "$", required = true }),
     }),
+    -- (the publication's last fill: answer with the consumed manifest too)
+    verify = schema.boolean({}),
     -- (chunks ordered on the device: wait for LOADED >= after, then FILLED =
     -- seq; uint32)
     gate = record({

@@ -165,8 +165,10 @@ function Publication:_note(k, side, started, copy)
 end
 
 -- (A fill or load that fails counts its time too: the report shows where the
--- seconds went.)
-function Publication:_fill(k, gate)
+-- seconds went.) With `verify`, every rank answers with its consumed
+-- manifest too (`consumed`): for the last chunk, whose fill is not only
+-- queued.
+function Publication:_fill(k, gate, verify)
   local started = now()
   -- (The publication's first fill starts it on every rank: `begin`.)
   local begin = nil
@@ -175,7 +177,7 @@ function Publication:_fill(k, gate)
     begin = { family = self.plan.family, publication_id = self.header.publication_id }
   end
   local ok, reports = pcall(self.ranks.fill, self.ranks, self.plan, k, M.buffer_of(self.plan, k), self.timeouts.fill,
-    gate, begin)
+    { gate = gate, begin = begin, verify = verify or nil })
   self.timings.fill = (self.timings.fill or 0) + (now() - started)
   if not ok then
     error(reports, 0)
@@ -227,30 +229,31 @@ end
 --- Moves chunks `first`..last: the ranks fill chunk k into buffer k mod B;
 --- when every rank reported success (the consensus gate) the runtime loads
 --- it; only after the load may that buffer be refilled. With two buffers,
---- chunk k+1 fills while chunk k loads. `after_fills`, when given, runs once
---- the last chunk is filled, while the runtime still loads (run() verifies
---- the ranks' manifests there).
+--- chunk k+1 fills while chunk k loads. With `verify` (run() does so), the
+--- ranks answer the last chunk's fill with their consumed manifests, which
+--- are checked then, while the runtime still loads (the verify phase; chunks
+--- ordered on the device ask for them once the last load ran).
 ---
 --- The direct path's fill moves nothing (the runtime reads the ranks' own
 --- storage, which `begin` found where it was exported), so its loads wait
 --- only for the first fill, which begins the publication on every rank; a
 --- failed fill still poisons.
-function Publication:_move_chunks(first, after_fills)
+function Publication:_move_chunks(first, verify)
   local plan = self.plan
   if plan.gated and self.rollout.ordered and first == 1 and not self.serial then
-    return self:_move_chunks_ordered(after_fills)
+    return self:_move_chunks_ordered(verify)
   end
+  local count, buffers = #plan.chunks, plan.buffer_count
   if self.serial then
-    for k = first, #plan.chunks do
-      self:_fill(k)
+    for k = first, count do
+      self:_fill(k, nil, verify and k == count)
       self:_load(k)
     end
-    if after_fills then
-      after_fills()
+    if verify then
+      self:_verify_folded(self.fills[count])
     end
     return
   end
-  local count, buffers = #plan.chunks, plan.buffer_count
   local filled, loaded = first - 1, first - 1
   local waits_for_fill = not plan.direct
   fill_and_load(function(state)
@@ -261,12 +264,12 @@ function Publication:_move_chunks(first, after_fills)
       if state.failure then
         return
       end
-      self:_fill(k)
+      self:_fill(k, nil, verify and k == count)
       filled = k -- every rank succeeded: chunk k may load
       state.changed:notify()
     end
-    if after_fills and state.failure == nil then
-      after_fills()
+    if verify and state.failure == nil then
+      self:_verify_folded(self.fills[count])
     end
   end, function(state)
     for k = first, count do
@@ -291,10 +294,12 @@ end
 --- load 1, fill 2, ... back to back, with no host round trip between them
 --- and never two processes' copies at once. The host still asks the runtime
 --- to load chunk k only once every rank queued its fill, and the last load is
---- answered once everything finished; `after_loads` (the verify) runs then.
+--- answered once everything finished; with `verify`, the ranks are asked
+--- for their consumed manifests then (a rank's verify waits for its fills
+--- on the device).
 --- A failure poisons as ever: the destroyed runtime loads nothing more, and
 --- each rank releases the fills it queued (its gate lives in its memory).
-function Publication:_move_chunks_ordered(after_loads)
+function Publication:_move_chunks_ordered(verify)
   local count = #self.plan.chunks
   local first = self.ranks:gate_numbers(count)
   local function number(k)
@@ -326,8 +331,8 @@ function Publication:_move_chunks_ordered(after_loads)
     -- runtime goes now, not at its timeout.)
     self.rollout:destroy(err)
   end)
-  if after_loads then
-    after_loads()
+  if verify then
+    self:_verify_folded()
   end
 end
 
@@ -492,23 +497,34 @@ end
 
 --- Moves every remaining chunk, double-buffered. With `verify`, the verify
 --- phase runs as soon as the last chunk is filled, while the runtime still
---- loads it (run() does so; the REPL steps verify on its own).
+--- loads it, on the manifests the last fill's answers bring (run() does
+--- so; the REPL steps verify on its own).
 function Publication:chunks(verify)
   self:_phase("chunks", function()
-    self:_move_chunks(self.next_chunk, verify and function()
-      self:_verify_folded()
-    end)
+    self:_move_chunks(self.next_chunk, verify)
   end)
   self.next_chunk = #self.plan.chunks + 1
 end
 
--- Every agent's consumed manifest against the expected one. Returns the
--- agents' answers; raises VERIFY_FAILED naming the rank.
-function Publication:_check_manifests()
+-- Every agent's consumed manifest against the expected one: those the last
+-- fill's `reports` brought (each its `consumed`), else the ones the agents
+-- answer to verify. Returns them; raises VERIFY_FAILED naming the rank.
+function Publication:_check_manifests(reports)
   local plan = self.plan
-  local results = self.ranks:all("verify", function()
-    return {}
-  end, self.timeouts.verify)
+  local results = {}
+  if reports then
+    for index, report in ipairs(reports) do
+      if type(report.consumed) ~= "table" then
+        fail("VERIFY_FAILED", string.format("trainer rank %d answered the last fill without its consumed manifest",
+          index - 1), { rank = index - 1 })
+      end
+      results[index] = report.consumed
+    end
+  else
+    results = self.ranks:all("verify", function()
+      return {}
+    end, self.timeouts.verify)
+  end
   for index, result in ipairs(results) do
     if result.manifest ~= plan.manifest then
       fail("VERIFY_FAILED", string.format("trainer rank %d exported manifest %s (%d tensors); expected %s (%d)",
@@ -519,10 +535,11 @@ function Publication:_check_manifests()
 end
 
 -- The verify phase inside the chunks phase (Publication:chunks(true)): timed
--- and completed as verify, a failure named as verify's.
-function Publication:_verify_folded()
+-- and completed as verify, a failure named as verify's. `reports`: the last
+-- fill's, with the manifests (else the ranks are asked).
+function Publication:_verify_folded(reports)
   local started = now()
-  local ok, result = pcall(self._check_manifests, self)
+  local ok, result = pcall(self._check_manifests, self, reports)
   self.timings.verify = (self.timings.verify or 0) + (now() - started)
   if not ok then
     if errors.is(result) then
@@ -611,8 +628,8 @@ function Publication:overlaps()
     overlaps = {
       { phases = { "fill", "load" }, within = "chunks", why = self.plan.direct and "the runtime reads the trainer's "
         .. "storage: no load waits for a fill" or "chunk k+1 fills while chunk k loads" },
-      { phases = { "verify", "load" }, within = "chunks", why = "the ranks' manifests are checked while the last "
-        .. "chunk loads" },
+      { phases = { "verify", "load" }, within = "chunks", why = "the ranks' manifests come with the last fill's "
+        .. "answers and are checked while the last chunk loads" },
     }
   end
   if self.starting then

@@ -76,6 +76,17 @@ describe("wsync.control.messages.check", function()
       assert.is_nil(messages.to_agent.begin)
     end)
 
+  it("refuses a last fill's answer whose consumed manifest is not one", function()
+    local manifest = string.rep("ab", 32)
+    local checked = messages.check(messages.from_agent, "fill", { bytes = 8, rank = 0,
+      consumed = { manifest = manifest, tensors = 2 } })
+    assert.are.equal(manifest, checked.consumed.manifest)
+    assert.are.equal("fill: field 'consumed.tensors': is required",
+      select(2, messages.check(messages.from_agent, "fill", { bytes = 8, consumed = { manifest = manifest } })))
+    assert.is_nil(messages.check(messages.from_agent, "fill", { bytes = 8, consumed = { manifest = "ab",
+      tensors = 2 } }))
+  end)
+
   it("refuses a runtime's info without workers and a finish without receipts", function()
     assert.are.equal("info: field 'workers': is required", select(2, messages.check(messages.from_runtime, "info",
       { protocol = 1, tp_world = 1, state = {} })))

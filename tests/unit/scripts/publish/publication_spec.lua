@@ -27,12 +27,13 @@ end
 
 -- Stand-ins: `log` gets one line per call; `fail` = {what = "fill#2", ...}
 -- makes that call fail; `delay` (ms) makes fills and loads wait; `exported`
--- is rank 1's manifest at verify; `keeps_release`: the runtime's finish
+-- is rank 1's manifest at verify (or with the last fill); `no_consumed`:
+-- rank 1 answers the last fill without it; `keeps_release`: the runtime's finish
 -- answer does not say it released; `start_delay` (ms): start_update
 -- waits that long; `fill_delay` (ms): fills wait that long instead of
 -- `delay`; `unordered_runtime`: a runtime whose workers cannot wait on the
 -- device. The fourth result holds the gates the fills and loads got, and
--- the `begin` each fill got (`begins`).
+-- the `begin` and `verify` each fill got (`begins`, `verifies`).
 local function stand_ins(options)
   options = options or {}
   local log = {}
@@ -81,19 +82,26 @@ local function stand_ins(options)
     end
     return { {}, {} }
   end
-  local gates = { fills = {}, loads = {}, begins = {} }
-  function ranks:fill(_, k, buffer, _, gate, begin)
+  local gates = { fills = {}, loads = {}, begins = {}, verifies = {} }
+  function ranks:fill(_, k, buffer, _, fields)
     hit("fill")
     log[#log] = log[#log] .. string.format(" chunk %d buffer %d", k, buffer)
-    gates.fills[#gates.fills + 1] = gate or false
-    gates.begins[#gates.begins + 1] = begin or false
+    gates.fills[#gates.fills + 1] = fields.gate or false
+    gates.begins[#gates.begins + 1] = fields.begin or false
+    gates.verifies[#gates.verifies + 1] = fields.verify or false
     if options.fill_delay then
       loop.sleep(options.fill_delay)
       log[#log + 1] = "end fill " .. k
-      return { { copy_seconds = 0.001 }, { copy_seconds = 0.002 } }
+    else
+      wait("fill " .. k)
     end
-    wait("fill " .. k)
-    return { { copy_seconds = 0.001 }, { copy_seconds = 0.002 } }
+    local reports = { { copy_seconds = 0.001 }, { copy_seconds = 0.002 } }
+    if fields.verify then
+      reports[1].consumed = { manifest = MANIFEST, tensors = 1 }
+      reports[2].consumed = not options.no_consumed and { manifest = options.exported or MANIFEST, tensors = 1 }
+        or nil
+    end
+    return reports
   end
   local header
   local rollout = { destroyed = nil }
@@ -153,14 +161,15 @@ end
 describe("wsync.publish.publication", function()
   it("runs its phases in order and commits the version it was given", function()
     async.run_async(function()
-      local ranks, rollout, log = stand_ins()
+      local ranks, rollout, log, seen = stand_ins()
       local versions = versions_module.new()
       local report = new(plan_of(1), ranks, rollout, versions):run()
-      -- (verify as soon as the last chunk is filled, while it loads; release
-      -- in finish_update's answer)
+      -- (verify with the last fill's answers, while it loads; release in
+      -- finish_update's answer)
       assert.are.same({ "memory#1", "check_registration#1", "init_buffers#1", "init_weights#1",
-        "start_update#1", "fill#1 chunk 1 buffer 1", "end fill 1", "verify#1",
+        "start_update#1", "fill#1 chunk 1 buffer 1", "end fill 1",
         "load#1 chunk 1 buffer 1", "end load 1", "finish_update#1" }, log)
+      assert.are.same({ true }, seen.verifies)
       assert.are.equal(1, report.model_version)
       assert.are.equal(1, versions.committed)
       assert.are.equal(protocol.VERSION, 1) -- (the header's protocol)
@@ -310,9 +319,10 @@ describe("wsync.publish.publication", function()
     end)
   end)
 
-  it("verifies while the last chunk loads, and a manifest that differs poisons as verify's", function()
+  it("verifies the manifests the last fill's answers bring, before the last chunk loads; one that differs poisons "
+    .. "as verify's", function()
     async.run_async(function()
-      local ranks, rollout, log = stand_ins({ delay = 20, exported = string.rep("cd", 32) })
+      local ranks, rollout, log, seen = stand_ins({ delay = 50, fill_delay = 5, exported = string.rep("cd", 32) })
       local versions = versions_module.new()
       local publication = new(plan_of(2), ranks, rollout, versions)
       local ok, err = pcall(publication.run, publication)
@@ -322,14 +332,25 @@ describe("wsync.publish.publication", function()
       assert.are.equal("VERIFY_FAILED", err.cause)
       assert.are.equal(1, err.rank)
       assert.matches("failed in verify: trainer rank 1 exported manifest cdcd", err.message, 1, true)
-      local verify_at, load_end_at
-      for index, line in ipairs(log) do
-        verify_at = line == "verify#1" and index or verify_at
-        load_end_at = line == "end load 2" and index or load_end_at
+      assert.are.same({ false, true }, seen.verifies)
+      for _, line in ipairs(log) do
+        assert.is_nil(line:match("^verify"), "the ranks were asked for their manifests again")
+        assert.is_nil(line:match("^load#2"), "the last chunk loaded before its manifests were checked")
       end
-      assert.is_true(verify_at < load_end_at, "verify waited for the last load")
       assert.is_not_nil(rollout.destroyed, "not poisoned")
       assert.are.equal(0, versions.committed)
+    end)
+  end)
+
+  it("fails verify when a rank answers the last fill without its consumed manifest", function()
+    async.run_async(function()
+      local ranks, rollout = stand_ins({ no_consumed = true })
+      local publication = new(plan_of(2), ranks, rollout)
+      local ok, err = pcall(publication.run, publication)
+      assert.is_false(ok)
+      assert.are.equal("verify", err.phase)
+      assert.are.equal(1, err.rank)
+      assert.matches("trainer rank 1 answered the last fill without its consumed manifest", err.message, 1, true)
     end)
   end)
 
