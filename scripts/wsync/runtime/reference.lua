@@ -126,6 +126,21 @@ function Runtime:ready_to_generate(held)
   self:refresh_digest()
 end
 
+-- The payload of a load_chunk to the workers: the first of an update brings
+-- the update's start (`start`, start_update's payload), once.
+function Runtime:with_start(payload)
+  local start = self.workers_start
+  if not start then
+    return payload
+  end
+  self.workers_start = nil
+  local sent = { start = start }
+  for key, value in pairs(payload) do
+    sent[key] = value
+  end
+  return sent
+end
+
 function Runtime:state()
   local first = self.worker_state[1] or {}
   return { weights = first.weights, kv_cache = first.kv_cache }
@@ -171,6 +186,10 @@ function Runtime:handlers()
       return self:info()
     end,
     sleep = function(payload)
+      if self.update then
+        -- (The workers start the update only at its first load.)
+        errors.raise("STATE_REFUSED", "cannot sleep during a weight update")
+      end
       self:remember(self:broadcast("sleep", { level = payload.level }))
       self.weights_digest = nil
       return self:info()
@@ -246,17 +265,27 @@ function Runtime:handlers()
       end
       return { workers = results, ordered = ordered }
     end,
+    -- The workers start the update with its first load_chunk (`start`: this
+    -- command's payload), not at once: their own start is one hop less per
+    -- publication. What they would refuse at start (weights not awake) is
+    -- refused here already, as the workers' state says.
     start_update = function(payload)
+      self:check_workers()
       self:check_header(payload.header)
-      self:broadcast("start_update", payload)
-      self.update = payload.header
+      for rank, state in ipairs(self.worker_state) do
+        if type(state) ~= "table" or state.weights ~= "awake" then
+          errors.raise("STATE_REFUSED", string.format("cannot update weights that are %s (TP worker %d): wake "
+            .. "weights first", tostring(type(state) == "table" and state.weights), rank - 1), { rank = rank - 1 })
+        end
+      end
+      self.update, self.workers_start = payload.header, payload
       return {}
     end,
     load_chunk = function(payload)
       if not self.update then
         errors.raise("NOT_UPDATING", "load_chunk outside an update", { fatal = true })
       end
-      local results = self:broadcast("load_chunk", payload)
+      local results = self:broadcast("load_chunk", self:with_start(payload))
       local bytes, copy_seconds = 0, 0
       for _, result in ipairs(results) do
         bytes = bytes + result.bytes
@@ -269,6 +298,10 @@ function Runtime:handlers()
       local header = self.update
       if not header then
         errors.raise("NOT_UPDATING", "finish_update without start_update", { fatal = true })
+      end
+      if self.workers_start then
+        self:broadcast("start_update", self.workers_start) -- (an update without a load)
+        self.workers_start = nil
       end
       local receipts = self:broadcast("finish_update", payload)
       self.update = nil

@@ -30,6 +30,29 @@ local function zeros_sum(bytes)
 end
 
 describe("wsync.runtime.worker", function()
+  it("starts an update with the first load_chunk that brings its start, before it loads", function()
+    local worker = new_worker()
+    local own = assert(shm_transport.create(2, 256 * 1024))
+    local header = { publication_id = string.rep("ab", 16), model_version = 1 }
+    local ok, message = pcall(function()
+      worker.loader:init_weights({ family = "qwen3_moe", config = "tiny", tp = 1, transport = "shm",
+        buffers = shm_transport.descriptors(own) })
+      -- (No tensor metadata came: the load itself fails, after the start.)
+      local err = error_of(worker.load_chunk, worker, { chunk = 1, buffer = 1, start = { header = header } })
+      assert.are.equal("BAD_METADATA", err.code)
+      assert.is_true(worker.loader:updating())
+      worker.loader:finish_update(header)
+      worker:sleep({ level = 1 })
+      err = error_of(worker.load_chunk, worker, { chunk = 1, buffer = 1, start = { header = header } })
+      assert.are.same({ "STATE_REFUSED", "cannot update weights that are offloaded: wake weights first" },
+        { err.code, err.message })
+      assert.is_false(worker.loader:updating())
+    end)
+    worker:release_all()
+    shm_transport.release(own)
+    assert(ok, message)
+  end)
+
   it("turns a level-1 copy that fails into a fatal COPY_FAILED error", function()
     local transport = setmetatable({ copy_host = function()
       error("injected copy failure")
