@@ -134,11 +134,7 @@ function Runtime:with_start(payload)
     return payload
   end
   self.workers_start = nil
-  local sent = { start = start }
-  for key, value in pairs(payload) do
-    sent[key] = value
-  end
-  return sent
+  return util.merged(payload, { start = start })
 end
 
 function Runtime:state()
@@ -278,14 +274,27 @@ function Runtime:handlers()
             .. "weights first", tostring(type(state) == "table" and state.weights), rank - 1), { rank = rank - 1 })
         end
       end
-      self.update, self.workers_start = payload.header, payload
+      self.update, self.workers_start, self.receipts = payload.header, payload, nil
       return {}
     end,
     load_chunk = function(payload)
       if not self.update then
         errors.raise("NOT_UPDATING", "load_chunk outside an update", { fatal = true })
       end
-      local results = self:broadcast("load_chunk", self:with_start(payload))
+      local sent = self:with_start(payload)
+      if payload.last == true then
+        -- (The update's last chunk: each worker ends its update with it and
+        -- answers its receipt, which finish_update checks and commits.)
+        sent = util.merged(sent, { finish = { publication_id = self.update.publication_id,
+          model_version = self.update.model_version } })
+      end
+      local results = self:broadcast("load_chunk", sent)
+      if payload.last == true then
+        self.receipts = {}
+        for rank, result in ipairs(results) do
+          self.receipts[rank] = result.receipt
+        end
+      end
       local bytes, copy_seconds = 0, 0
       for _, result in ipairs(results) do
         bytes = bytes + result.bytes
@@ -299,11 +308,26 @@ function Runtime:handlers()
       if not header then
         errors.raise("NOT_UPDATING", "finish_update without start_update", { fatal = true })
       end
-      if self.workers_start then
-        self:broadcast("start_update", self.workers_start) -- (an update without a load)
-        self.workers_start = nil
+      local receipts = self.receipts
+      self.receipts = nil
+      if receipts then
+        -- (Made with the last load: the request must name the publication
+        -- the workers updated, as each worker checks at its own finish, and
+        -- no worker may have broken since.)
+        self:check_workers()
+        if payload.publication_id ~= header.publication_id or payload.model_version ~= header.model_version then
+          errors.raise("WRONG_PUBLICATION", string.format("finish_update for publication %s version %s; the workers "
+            .. "updated publication %s version %s", tostring(payload.publication_id),
+            tostring(payload.model_version), tostring(header.publication_id), tostring(header.model_version)),
+            { fatal = true })
+        end
+      else
+        if self.workers_start then
+          self:broadcast("start_update", self.workers_start) -- (an update without a load)
+          self.workers_start = nil
+        end
+        receipts = self:broadcast("finish_update", payload)
       end
-      local receipts = self:broadcast("finish_update", payload)
       self.update = nil
       contract.check_receipts(header, receipts, self.expected_resident)
       -- Commit: the version is served from now on; cached prefixes computed

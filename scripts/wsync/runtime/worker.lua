@@ -281,14 +281,21 @@ function Worker:wake(payload)
   return self:info()
 end
 
---- load_chunk{chunk, buffer, tensors?, gate?, start?}: the loader's; the
---- first load of an update brings the update's start (`start`: the
---- start_update payload, which the main process did not send on its own).
+--- load_chunk{chunk, buffer, tensors?, gate?, start?, finish?}: the
+--- loader's; the first load of an update brings the update's start
+--- (`start`: the start_update payload, which the main process did not send
+--- on its own), and its last one the finish (`finish`: {publication_id,
+--- model_version}, as finish_update's payload): the answer then carries
+--- the receipt (`receipt`).
 function Worker:load_chunk(payload)
   if payload.start ~= nil then
     self.loader:start_update(payload.start)
   end
-  return self.loader:load_chunk(payload)
+  local result = self.loader:load_chunk(payload)
+  if payload.finish ~= nil then
+    result.receipt = self.loader:finish_update(payload.finish)
+  end
+  return result
 end
 
 function Worker:checksum()

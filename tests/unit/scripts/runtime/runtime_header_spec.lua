@@ -106,13 +106,15 @@ describe("reference runtime: an update's start", function()
     for index = 1, 2 do
       state.workers[index] = {
         request = function(_, cmd, payload)
-          sent[#sent + 1] = { rank = index - 1, cmd = cmd, start = payload.start ~= nil }
+          sent[#sent + 1] = { rank = index - 1, cmd = cmd, start = payload.start ~= nil,
+            finish = payload.finish ~= nil }
+          local value = header()
+          local receipt = { publication_id = value.publication_id, model_version = value.model_version,
+            tp_rank = index - 1, tp_world = 2, uuid = UUIDS[index], manifest = value.manifest, resident_tensors = 21 }
           if cmd == "finish_update" then
-            local value = header()
-            return { publication_id = value.publication_id, model_version = value.model_version, tp_rank = index - 1,
-              tp_world = 2, uuid = UUIDS[index], manifest = value.manifest, resident_tensors = 21 }
+            return receipt
           end
-          return { bytes = 8 }
+          return { bytes = 8, receipt = payload.finish and receipt or nil }
         end,
       }
     end
@@ -124,7 +126,8 @@ describe("reference runtime: an update's start", function()
   local function commands(sent)
     local lines = {}
     for index, entry in ipairs(sent) do
-      lines[index] = string.format("%d %s%s", entry.rank, entry.cmd, entry.start and " +start" or "")
+      lines[index] = string.format("%d %s%s%s", entry.rank, entry.cmd, entry.start and " +start" or "",
+        entry.finish and " +finish" or "")
     end
     table.sort(lines)
     return lines
@@ -141,6 +144,46 @@ describe("reference runtime: an update's start", function()
       handlers.finish_update({ publication_id = header().publication_id, model_version = 3 })
       assert.are.same({ "0 finish_update", "0 load_chunk", "0 load_chunk +start", "1 finish_update", "1 load_chunk",
         "1 load_chunk +start" }, commands(sent))
+    end)
+  end)
+
+  it("has the workers answer their receipts with the last load, and commits them at finish_update", function()
+    async.run_async(function()
+      local state, handlers, sent = runtime_with_workers()
+      handlers.start_update({ header = header() })
+      handlers.load_chunk({ chunk = 1, buffer = 1 })
+      handlers.load_chunk({ chunk = 2, buffer = 2, last = true })
+      local answer = handlers.finish_update({ publication_id = header().publication_id, model_version = 3 })
+      assert.are.same({ "0 load_chunk +finish", "0 load_chunk +start", "1 load_chunk +finish", "1 load_chunk +start" },
+        commands(sent))
+      assert.are.equal(3, answer.model_version)
+      assert.are.equal(2, #answer.receipts)
+      assert.are.equal(3, state.model_version)
+    end)
+  end)
+
+  it("refuses, fatally, a finish_update for another publication than the one the last load finished", function()
+    async.run_async(function()
+      local state, handlers = runtime_with_workers()
+      handlers.start_update({ header = header() })
+      handlers.load_chunk({ chunk = 1, buffer = 1, last = true })
+      local err = error_of(handlers.finish_update, { publication_id = string.rep("cd", 16), model_version = 3 })
+      assert.are.equal("WRONG_PUBLICATION", err.code)
+      assert.is_true(err.fatal)
+      assert.are.equal(2, state.model_version) -- (nothing committed)
+    end)
+  end)
+
+  it("refuses, fatally, to commit receipts of the last load when a worker broke since", function()
+    async.run_async(function()
+      local state, handlers = runtime_with_workers()
+      handlers.start_update({ header = header() })
+      handlers.load_chunk({ chunk = 1, buffer = 1, last = true })
+      state.workers[2].state, state.workers[2].cause = "BROKEN", { message = "TP worker 1 exited" }
+      local err = error_of(handlers.finish_update, { publication_id = header().publication_id, model_version = 3 })
+      assert.are.equal("WORKER_DIED", err.code)
+      assert.is_true(err.fatal)
+      assert.are.equal(2, state.model_version)
     end)
   end)
 
