@@ -32,8 +32,7 @@ local examples = {
   from_agent = {
     init_buffers = { names = { "wsync-1-0-0", "wsync-1-0-1" }, uuid = "host-0" },
     attach = {},
-    begin = {},
-    fill = { bytes = 4096, rank = 0 },
+    fill = { bytes = 4096, rank = 0, consumed = { manifest = MANIFEST, tensors = 2, bytes = 8192, rank = 0 } },
     verify = { manifest = MANIFEST, tensors = 2, bytes = 8192, rank = 0 },
     memory = { free_bytes = 1024, total_bytes = 4096 },
     callback = {},
@@ -49,8 +48,8 @@ local examples = {
   to_agent = {
     init_buffers = { count = 2, bytes = 163840 },
     attach = { buffers = { { "wsync-1-0-0", "wsync-1-0-1" }, { "wsync-1-1-0", "wsync-1-1-1" } } },
-    begin = { family = "qwen3_moe", publication_id = PUBLICATION },
-    fill = { chunk = 1, buffer = 1, slots = { { tensor = 1, offset = 0, bytes = 64 } } },
+    fill = { chunk = 1, buffer = 1, slots = { { tensor = 1, offset = 0, bytes = 64 } },
+      begin = { family = "qwen3_moe", publication_id = PUBLICATION }, verify = true },
     verify = {},
     memory = {},
     callback = { name = "offload_optimizer" },

@@ -37,6 +37,14 @@ local tensor = record({
   end,
 })
 
+-- A rank's consumed manifest (its answer to verify; with its last fill).
+local consumed = record({
+  manifest = schema.string({ pattern = "^" .. string.rep("%x", 64) .. "$", required = true }),
+  tensors = schema.number({ integer = true, min = 0, required = true }),
+  bytes = bytes,
+  rank = index,
+})
+
 local device = record({
   backend = schema.enum({ "host", "cuda", required = true }),
   index = schema.number({ integer = true, min = 0, required = true }),
@@ -87,14 +95,8 @@ M.from_agent = {
     gate = name,
   }),
   attach = empty,
-  begin = empty,
-  fill = record({ bytes = bytes, rank = index }, { open = true }),
-  verify = record({
-    manifest = schema.string({ pattern = "^" .. string.rep("%x", 64) .. "$", required = true }),
-    tensors = schema.number({ integer = true, min = 0, required = true }),
-    bytes = bytes,
-    rank = index,
-  }),
+  fill = record({ bytes = bytes, rank = index, consumed = record(consumed.fields) }, { open = true }),
+  verify = consumed,
   memory = record({ free_bytes = bytes, total_bytes = bytes }),
   -- (bytes: what the callback said it moved, when it said: ws_agent_report_moved.)
   callback = record({ bytes = bytes }),
@@ -139,16 +141,19 @@ M.to_agent = {
     buffers = schema.list({ item = schema.list({ item = name, min_length = 1 }), min_length = 1, required = true }),
     nccl_id = schema.string({ pattern = "^%x+$" }),
   }),
-  begin = record({
-    family = schema.string({ required = true }),
-    publication_id = schema.string({ pattern = "^" .. string.rep("%x", 32) .. "$", required = true }),
-  }),
   -- (fill's slots come with a chunk's first fill of a session only, and are
-  -- checked one by one where they are planned: the list is long.)
+  -- checked one by one where they are planned: the list is long. `begin`
+  -- comes with a publication's first fill: the rank starts it then.)
   fill = record({
     chunk = schema.number({ integer = true, min = 1, required = true }),
     buffer = schema.number({ integer = true, min = 1, required = true }),
     slots = schema.any({}),
+    begin = record({
+      family = schema.string({ required = true }),
+      publication_id = schema.string({ pattern = "^" .. string.rep("%x", 32) .. "$", required = true }),
+    }),
+    -- (the publication's last fill: answer with the consumed manifest too)
+    verify = schema.boolean({}),
     -- (chunks ordered on the device: wait for LOADED >= after, then FILLED =
     -- seq; uint32)
     gate = record({

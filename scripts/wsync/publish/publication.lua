@@ -165,11 +165,19 @@ function Publication:_note(k, side, started, copy)
 end
 
 -- (A fill or load that fails counts its time too: the report shows where the
--- seconds went.)
-function Publication:_fill(k, gate)
+-- seconds went.) With `verify`, every rank answers with its consumed
+-- manifest too (`consumed`): for the last chunk, whose fill is not only
+-- queued.
+function Publication:_fill(k, gate, verify)
   local started = now()
+  -- (The publication's first fill starts it on every rank: `begin`.)
+  local begin = nil
+  if not self.begun then
+    self.begun = true
+    begin = { family = self.plan.family, publication_id = self.header.publication_id }
+  end
   local ok, reports = pcall(self.ranks.fill, self.ranks, self.plan, k, M.buffer_of(self.plan, k), self.timeouts.fill,
-    gate)
+    { gate = gate, begin = begin, verify = verify or nil })
   self.timings.fill = (self.timings.fill or 0) + (now() - started)
   if not ok then
     error(reports, 0)
@@ -182,6 +190,7 @@ function Publication:_fill(k, gate)
 end
 
 function Publication:_load(k, gate)
+  self:_started() -- (no chunk loads before the runtime is updating)
   local started = now()
   local tensors = self.plan.direct and self.ranks:direct_tensors(self.plan, k) or nil
   local ok, answer = pcall(self.rollout.load_chunk, self.rollout, self.plan, k, M.buffer_of(self.plan, k), tensors,
@@ -220,29 +229,31 @@ end
 --- Moves chunks `first`..last: the ranks fill chunk k into buffer k mod B;
 --- when every rank reported success (the consensus gate) the runtime loads
 --- it; only after the load may that buffer be refilled. With two buffers,
---- chunk k+1 fills while chunk k loads. `after_fills`, when given, runs once
---- the last chunk is filled, while the runtime still loads (run() verifies
---- the ranks' manifests there).
+--- chunk k+1 fills while chunk k loads. With `verify` (run() does so), the
+--- ranks answer the last chunk's fill with their consumed manifests, which
+--- are checked then, while the runtime still loads (the verify phase; chunks
+--- ordered on the device ask for them once the last load ran).
 ---
 --- The direct path's fill moves nothing (the runtime reads the ranks' own
---- storage, which `begin` found where it was exported), so its load does not
---- wait for it; a failed fill still poisons.
-function Publication:_move_chunks(first, after_fills)
+--- storage, which `begin` found where it was exported), so its loads wait
+--- only for the first fill, which begins the publication on every rank; a
+--- failed fill still poisons.
+function Publication:_move_chunks(first, verify)
   local plan = self.plan
   if plan.gated and self.rollout.ordered and first == 1 and not self.serial then
-    return self:_move_chunks_ordered(after_fills)
+    return self:_move_chunks_ordered(verify)
   end
+  local count, buffers = #plan.chunks, plan.buffer_count
   if self.serial then
-    for k = first, #plan.chunks do
-      self:_fill(k)
+    for k = first, count do
+      self:_fill(k, nil, verify and k == count)
       self:_load(k)
     end
-    if after_fills then
-      after_fills()
+    if verify then
+      self:_verify_folded(self.fills[count])
     end
     return
   end
-  local count, buffers = #plan.chunks, plan.buffer_count
   local filled, loaded = first - 1, first - 1
   local waits_for_fill = not plan.direct
   fill_and_load(function(state)
@@ -253,17 +264,17 @@ function Publication:_move_chunks(first, after_fills)
       if state.failure then
         return
       end
-      self:_fill(k)
+      self:_fill(k, nil, verify and k == count)
       filled = k -- every rank succeeded: chunk k may load
       state.changed:notify()
     end
-    if after_fills and state.failure == nil then
-      after_fills()
+    if verify and state.failure == nil then
+      self:_verify_folded(self.fills[count])
     end
   end, function(state)
     for k = first, count do
       state.changed:wait(function()
-        return state.failure ~= nil or filled >= k or not waits_for_fill
+        return state.failure ~= nil or filled >= (waits_for_fill and k or first)
       end)
       if state.failure then
         return
@@ -283,10 +294,12 @@ end
 --- load 1, fill 2, ... back to back, with no host round trip between them
 --- and never two processes' copies at once. The host still asks the runtime
 --- to load chunk k only once every rank queued its fill, and the last load is
---- answered once everything finished; `after_loads` (the verify) runs then.
+--- answered once everything finished; with `verify`, the ranks are asked
+--- for their consumed manifests then (a rank's verify waits for its fills
+--- on the device).
 --- A failure poisons as ever: the destroyed runtime loads nothing more, and
 --- each rank releases the fills it queued (its gate lives in its memory).
-function Publication:_move_chunks_ordered(after_loads)
+function Publication:_move_chunks_ordered(verify)
   local count = #self.plan.chunks
   local first = self.ranks:gate_numbers(count)
   local function number(k)
@@ -318,8 +331,8 @@ function Publication:_move_chunks_ordered(after_loads)
     -- runtime goes now, not at its timeout.)
     self.rollout:destroy(err)
   end)
-  if after_loads then
-    after_loads()
+  if verify then
+    self:_verify_folded()
   end
 end
 
@@ -414,25 +427,57 @@ function Publication:init()
   end)
 end
 
---- The runtime enters update mode; the agents start their consumed manifests
---- (at once: neither waits for the other).
-function Publication:start()
-  local header = self.header
+--- The runtime enters update mode (its start_update; the ranks start the
+--- publication with its first fill). With `overlapped` (run() does so) the
+--- start_update is only sent: it is answered while chunk 1 fills, and no
+--- chunk loads before it is (Publication:_started); a failure of it is still
+--- named as start's.
+---@param overlapped boolean?
+function Publication:start(overlapped)
   self:_phase("start", function()
     self.started_update = true -- from here on, a failure poisons
-    local _, failed, failure = loop.all(2, function(i)
-      if i == 1 then
-        self.rollout:request("start_update", { header = header })
-      else
-        self.ranks:all("begin", function()
-          return { family = self.plan.family, publication_id = header.publication_id }
-        end, self.timeouts.start)
-      end
-    end)
-    if failed then
-      error(failure, 0)
-    end
+    self:_start_update(overlapped)
   end)
+end
+
+-- Asks the runtime's start_update; with `overlapped`, in a coroutine of its
+-- own whose answer (its seconds counted as start's) Publication:_started
+-- waits for.
+function Publication:_start_update(overlapped)
+  local payload = { header = self.header }
+  if not overlapped then
+    self.rollout:request("start_update", payload)
+    return
+  end
+  local starting = { changed = loop.condition() }
+  self.starting = starting
+  local started = now()
+  loop.spawn(function()
+    return self.rollout:request("start_update", payload)
+  end, function(ok, err)
+    self.timings.start = (self.timings.start or 0) + (now() - started)
+    starting.done, starting.failure = true, not ok and err or nil
+    starting.changed:notify()
+  end)
+end
+
+-- Waits until the runtime answered start_update (overlapped: chunk 1 fills
+-- meanwhile); raises its failure, named as start's.
+function Publication:_started()
+  local starting = self.starting
+  if not starting then
+    return
+  end
+  starting.changed:wait(function()
+    return starting.done
+  end)
+  local failure = starting.failure
+  if failure ~= nil then
+    if errors.is(failure) then
+      failure.folded_phase = "start"
+    end
+    error(failure, 0)
+  end
 end
 
 --- Moves the next chunk alone (fill by every rank, consensus, load): the
@@ -452,23 +497,34 @@ end
 
 --- Moves every remaining chunk, double-buffered. With `verify`, the verify
 --- phase runs as soon as the last chunk is filled, while the runtime still
---- loads it (run() does so; the REPL steps verify on its own).
+--- loads it, on the manifests the last fill's answers bring (run() does
+--- so; the REPL steps verify on its own).
 function Publication:chunks(verify)
   self:_phase("chunks", function()
-    self:_move_chunks(self.next_chunk, verify and function()
-      self:_verify_folded()
-    end)
+    self:_move_chunks(self.next_chunk, verify)
   end)
   self.next_chunk = #self.plan.chunks + 1
 end
 
--- Every agent's consumed manifest against the expected one. Returns the
--- agents' answers; raises VERIFY_FAILED naming the rank.
-function Publication:_check_manifests()
+-- Every agent's consumed manifest against the expected one: those the last
+-- fill's `reports` brought (each its `consumed`), else the ones the agents
+-- answer to verify. Returns them; raises VERIFY_FAILED naming the rank.
+function Publication:_check_manifests(reports)
   local plan = self.plan
-  local results = self.ranks:all("verify", function()
-    return {}
-  end, self.timeouts.verify)
+  local results = {}
+  if reports then
+    for index, report in ipairs(reports) do
+      if type(report.consumed) ~= "table" then
+        fail("VERIFY_FAILED", string.format("trainer rank %d answered the last fill without its consumed manifest",
+          index - 1), { rank = index - 1 })
+      end
+      results[index] = report.consumed
+    end
+  else
+    results = self.ranks:all("verify", function()
+      return {}
+    end, self.timeouts.verify)
+  end
   for index, result in ipairs(results) do
     if result.manifest ~= plan.manifest then
       fail("VERIFY_FAILED", string.format("trainer rank %d exported manifest %s (%d tensors); expected %s (%d)",
@@ -479,10 +535,11 @@ function Publication:_check_manifests()
 end
 
 -- The verify phase inside the chunks phase (Publication:chunks(true)): timed
--- and completed as verify, a failure named as verify's.
-function Publication:_verify_folded()
+-- and completed as verify, a failure named as verify's. `reports`: the last
+-- fill's, with the manifests (else the ranks are asked).
+function Publication:_verify_folded(reports)
   local started = now()
-  local ok, result = pcall(self._check_manifests, self)
+  local ok, result = pcall(self._check_manifests, self, reports)
   self.timings.verify = (self.timings.verify or 0) + (now() - started)
   if not ok then
     if errors.is(result) then
@@ -563,16 +620,23 @@ function Publication:overlaps()
   if self.serial then
     return {}
   end
+  local overlaps
   if self.plan.gated and self.rollout.ordered then
-    return { { phases = { "fill", "load" }, within = "chunks", why = "every fill and load is queued at once; the "
+    overlaps = { { phases = { "fill", "load" }, within = "chunks", why = "every fill and load is queued at once; the "
       .. "device runs fill 1, load 1, fill 2, ... in turn (buffers.order = \"device\")" } }
+  else
+    overlaps = {
+      { phases = { "fill", "load" }, within = "chunks", why = self.plan.direct and "the runtime reads the trainer's "
+        .. "storage: no load waits for a fill" or "chunk k+1 fills while chunk k loads" },
+      { phases = { "verify", "load" }, within = "chunks", why = "the ranks' manifests come with the last fill's "
+        .. "answers and are checked while the last chunk loads" },
+    }
   end
-  return {
-    { phases = { "fill", "load" }, within = "chunks", why = self.plan.direct and "the runtime reads the trainer's "
-      .. "storage: no load waits for a fill" or "chunk k+1 fills while chunk k loads" },
-    { phases = { "verify", "load" }, within = "chunks", why = "the ranks' manifests are checked while the last "
-      .. "chunk loads" },
-  }
+  if self.starting then
+    overlaps[#overlaps + 1] = { phases = { "start", "fill" }, within = "the publication", why = "the runtime's "
+      .. "start_update is answered while chunk 1 fills; no chunk loads before it is" }
+  end
+  return overlaps
 end
 
 --- The publication's report (after release; of a failed one, what it
@@ -606,7 +670,7 @@ end
 function Publication:run()
   self:preflight()
   self:init()
-  self:start()
+  self:start(not self.serial) -- (start_update answered while chunk 1 fills)
   self:chunks(true) -- (verify with the last load)
   self:finish(true) -- (release in finish's answer)
   return self:release()

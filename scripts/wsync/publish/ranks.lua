@@ -268,14 +268,20 @@ end
 --- Every rank fills chunk `k` of `plan` into buffer slot `buffer`; returns
 --- their reports once all succeeded (the consensus gate). The chunk's slots
 --- go with its first fill of the session: the ranks plan it then, and keep
---- the plan. `gate` ({after, seq}): chunks ordered on the device, the fill
---- only queued (wsync.transport.cuda_ipc).
+--- the plan. `fields` go with the fill: `gate` ({after, seq}): chunks
+--- ordered on the device, the fill only queued (wsync.transport.cuda_ipc);
+--- `begin` ({family, publication_id}), with a publication's first fill: each
+--- rank starts the publication then, before it reads anything; `verify`
+--- (true), with its last: each rank answers with its consumed manifest too
+--- (`consumed`, as it answers verify).
 ---@param plan wsync.Plan
 ---@param k integer
 ---@param buffer integer
 ---@param timeout number
-function Ranks:fill(plan, k, buffer, timeout, gate)
-  local payload = { chunk = k, buffer = buffer, gate = gate }
+---@param fields {gate: table?, begin: table?, verify: boolean?}?
+function Ranks:fill(plan, k, buffer, timeout, fields)
+  fields = fields or {}
+  local payload = { chunk = k, buffer = buffer, gate = fields.gate, begin = fields.begin, verify = fields.verify }
   if not self.fills_planned[k] then
     payload.slots = self:_fill_slots(plan.chunks[k])
   end

@@ -20,6 +20,7 @@ local M = {}
 ---@field poisoned wsync.Error? why a failed publication destroyed it
 local Rollout = {}
 Rollout.__index = Rollout
+M.Rollout = Rollout -- its methods, for tests
 
 --- Spawns a runtime (wsync.runtime.spawn's options) and asks for its info.
 --- Raises RUNTIME_START when it does not start.
@@ -77,12 +78,14 @@ end
 --- publications send no per-tensor JSON. A worker asked to load a chunk whose
 --- metadata it never got fails the publication. `gate` ({seq, last}):
 --- chunks ordered on the device, the load queued (answered once it finished
---- only when `last`).
+--- only when `last`). The plan's last chunk is marked (`last`): a runtime
+--- may have its TP workers make their receipts with that load (the
+--- reference runtime does; finish_update still checks and commits them).
 ---@param plan wsync.Plan
 ---@param k integer
 ---@param buffer integer
 function Rollout:load_chunk(plan, k, buffer, tensors, gate)
-  local payload = { chunk = k, buffer = buffer, gate = gate }
+  local payload = { chunk = k, buffer = buffer, gate = gate, last = k == #plan.chunks or nil }
   if not self.chunks_sent[k] then
     payload.tensors = tensors or plan.chunks[k].tensors
   end

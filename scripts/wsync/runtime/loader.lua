@@ -242,10 +242,10 @@ end
 -- Plans chunk `k`'s loads from its tensor metadata (`{name, dtype, shape,
 -- offset, bytes}`, where each canonical tensor lies in the buffer): this TP
 -- rank's slice copies of each, checked against the metadata, the chunk's part
--- of the manifest, and the resident tensors it fills.
+-- of the manifest, and the resident tensors it fills (each once).
 function Loader:_plan_chunk(k, tensors)
   local copies_by_name = self.plan.copies
-  local copies, residents, checks = {}, {}, {}
+  local copies, residents, checks, seen = {}, {}, {}, {}
   local segment, message = manifest_module.segment()
   if not segment then
     fatal("MANIFEST", string.format("TP worker %d: %s", self.rank, tostring(message)))
@@ -284,7 +284,10 @@ function Loader:_plan_chunk(k, tensors)
             elements = slice.width / 2, pitch = slice.dst_pitch, first = (tensor.source_offset + slice.src) / 2,
             element_pitch = slice.src_pitch / 2 }
         end
-        residents[#residents + 1] = resident
+        if not seen[resident] then
+          seen[resident] = true
+          residents[#residents + 1] = resident
+        end
       end
     end
   end)
@@ -351,7 +354,8 @@ function Loader:load_chunk(payload)
   end
   self.gate_pending = gate ~= nil and not gate.last or nil
   update.loaded[#update.loaded + 1] = k
-  -- Resident tensors filled in this update: each counted once.
+  -- Resident tensors filled in this update: each counted once (a chunk
+  -- lists each of its residents once; another chunk may fill one again).
   local filled, epoch, touched = self.filled, update.epoch, update.touched
   for _, index in ipairs(chunk.residents) do
     if filled[index] ~= epoch then

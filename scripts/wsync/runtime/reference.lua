@@ -126,6 +126,17 @@ function Runtime:ready_to_generate(held)
   self:refresh_digest()
 end
 
+-- The payload of a load_chunk to the workers: the first of an update brings
+-- the update's start (`start`, start_update's payload), once.
+function Runtime:with_start(payload)
+  local start = self.workers_start
+  if not start then
+    return payload
+  end
+  self.workers_start = nil
+  return util.merged(payload, { start = start })
+end
+
 function Runtime:state()
   local first = self.worker_state[1] or {}
   return { weights = first.weights, kv_cache = first.kv_cache }
@@ -171,6 +182,10 @@ function Runtime:handlers()
       return self:info()
     end,
     sleep = function(payload)
+      if self.update then
+        -- (The workers start the update only at its first load.)
+        errors.raise("STATE_REFUSED", "cannot sleep during a weight update")
+      end
       self:remember(self:broadcast("sleep", { level = payload.level }))
       self.weights_digest = nil
       return self:info()
@@ -246,17 +261,40 @@ function Runtime:handlers()
       end
       return { workers = results, ordered = ordered }
     end,
+    -- The workers start the update with its first load_chunk (`start`: this
+    -- command's payload), not at once: their own start is one hop less per
+    -- publication. What they would refuse at start (weights not awake) is
+    -- refused here already, as the workers' state says.
     start_update = function(payload)
+      self:check_workers()
       self:check_header(payload.header)
-      self:broadcast("start_update", payload)
-      self.update = payload.header
+      for rank, state in ipairs(self.worker_state) do
+        if type(state) ~= "table" or state.weights ~= "awake" then
+          errors.raise("STATE_REFUSED", string.format("cannot update weights that are %s (TP worker %d): wake "
+            .. "weights first", tostring(type(state) == "table" and state.weights), rank - 1), { rank = rank - 1 })
+        end
+      end
+      self.update, self.workers_start, self.receipts = payload.header, payload, nil
       return {}
     end,
     load_chunk = function(payload)
       if not self.update then
         errors.raise("NOT_UPDATING", "load_chunk outside an update", { fatal = true })
       end
-      local results = self:broadcast("load_chunk", payload)
+      local sent = self:with_start(payload)
+      if payload.last == true then
+        -- (The update's last chunk: each worker ends its update with it and
+        -- answers its receipt, which finish_update checks and commits.)
+        sent = util.merged(sent, { finish = { publication_id = self.update.publication_id,
+          model_version = self.update.model_version } })
+      end
+      local results = self:broadcast("load_chunk", sent)
+      if payload.last == true then
+        self.receipts = {}
+        for rank, result in ipairs(results) do
+          self.receipts[rank] = result.receipt
+        end
+      end
       local bytes, copy_seconds = 0, 0
       for _, result in ipairs(results) do
         bytes = bytes + result.bytes
@@ -270,7 +308,26 @@ function Runtime:handlers()
       if not header then
         errors.raise("NOT_UPDATING", "finish_update without start_update", { fatal = true })
       end
-      local receipts = self:broadcast("finish_update", payload)
+      local receipts = self.receipts
+      self.receipts = nil
+      if receipts then
+        -- (Made with the last load: the request must name the publication
+        -- the workers updated, as each worker checks at its own finish, and
+        -- no worker may have broken since.)
+        self:check_workers()
+        if payload.publication_id ~= header.publication_id or payload.model_version ~= header.model_version then
+          errors.raise("WRONG_PUBLICATION", string.format("finish_update for publication %s version %s; the workers "
+            .. "updated publication %s version %s", tostring(payload.publication_id),
+            tostring(payload.model_version), tostring(header.publication_id), tostring(header.model_version)),
+            { fatal = true })
+        end
+      else
+        if self.workers_start then
+          self:broadcast("start_update", self.workers_start) -- (an update without a load)
+          self.workers_start = nil
+        end
+        receipts = self:broadcast("finish_update", payload)
+      end
       self.update = nil
       contract.check_receipts(header, receipts, self.expected_resident)
       -- Commit: the version is served from now on; cached prefixes computed

@@ -281,6 +281,23 @@ function Worker:wake(payload)
   return self:info()
 end
 
+--- load_chunk{chunk, buffer, tensors?, gate?, start?, finish?}: the
+--- loader's; the first load of an update brings the update's start
+--- (`start`: the start_update payload, which the main process did not send
+--- on its own), and its last one the finish (`finish`: {publication_id,
+--- model_version}, as finish_update's payload): the answer then carries
+--- the receipt (`receipt`).
+function Worker:load_chunk(payload)
+  if payload.start ~= nil then
+    self.loader:start_update(payload.start)
+  end
+  local result = self.loader:load_chunk(payload)
+  if payload.finish ~= nil then
+    result.receipt = self.loader:finish_update(payload.finish)
+  end
+  return result
+end
+
 function Worker:checksum()
   local weights, kv = self.memory:checksums()
   return { rank = self.rank, weights = weights, kv_cache = kv }
@@ -347,6 +364,7 @@ function M.main(options)
   for _, name in ipairs(loader_module.COMMANDS) do
     handlers[name] = util.bind(self.loader, loader_module.Loader[name])
   end
+  handlers.load_chunk = util.bind(self, Worker.load_chunk)
   handlers.process_memory = function()
     return util.memory_usage()
   end

@@ -453,6 +453,9 @@ function Agent:_attach(payload)
   return {}
 end
 
+-- Starts a publication on this rank (the `begin` of its first fill:
+-- {family, publication_id}): a new consumed manifest, and the shards'
+-- pointers read where they are now.
 function Agent:_begin(payload)
   self:_release_gate() -- (fills queued by a publication that failed)
   local family = plan_module.family(payload.family)
@@ -590,14 +593,24 @@ end
 
 -- Fills chunk `k` into buffer slot `payload.buffer` of every rank: one
 -- transport call. A chunk's slots come with its first fill after attach;
--- later fills name the chunk only.
+-- later fills name the chunk only. A publication's first fill brings its
+-- `begin`, which starts it here before anything is read; its last may ask
+-- for the consumed manifest (`verify`), which the answer then carries
+-- (`consumed`, as verify answers it).
 function Agent:_fill(payload)
+  if payload.begin ~= nil then
+    self:_begin(payload.begin)
+  end
+  if payload.verify and payload.gate then
+    refuse(self, "BAD_MESSAGE", "fill", "a fill ordered on the device is only queued: its consumed manifest comes "
+      .. "with verify, once the loads ran")
+  end
   if self.direct and self.consumed then
     -- The direct path: nothing to copy (the TP worker reads this rank's
     -- storage); the chunk's records still make the consumed manifest.
     local k = self:_chunk_fill(payload)
     self.consumed[#self.consumed + 1] = k
-    return { bytes = 0, rank = self.rank, copy_seconds = 0 }
+    return { bytes = 0, rank = self.rank, copy_seconds = 0, consumed = payload.verify and self:_consumed() or nil }
   end
   if not self.targets or not self.consumed then
     refuse(self, "AGENT_STATE", "fill", "fill before the buffers were attached and the publication began")
@@ -626,7 +639,19 @@ function Agent:_fill(payload)
     refuse(self, "FILL_FAILED", "fill", seconds, code)
   end
   self.consumed[#self.consumed + 1] = k
-  return { bytes = bytes, rank = self.rank, copy_seconds = seconds }
+  return { bytes = bytes, rank = self.rank, copy_seconds = seconds,
+    consumed = payload.verify and self:_consumed() or nil }
+end
+
+-- The publication's consumed manifest (the manifest of the chunks this rank
+-- filled, in order), as verify answers it; the publication ends here.
+function Agent:_consumed()
+  local manifest, message = self.fill_plans:manifest(self.consumed)
+  self.consumed = nil
+  if not manifest then
+    refuse(self, "MANIFEST", "verify", message)
+  end
+  return { manifest = manifest.digest, tensors = manifest.count, bytes = manifest.bytes, rank = self.rank }
 end
 
 function Agent:_verify()
@@ -642,12 +667,7 @@ function Agent:_verify()
       refuse(self, "FILL_FAILED", "verify", "the fills queued on the device failed: " .. tostring(message), code)
     end
   end
-  local manifest, message = self.fill_plans:manifest(self.consumed)
-  self.consumed = nil
-  if not manifest then
-    refuse(self, "MANIFEST", "verify", message)
-  end
-  return { manifest = manifest.digest, tensors = manifest.count, bytes = manifest.bytes, rank = self.rank }
+  return self:_consumed()
 end
 
 -- The values check (wsync.plan.values): what this rank's rows add to every
@@ -690,7 +710,7 @@ end
 function Agent:_handlers()
   local util = require("wsync.util")
   local handlers = util.method_handlers(self, {
-    init_buffers = Agent._init_buffers, attach = Agent._attach, begin = Agent._begin, fill = Agent._fill,
+    init_buffers = Agent._init_buffers, attach = Agent._attach, fill = Agent._fill,
     verify = Agent._verify, nccl_id = Agent._nccl_id, values_sums = Agent._values_sums,
   })
   -- The device's memory now (the preflight checks it before buffers exist).

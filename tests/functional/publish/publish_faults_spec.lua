@@ -140,7 +140,7 @@ describe("publication faults", function()
     -- everything ends fail-stop: the stopped rank is killed and reaped, the
     -- other rank hears the error, nothing is left.
     for _, case in ipairs({
-      { at = "begin#1", phase = "start", cmd = "begin" },
+      { at = "fill#1", phase = "chunks", cmd = "fill" }, -- (the fill that begins the publication)
       { at = "fill#2", phase = "chunks", cmd = "fill" },
       { at = "callback#1", phase = "callback", cmd = "callback" },
     }) do

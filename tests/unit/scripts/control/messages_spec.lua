@@ -65,6 +65,28 @@ describe("wsync.control.messages.check", function()
       select(2, messages.check(messages.to_agent, "fill", { chunk = 1, slots = {} })))
   end)
 
+  it("takes a publication's begin with its first fill only, and refuses a begin without its publication id",
+    function()
+      local id = string.rep("0f", 16)
+      local checked = messages.check(messages.to_agent, "fill", { chunk = 1, buffer = 1,
+        begin = { family = "qwen3_moe", publication_id = id } })
+      assert.are.equal(id, checked.begin.publication_id)
+      assert.are.equal("fill: field 'begin.publication_id': is required",
+        select(2, messages.check(messages.to_agent, "fill", { chunk = 1, buffer = 1, begin = { family = "x" } })))
+      assert.is_nil(messages.to_agent.begin)
+    end)
+
+  it("refuses a last fill's answer whose consumed manifest is not one", function()
+    local manifest = string.rep("ab", 32)
+    local checked = messages.check(messages.from_agent, "fill", { bytes = 8, rank = 0,
+      consumed = { manifest = manifest, tensors = 2 } })
+    assert.are.equal(manifest, checked.consumed.manifest)
+    assert.are.equal("fill: field 'consumed.tensors': is required",
+      select(2, messages.check(messages.from_agent, "fill", { bytes = 8, consumed = { manifest = manifest } })))
+    assert.is_nil(messages.check(messages.from_agent, "fill", { bytes = 8, consumed = { manifest = "ab",
+      tensors = 2 } }))
+  end)
+
   it("refuses a runtime's info without workers and a finish without receipts", function()
     assert.are.equal("info: field 'workers': is required", select(2, messages.check(messages.from_runtime, "info",
       { protocol = 1, tp_world = 1, state = {} })))

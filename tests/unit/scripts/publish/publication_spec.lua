@@ -27,10 +27,13 @@ end
 
 -- Stand-ins: `log` gets one line per call; `fail` = {what = "fill#2", ...}
 -- makes that call fail; `delay` (ms) makes fills and loads wait; `exported`
--- is rank 1's manifest at verify; `keeps_release`: the runtime's finish
--- answer does not say it released; `slow_start`: start_update and begin
--- wait `delay` too; `unordered_runtime`: a runtime whose workers cannot wait
--- on the device. The fourth result holds the gates the fills and loads got.
+-- is rank 1's manifest at verify (or with the last fill); `no_consumed`:
+-- rank 1 answers the last fill without it; `keeps_release`: the runtime's finish
+-- answer does not say it released; `start_delay` (ms): start_update
+-- waits that long; `fill_delay` (ms): fills wait that long instead of
+-- `delay`; `unordered_runtime`: a runtime whose workers cannot wait on the
+-- device. The fourth result holds the gates the fills and loads got, and
+-- the `begin` and `verify` each fill got (`begins`, `verifies`).
 local function stand_ins(options)
   options = options or {}
   local log = {}
@@ -74,21 +77,31 @@ local function stand_ins(options)
   ranks.gate_numbers = getmetatable(require("wsync.publish.ranks").new({}, 0)).__index.gate_numbers
   function ranks:all(cmd)
     hit(cmd)
-    if cmd == "begin" and options.slow_start then
-      wait("begin")
-    end
     if cmd == "verify" then
       return { { manifest = MANIFEST, tensors = 1 }, { manifest = options.exported or MANIFEST, tensors = 1 } }
     end
     return { {}, {} }
   end
-  local gates = { fills = {}, loads = {} }
-  function ranks:fill(_, k, buffer, _, gate)
+  local gates = { fills = {}, loads = {}, begins = {}, verifies = {} }
+  function ranks:fill(_, k, buffer, _, fields)
     hit("fill")
     log[#log] = log[#log] .. string.format(" chunk %d buffer %d", k, buffer)
-    gates.fills[#gates.fills + 1] = gate or false
-    wait("fill " .. k)
-    return { { copy_seconds = 0.001 }, { copy_seconds = 0.002 } }
+    gates.fills[#gates.fills + 1] = fields.gate or false
+    gates.begins[#gates.begins + 1] = fields.begin or false
+    gates.verifies[#gates.verifies + 1] = fields.verify or false
+    if options.fill_delay then
+      loop.sleep(options.fill_delay)
+      log[#log + 1] = "end fill " .. k
+    else
+      wait("fill " .. k)
+    end
+    local reports = { { copy_seconds = 0.001 }, { copy_seconds = 0.002 } }
+    if fields.verify then
+      reports[1].consumed = { manifest = MANIFEST, tensors = 1 }
+      reports[2].consumed = not options.no_consumed and { manifest = options.exported or MANIFEST, tensors = 1 }
+        or nil
+    end
+    return reports
   end
   local header
   local rollout = { destroyed = nil }
@@ -110,8 +123,9 @@ local function stand_ins(options)
     hit(cmd)
     if cmd == "start_update" then
       header = payload.header
-      if options.slow_start then
-        wait("start_update")
+      if options.start_delay then
+        loop.sleep(options.start_delay)
+        log[#log + 1] = "end start_update"
       end
     elseif cmd == "finish_update" then
       local receipts = {}
@@ -147,14 +161,15 @@ end
 describe("wsync.publish.publication", function()
   it("runs its phases in order and commits the version it was given", function()
     async.run_async(function()
-      local ranks, rollout, log = stand_ins()
+      local ranks, rollout, log, seen = stand_ins()
       local versions = versions_module.new()
       local report = new(plan_of(1), ranks, rollout, versions):run()
-      -- (verify as soon as the last chunk is filled, while it loads; release
-      -- in finish_update's answer)
+      -- (verify with the last fill's answers, while it loads; release in
+      -- finish_update's answer)
       assert.are.same({ "memory#1", "check_registration#1", "init_buffers#1", "init_weights#1",
-        "start_update#1", "begin#1", "fill#1 chunk 1 buffer 1", "end fill 1", "verify#1",
+        "start_update#1", "fill#1 chunk 1 buffer 1", "end fill 1",
         "load#1 chunk 1 buffer 1", "end load 1", "finish_update#1" }, log)
+      assert.are.same({ true }, seen.verifies)
       assert.are.equal(1, report.model_version)
       assert.are.equal(1, versions.committed)
       assert.are.equal(protocol.VERSION, 1) -- (the header's protocol)
@@ -250,12 +265,49 @@ describe("wsync.publish.publication", function()
     end)
   end)
 
-  it("asks the runtime's start_update and the agents' begin at once", function()
+  it("starts the publication on every rank with its first fill, and sends no begin of its own", function()
     async.run_async(function()
-      local ranks, rollout, log = stand_ins({ delay = 20, slow_start = true })
-      new(plan_of(1), ranks, rollout):run()
-      assert.are.same({ "start_update#1", "begin#1" }, { log[5], log[6] })
-      assert.matches("^end ", log[7])
+      local ranks, rollout, log, seen = stand_ins()
+      local publication = new(plan_of(3), ranks, rollout)
+      publication:run()
+      assert.are.same({ family = "qwen3_moe", publication_id = publication.header.publication_id }, seen.begins[1])
+      assert.are.same({ false, false }, { seen.begins[2], seen.begins[3] })
+      for _, line in ipairs(log) do
+        assert.is_nil(line:match("^begin"), line)
+      end
+    end)
+  end)
+
+  it("has the runtime's start_update answered while chunk 1 fills, and loads no chunk before it is", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins({ delay = 10, start_delay = 60 })
+      local report = new(plan_of(2), ranks, rollout):run()
+      local at = {}
+      for index, line in ipairs(log) do
+        at[line] = at[line] or index
+      end
+      assert.is_true(at["end fill 1"] < at["end start_update"], "chunk 1 did not fill while the runtime started")
+      assert.is_true(at["load#1 chunk 1 buffer 1"] > at["end start_update"], "chunk 1 loaded before the start")
+      assert.is_true(report.timings.start >= 0.05, "start's time is not start_update's round trip")
+      assert.are.same({ "start", "fill" }, report.overlaps[#report.overlaps].phases)
+    end)
+  end)
+
+  it("poisons as start's when the start_update answered while chunk 1 fills failed; nothing loads", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins({ delay = 5, fail = "start_update#1" })
+      local versions = versions_module.new()
+      local publication = new(plan_of(2), ranks, rollout, versions)
+      local ok, err = pcall(publication.run, publication)
+      assert.is_false(ok)
+      assert.are.equal("PUBLISH_FAILED", err.code)
+      assert.are.equal("start", err.phase)
+      assert.matches("publication of model version 1 failed in start: injected start_update#1", err.message, 1, true)
+      for _, line in ipairs(log) do
+        assert.is_nil(line:match("^load#"), "a chunk was loaded after start_update failed")
+      end
+      assert.is_not_nil(rollout.destroyed, "not poisoned")
+      assert.are.equal(0, versions.committed)
     end)
   end)
 
@@ -267,9 +319,10 @@ describe("wsync.publish.publication", function()
     end)
   end)
 
-  it("verifies while the last chunk loads, and a manifest that differs poisons as verify's", function()
+  it("verifies the manifests the last fill's answers bring, before the last chunk loads; one that differs poisons "
+    .. "as verify's", function()
     async.run_async(function()
-      local ranks, rollout, log = stand_ins({ delay = 20, exported = string.rep("cd", 32) })
+      local ranks, rollout, log, seen = stand_ins({ delay = 50, fill_delay = 5, exported = string.rep("cd", 32) })
       local versions = versions_module.new()
       local publication = new(plan_of(2), ranks, rollout, versions)
       local ok, err = pcall(publication.run, publication)
@@ -279,32 +332,44 @@ describe("wsync.publish.publication", function()
       assert.are.equal("VERIFY_FAILED", err.cause)
       assert.are.equal(1, err.rank)
       assert.matches("failed in verify: trainer rank 1 exported manifest cdcd", err.message, 1, true)
-      local verify_at, load_end_at
-      for index, line in ipairs(log) do
-        verify_at = line == "verify#1" and index or verify_at
-        load_end_at = line == "end load 2" and index or load_end_at
+      assert.are.same({ false, true }, seen.verifies)
+      for _, line in ipairs(log) do
+        assert.is_nil(line:match("^verify"), "the ranks were asked for their manifests again")
+        assert.is_nil(line:match("^load#2"), "the last chunk loaded before its manifests were checked")
       end
-      assert.is_true(verify_at < load_end_at, "verify waited for the last load")
       assert.is_not_nil(rollout.destroyed, "not poisoned")
       assert.are.equal(0, versions.committed)
     end)
   end)
 
-  it("on the direct path, loads a chunk without waiting for its fill (which moves nothing)", function()
+  it("fails verify when a rank answers the last fill without its consumed manifest", function()
     async.run_async(function()
-      local ranks, rollout, log = stand_ins({ delay = 20 })
-      local plan = plan_of(1)
+      local ranks, rollout = stand_ins({ no_consumed = true })
+      local publication = new(plan_of(2), ranks, rollout)
+      local ok, err = pcall(publication.run, publication)
+      assert.is_false(ok)
+      assert.are.equal("verify", err.phase)
+      assert.are.equal(1, err.rank)
+      assert.matches("trainer rank 1 answered the last fill without its consumed manifest", err.message, 1, true)
+    end)
+  end)
+
+  it("on the direct path, loads a chunk without waiting for its fill (which moves nothing), once the first fill "
+    .. "began the publication", function()
+    async.run_async(function()
+      local ranks, rollout, log = stand_ins({ delay = 5, fill_delay = 40 })
+      local plan = plan_of(3, 4)
       plan.direct = true
       function ranks:direct_tensors()
         return {}
       end
       new(plan, ranks, rollout):run()
-      local load_at, fill_end_at
+      local at = {}
       for index, line in ipairs(log) do
-        load_at = line:match("^load#1") and index or load_at
-        fill_end_at = line == "end fill 1" and index or fill_end_at
+        at[line:match("^(load#%d)") or line] = index
       end
-      assert.is_true(load_at < fill_end_at, "the load waited for the fill")
+      assert.is_true(at["load#1"] > at["end fill 1"], "a load read the storage before the ranks began")
+      assert.is_true(at["load#2"] < at["end fill 2"], "the load waited for its fill")
     end)
   end)
 

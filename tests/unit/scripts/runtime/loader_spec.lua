@@ -214,6 +214,27 @@ describe("wsync.runtime.loader", function()
     assert.is_true(bytes > 0)
   end)
 
+  it("lists each resident tensor a chunk fills once, however many of its slices fill it", function()
+    local state = setup()
+    state.loader:init_weights(init_payload(state))
+    local ok, receipt = pcall(publish, state, HEADER, true, 1)
+    local chunks = state.loader.chunks
+    state.close()
+    assert(ok, receipt)
+    local slices, listed = 0, 0
+    for k = 1, #state.plan.chunks do
+      local chunk = chunks[k]
+      local seen = {}
+      for _, index in ipairs(chunk.residents) do
+        assert.is_nil(seen[index], "chunk " .. k .. " lists resident " .. index .. " twice")
+        seen[index] = true
+      end
+      slices, listed = slices + #chunk.copies, listed + #chunk.residents
+    end
+    assert.is_true(slices > listed, "no resident is filled by several slices: the case is not tested")
+    assert.are.equal(#state.loader_plan.tensors, receipt.resident_tensors)
+  end)
+
   it("loads a later publication from the chunks' kept plans, their metadata omitted", function()
     local state = setup()
     state.loader:init_weights(init_payload(state))

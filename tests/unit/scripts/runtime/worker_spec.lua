@@ -30,6 +30,54 @@ local function zeros_sum(bytes)
 end
 
 describe("wsync.runtime.worker", function()
+  it("starts an update with the first load_chunk that brings its start, before it loads", function()
+    local worker = new_worker()
+    local own = assert(shm_transport.create(2, 256 * 1024))
+    local header = { publication_id = string.rep("ab", 16), model_version = 1 }
+    local ok, message = pcall(function()
+      worker.loader:init_weights({ family = "qwen3_moe", config = "tiny", tp = 1, transport = "shm",
+        buffers = shm_transport.descriptors(own) })
+      -- (No tensor metadata came: the load itself fails, after the start.)
+      local err = error_of(worker.load_chunk, worker, { chunk = 1, buffer = 1, start = { header = header } })
+      assert.are.equal("BAD_METADATA", err.code)
+      assert.is_true(worker.loader:updating())
+      worker.loader:finish_update(header)
+      worker:sleep({ level = 1 })
+      err = error_of(worker.load_chunk, worker, { chunk = 1, buffer = 1, start = { header = header } })
+      assert.are.same({ "STATE_REFUSED", "cannot update weights that are offloaded: wake weights first" },
+        { err.code, err.message })
+      assert.is_false(worker.loader:updating())
+    end)
+    worker:release_all()
+    shm_transport.release(own)
+    assert(ok, message)
+  end)
+
+  it("answers the last load that brings the update's finish with its receipt, and ends the update", function()
+    local worker = new_worker()
+    local plan = require("wsync.plan").build({ family = "qwen3_moe", config = "tiny" }, { bytes = 256 * 1024,
+      count = 2 })
+    local own = assert(shm_transport.create(2, 256 * 1024))
+    local header = { publication_id = string.rep("ab", 16), model_version = 1 }
+    local ok, message = pcall(function()
+      worker.loader:init_weights({ family = "qwen3_moe", config = "tiny", tp = 1, transport = "shm",
+        buffers = shm_transport.descriptors(own) })
+      local result
+      for k, chunk in ipairs(plan.chunks) do
+        result = worker:load_chunk({ chunk = k, buffer = (k - 1) % 2 + 1, tensors = chunk.tensors,
+          start = k == 1 and { header = header } or nil,
+          finish = k == #plan.chunks and { publication_id = header.publication_id, model_version = 1 } or nil })
+        assert.are.equal(k == #plan.chunks, result.receipt ~= nil)
+      end
+      assert.are.same({ header.publication_id, 1, plan.manifest, #plan.canonical }, { result.receipt.publication_id,
+        result.receipt.model_version, result.receipt.manifest, result.receipt.tensors })
+      assert.is_false(worker.loader:updating())
+    end)
+    worker:release_all()
+    shm_transport.release(own)
+    assert(ok, message)
+  end)
+
   it("turns a level-1 copy that fails into a fatal COPY_FAILED error", function()
     local transport = setmetatable({ copy_host = function()
       error("injected copy failure")

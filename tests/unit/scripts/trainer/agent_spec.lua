@@ -139,6 +139,25 @@ describe("wsync.trainer.agent move_tensor", function()
     end)
   end)
 
+  it("starts a publication with the begin its first fill brings, before the fill reads anything", function()
+    run(function(agent, buffers)
+      local fill = agent:_handlers().fill
+      local id = string.rep("0f", 16)
+      agent:move_tensor("w", nil, 0)
+      local ok, err = pcall(fill, { chunk = 1, buffer = 1, begin = { family = "qwen3_moe", publication_id = id } })
+      assert.is_false(ok)
+      assert.are.equal("TENSOR_UNAVAILABLE", err.code)
+      agent:move_tensor("w", ffi.cast("void *", buffers[1]), 32)
+      -- (Begun; then no buffers to fill: this agent attached none.)
+      ok, err = pcall(fill, { chunk = 1, buffer = 1, begin = { family = "qwen3_moe", publication_id = id } })
+      assert.is_false(ok)
+      assert.are.equal("AGENT_STATE", err.code)
+      assert.are.equal(id, agent.publication)
+      assert.are.same({}, agent.consumed)
+      assert.is_nil(agent:_handlers().begin, "begin is no command of its own")
+    end)
+  end)
+
   it("fails a direct-path publication whose storage moved since it was exported", function()
     run(function(agent, buffers)
       agent.direct = agent:_pointer_signature() -- as _export_storage leaves it
@@ -214,6 +233,51 @@ describe("wsync.trainer.agent with chunks ordered on the device", function()
       assert.are.same({ "settle" }, calls)
       agent:_release_buffers()
       assert.are.same({ "settle" }, calls)
+    end)
+  end)
+end)
+
+describe("wsync.trainer.agent's last fill", function()
+  -- An agent of one rank with one tensor on the direct path (its fills move
+  -- nothing, so no buffers are needed), on an endpoint that never answers.
+  local function run(fn)
+    async.run_async(function()
+      local endpoint = endpoint_module.listen({ handlers_for = function() return {} end })
+      local agent = agent_module.connect({ endpoint = endpoint.path, rank = 0, world = 1 })
+      local memory = assert(shm.anonymous(4096))
+      agent:register_tensor({ name = "model.norm.weight", dtype = "bfloat16", shape = { 16 }, memory = memory })
+      agent.direct = agent:_pointer_signature() -- as _export_storage leaves it
+      local ok, err = pcall(fn, agent, agent:_handlers())
+      agent:close()
+      endpoint:close()
+      assert(ok, err)
+    end)
+  end
+
+  local BEGIN = { family = "qwen3_moe", publication_id = string.rep("0f", 16) }
+  local SLOTS = { { name = "model.norm.weight", offset = 0 } }
+
+  it("answers with the consumed manifest when asked (verify), which ends the publication", function()
+    run(function(_, handlers)
+      local report = handlers.fill({ chunk = 1, buffer = 1, slots = SLOTS, begin = BEGIN, verify = true })
+      local expected = require("wsync.native.manifest").of({ { "model.norm.weight", "bfloat16", { 16 } } })
+      assert.are.same({ manifest = expected.digest, tensors = 1, bytes = expected.bytes, rank = 0 }, report.consumed)
+      local ok, err = pcall(handlers.verify, {})
+      assert.is_false(ok)
+      assert.matches("verify before begin", err.message, 1, true)
+      -- (Not asked: no manifest, and the publication goes on.)
+      assert.is_nil(handlers.fill({ chunk = 1, buffer = 1, begin = BEGIN }).consumed)
+      assert.are.equal(expected.digest, handlers.verify({}).manifest)
+    end)
+  end)
+
+  it("refuses to answer a fill ordered on the device with the manifest (it is only queued)", function()
+    run(function(_, handlers)
+      local ok, err = pcall(handlers.fill, { chunk = 1, buffer = 1, slots = SLOTS, begin = BEGIN, verify = true,
+        gate = { seq = 1 } })
+      assert.is_false(ok)
+      assert.are.equal("BAD_MESSAGE", err.code)
+      assert.matches("its consumed manifest comes with verify", err.message, 1, true)
     end)
   end)
 end)
