@@ -218,7 +218,10 @@ describe("wsync.runtime.loader", function()
     local state = setup()
     state.loader:init_weights(init_payload(state))
     local ok, receipt = pcall(publish, state, HEADER, true, 1)
-    local chunks = state.loader.chunks
+    local chunks = {}
+    for k = 1, #state.plan.chunks do
+      chunks[k] = state.loader.load_plans:get(k)
+    end
     state.close()
     assert(ok, receipt)
     local slices, listed = 0, 0
