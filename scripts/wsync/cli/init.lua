@@ -266,6 +266,19 @@ local function check(args)
     summary.memory_model = { context_bytes = memory.sizes.context, reservation_bytes = memory.sizes.reservation,
       asleep_bytes = memory.sizes.asleep, kv_cache_bytes = memory.sizes.kv_cache, unmodelled = memory.sizes.unmodelled }
     summary.runtime = { kind = recipe.runtime.kind, tp = topology.tp, replicas = topology.replicas }
+    -- What TP rank 0 of the runtime holds (vLLM under its quantization):
+    -- its tensors and bytes by dtype.
+    local quantization = require("wsync.plan.schedule").engine_of(recipe).quantization
+    local residents = require("wsync.plan").family(plan.family).rollout_residents(plan.config, topology.tp, 0,
+      quantization)
+    local by_dtype = {}
+    for _, tensor in ipairs(residents.tensors) do
+      local entry = by_dtype[tensor.dtype] or { tensors = 0, bytes = 0 }
+      entry.tensors, entry.bytes = entry.tensors + 1, entry.bytes + tensor.bytes
+      by_dtype[tensor.dtype] = entry
+    end
+    summary.rollout_residents = { quantization = quantization or "none", tensors = #residents.tensors,
+      bytes = residents.bytes, by_dtype = by_dtype }
     if recipe.runtime.kind == "vllm" then
       summary.runtime.load = recipe.runtime.load or "direct"
       summary.runtime.channel = require("wsync.runtime.vllm").channel(recipe.runtime.load, recipe.runtime.channel)
@@ -303,6 +316,15 @@ local function check(args)
         and string.format(", load %s %s, model %s", summary.runtime.load, summary.runtime.channel == "socket"
           and "over wsync's socket" or "through vLLM's collective_rpc", summary.runtime.model) or ""),
     }
+    local held = {}
+    for _, dtype in ipairs(require("wsync.util").sorted_keys(summary.rollout_residents.by_dtype)) do
+      local entry = summary.rollout_residents.by_dtype[dtype]
+      held[#held + 1] = string.format("%s %d tensors, %s", dtype, entry.tensors, format_bytes(entry.bytes))
+    end
+    local rollout = summary.rollout_residents
+    lines[#lines + 1] = string.format("rollout      TP rank 0 holds %d tensors, %s%s: %s", rollout.tensors,
+      format_bytes(rollout.bytes), rollout.quantization ~= "none" and (" (quantization " .. rollout.quantization
+        .. ")") or "", table.concat(held, "; "))
     if unserved then
       lines[#lines + 1] = string.format("runs here    no: %s; `wsync run` refuses it", unserved)
     end

@@ -362,6 +362,52 @@ function M.loader_plan(config, tp, rank)
   return plan
 end
 
+--- What vLLM 0.26 holds of TP rank `rank` of `tp` under `quantization`
+--- (nil: the bfloat16 resident tensors of M.loader_plan; "fp8": its online
+--- per-tensor FP8 of a bfloat16 checkpoint, read from vLLM's sources in
+--- bindings/python/wsync/vllm/FP8.md). Under "fp8" every linear layer holds
+--- its weight in float8_e4m3fn, stored [out, in] row-major and seen by the
+--- kernels as its transpose [in, out], with one float32 `weight_scale` for
+--- the whole layer (the fused qkv under one); the router (`mlp.gate`) is
+--- linear too; each fused expert tensor holds one float32 scale per expert
+--- (`w13_weight_scale`: gate and up under one). Embeddings, lm_head and the
+--- norms stay bfloat16. Returns `{tensors = {{name, dtype, shape, bytes}},
+--- bytes}` (shapes as the kernels see them).
+---@param config table
+---@param tp integer
+---@param rank integer
+---@param quantization string?
+function M.rollout_residents(config, tp, rank, quantization)
+  local plan = M.loader_plan(config, tp, rank)
+  if quantization == nil then
+    return { tensors = plan.tensors, bytes = plan.bytes }
+  end
+  if quantization ~= "fp8" then
+    unsupported(string.format("quantization %s: wsync plans bfloat16 rollouts and \"fp8\" (vLLM's online "
+      .. "per-tensor FP8 of a bfloat16 checkpoint)", tostring(quantization)), "quantization")
+  end
+  local out = { tensors = {}, bytes = 0 }
+  local function add(name, dtype, shape, element_bytes)
+    local tensor = { name = name, dtype = dtype, shape = shape, bytes = numel(shape) * element_bytes }
+    out.tensors[#out.tensors + 1] = tensor
+    out.bytes = out.bytes + tensor.bytes
+  end
+  for _, tensor in ipairs(plan.tensors) do
+    local name, shape = tensor.name, tensor.shape
+    local layer = name:match("^(.-)%.weight$")
+    if name:match("%.experts%.w13_weight$") or name:match("%.experts%.w2_weight$") then
+      add(name, "float8_e4m3fn", shape, 1)
+      add(name .. "_scale", "float32", { shape[1] }, 4)
+    elseif layer and (layer:match("%.qkv_proj$") or layer:match("%.o_proj$") or layer:match("%.mlp%.gate$")) then
+      add(name, "float8_e4m3fn", { shape[2], shape[1] }, 1)
+      add(layer .. ".weight_scale", "float32", { 1 }, 4)
+    else
+      add(name, tensor.dtype, shape, ELEMENT_BYTES)
+    end
+  end
+  return out
+end
+
 --- FSDP dim-0 sharding as torch.chunk does it: rank q holds rows
 --- [q*c, min((q+1)*c, rows)) with c = ceil(rows / world); late ranks may hold
 --- none. Returns first row and row count.

@@ -147,6 +147,9 @@ function M.engine_of(recipe)
   if engine.kind == "vllm" and engine.cuda then
     engine.utilization = (runtime.vllm or {}).gpu_memory_utilization or M.VLLM_UTILIZATION
   end
+  if engine.kind == "vllm" then
+    engine.quantization = (runtime.vllm or {}).quantization -- (what vLLM holds: the family's rollout_residents)
+  end
   return engine
 end
 
@@ -161,12 +164,12 @@ end
 ---@param device_bytes number?
 function M.sizes(plan, topology, memory, engine, device_bytes)
   local family = plan_module.family(plan.family)
+  engine = engine or { kind = "reference" }
   local rollout = 0
   for rank = 0, topology.tp - 1 do
-    rollout = math.max(rollout, family.loader_plan(plan.config, topology.tp, rank).bytes)
+    rollout = math.max(rollout, family.rollout_residents(plan.config, topology.tp, rank, engine.quantization).bytes)
   end
   local params = math.ceil(plan.bytes / topology.world)
-  engine = engine or { kind = "reference" }
   local sizes = {
     params = params,
     gradients = memory.gradients == false and 0 or params,

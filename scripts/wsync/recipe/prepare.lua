@@ -31,6 +31,29 @@ function M.check_schedule(recipe, plan, topology, callbacks, device_bytes)
   })
 end
 
+--- Refuses a vllm recipe's `runtime.vllm.quantization` that wsync cannot
+--- plan (it plans bfloat16 and "fp8") or cannot load: the direct loader
+--- writes bfloat16 and does not quantize yet, so FP8 rollout loads through
+--- vLLM's own loader (load = "native"), which quantizes.
+---@param recipe table
+function M.check_quantization(recipe)
+  local runtime = recipe.runtime
+  local quantization = runtime.kind == "vllm" and (runtime.vllm or {}).quantization or nil
+  if quantization == nil then
+    return
+  end
+  local field = "runtime.vllm.quantization"
+  if quantization ~= "fp8" then
+    errors.raise("INVALID_ARGUMENT", string.format("quantization %s: wsync plans bfloat16 rollouts and \"fp8\" "
+      .. "(vLLM's online per-tensor FP8 of a bfloat16 checkpoint)", tostring(quantization)), { field = field })
+  end
+  if (runtime.load or "direct") == "direct" then
+    errors.raise("INVALID_ARGUMENT", "quantization \"fp8\" with load = \"direct\": wsync's direct loader writes "
+      .. "bfloat16 parameters and does not quantize yet; load = \"native\" has vLLM quantize in its own loader",
+      { field = field })
+  end
+end
+
 --- The trainer callbacks a recipe's ranks are known to have before they
 --- register: the synthetic trainer's four; nil (not known yet) for external
 --- ranks, whose registrations are checked when they arrive.
@@ -68,6 +91,7 @@ function M.prepare(recipe, options)
     or nil
   local topology = topology_module.of(recipe)
   plan_module.family(plan.family).check_tp(plan.config, topology.tp)
+  M.check_quantization(recipe)
   local memory_report, bootstrap, steps = M.check_schedule(recipe, plan, topology, M.known_callbacks(recipe))
   if not plan_only then
     serve.check_machine(recipe, plan, topology, memory_report)

@@ -76,6 +76,28 @@ describe("wsync check", function()
     assert.are.equal(math.floor(0.16 * 140 * 2 ^ 30), json.memory_model.reservation_bytes)
   end)
 
+  it("says what vLLM holds of TP rank 0, and in FP8 (runtime.vllm.quantization) through vLLM's own loader",
+    function()
+      local recipe_path = "recipes/qwen3_30b_a3b_fsdp4_tp4.lua"
+      local words = { "check", recipe_path, "--plan-only", "runtime.vllm.quantization=fp8", "runtime.load=native" }
+      local result = check(words)
+      assert.are.equal(0, result.code, result.stderr)
+      assert.matches("\n  rollout +TP rank 0 holds 675 tensors, [%d.]+ GiB %(quantization fp8%): bfloat16 195 tensors, "
+        .. "[%d.]+ MiB; float32 240 tensors, [%d.]+ KiB; float8_e4m3fn 240 tensors, [%d.]+ GiB\n", result.stdout)
+      words[#words + 1] = "--json"
+      local summary = cjson.decode(check(words).stdout)
+      assert.are.equal("fp8", summary.rollout_residents.quantization)
+      assert.are.equal(240, summary.rollout_residents.by_dtype.float8_e4m3fn.tensors)
+      local bf16 = cjson.decode(check({ "check", recipe_path, "--plan-only", "--json" }).stdout)
+      assert.are.equal("none", bf16.rollout_residents.quantization)
+      assert.are.equal(435, bf16.rollout_residents.tensors)
+      -- (The direct loader does not quantize: refused, naming the field.)
+      local refused = check({ "check", recipe_path, "--plan-only", "runtime.vllm.quantization=fp8" })
+      assert.are.equal(3, refused.code)
+      assert.matches("quantization \"fp8\" with load = \"direct\": wsync's direct loader writes bfloat16",
+        refused.stderr, 1, true)
+    end)
+
   it("--json is the same text on every run: keys sorted at every depth, with the wsync version and commit",
     function()
       local first = check({ "check", "recipes/demo.lua", "--json" })

@@ -513,3 +513,61 @@ describe("qwen3_moe.loader_plan", function()
     assert.are.equal("MODEL_UNSUPPORTED", err.code)
   end)
 end)
+
+describe("qwen3_moe.rollout_residents", function()
+  it("is the loader plan's bfloat16 tensors without a quantization", function()
+    local config = qwen3_moe.config("tiny")
+    local plan = qwen3_moe.loader_plan(config, 2, 1)
+    local residents = qwen3_moe.rollout_residents(config, 2, 1)
+    assert.are.same(plan.tensors, residents.tensors)
+    assert.are.equal(plan.bytes, residents.bytes)
+  end)
+
+  it("holds vLLM's online per-tensor FP8: linear weights in float8 transposed, a float32 scale per layer or expert",
+    function()
+      local config = qwen3_moe.config("tiny")
+      local E, H = config.num_experts, config.hidden_size
+      for rank = 0, 1 do
+        local bf16 = qwen3_moe.loader_plan(config, 2, rank)
+        local fp8 = qwen3_moe.rollout_residents(config, 2, rank, "fp8")
+        local by_name = {}
+        for _, tensor in ipairs(fp8.tensors) do
+          by_name[tensor.name] = tensor
+        end
+        local total = 0
+        for _, tensor in ipairs(fp8.tensors) do
+          total = total + tensor.bytes
+        end
+        assert.are.equal(total, fp8.bytes)
+        local p = "model.layers.0."
+        local qkv = bf16.by_name[p .. "self_attn.qkv_proj.weight"]
+        assert.are.same({ name = p .. "self_attn.qkv_proj.weight", dtype = "float8_e4m3fn",
+          shape = { qkv.shape[2], qkv.shape[1] }, bytes = qkv.bytes / 2 }, by_name[p .. "self_attn.qkv_proj.weight"])
+        assert.are.same({ name = p .. "self_attn.qkv_proj.weight_scale", dtype = "float32", shape = { 1 }, bytes = 4 },
+          by_name[p .. "self_attn.qkv_proj.weight_scale"])
+        assert.are.equal("float8_e4m3fn", by_name[p .. "mlp.gate.weight"].dtype) -- (the router is linear too)
+        assert.are.same({ H, E }, by_name[p .. "mlp.gate.weight"].shape)
+        local w13 = bf16.by_name[p .. "mlp.experts.w13_weight"]
+        assert.are.same({ name = p .. "mlp.experts.w13_weight", dtype = "float8_e4m3fn", shape = w13.shape,
+          bytes = w13.bytes / 2 }, by_name[p .. "mlp.experts.w13_weight"])
+        assert.are.same({ name = p .. "mlp.experts.w13_weight_scale", dtype = "float32", shape = { E },
+          bytes = 4 * E }, by_name[p .. "mlp.experts.w13_weight_scale"])
+        assert.are.same({ E }, by_name[p .. "mlp.experts.w2_weight_scale"].shape)
+        for _, name in ipairs({ "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
+          p .. "input_layernorm.weight", p .. "self_attn.q_norm.weight" }) do
+          assert.are.equal("bfloat16", by_name[name].dtype, name)
+          assert.are.equal(bf16.by_name[name].bytes, by_name[name].bytes, name)
+        end
+        -- (Every bfloat16 resident is in the FP8 list, and each layer has five
+        -- scales: qkv, o_proj, the router, w13, w2.)
+        assert.are.equal(#bf16.tensors + 5 * config.num_hidden_layers, #fp8.tensors)
+      end
+    end)
+
+  it("refuses a quantization it does not plan, naming it", function()
+    local err = error_of(qwen3_moe.rollout_residents, qwen3_moe.config("tiny"), 1, 0, "awq")
+    assert.are.equal("MODEL_UNSUPPORTED", err.code)
+    assert.are.equal("quantization", err.field)
+    assert.matches("quantization awq: wsync plans bfloat16 rollouts and \"fp8\"", err.message, 1, true)
+  end)
+end)

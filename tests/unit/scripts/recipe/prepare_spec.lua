@@ -46,6 +46,24 @@ describe("prepare", function()
     assert.are.equal(300 * 2 ^ 20, context({ backend = "cuda", memory = { context_bytes = 300 * 2 ^ 20 } }))
   end)
 
+  it("plans a vllm rollout in FP8 through vLLM's own loader, and refuses what it cannot plan or load", function()
+    local function recipe(vllm, load)
+      vllm.gpu_memory_utilization = 0.1
+      return assert(schema.check(fields.schema, model_recipe({ backend = "cuda",
+        memory = { device_bytes = 16 * 2 ^ 30 },
+        runtime = { kind = "vllm", load = load, vllm = vllm, model = "models/tiny" } })))
+    end
+    local _, _, report = prepare_module.prepare(recipe({ quantization = "fp8" }, "native"), { plan_only = true })
+    local bf16 = select(3, prepare_module.prepare(recipe({}, "native"), { plan_only = true }))
+    assert.is_true(report.sizes.rollout < bf16.sizes.rollout) -- (float8 weights: what vLLM holds shrinks)
+    local err = error_of(prepare_module.prepare, recipe({ quantization = "fp8" }, "direct"), { plan_only = true })
+    assert.are.equal("runtime.vllm.quantization", err.field)
+    assert.matches("wsync's direct loader writes bfloat16 parameters and does not quantize yet", err.message, 1, true)
+    err = error_of(prepare_module.prepare, recipe({ quantization = "awq" }, "native"), { plan_only = true })
+    assert.are.equal("runtime.vllm.quantization", err.field)
+    assert.matches("quantization awq: wsync plans bfloat16 rollouts and \"fp8\"", err.message, 1, true)
+  end)
+
   it("knows the synthetic trainer's callbacks before its ranks register, not an external trainer's", function()
     assert.are.same({ offload_optimizer = true, onload_optimizer = true, offload_actor = true, onload_actor = true },
       prepare_module.known_callbacks(recipes.validated()))
