@@ -7,7 +7,7 @@
 # as build/bundle or build/bundle.tar.xz), writing every log under $OUT (default
 # ./gpu-out) and a summary.
 #
-#   [STAGES="tier fsdp2 copy shapes publish host-time offload vllm vllm-faults vllm-memory example vllm-bench rl-step"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
+#   [STAGES="tier fsdp2 copy shapes publish host-time offload vllm vllm-faults vllm-memory colocated example vllm-bench rl-step"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
 #     STAGES: which to run (default all; one device call has 10 minutes)
 #     VLLM_WAYS: the benchmark's ways beside vLLM's own (tests/bench/vllm_publish.py;
 #       default "direct storage,direct 2x4GiB,native")
@@ -23,12 +23,15 @@
 #     offload: the schedule's torch offloads against the pinned copy (tests/bench/offload.py)
 #     vllm-memory: vLLM's device memory in each sleep/wake state (tests/gpu/vllm_memory.py),
 #       the memory model's calibration
+#     colocated: a 5.8 B Qwen3-MoE that fits beside vLLM only by the schedule, 10 RL steps,
+#       each step's memory against the model and the switch against its floor
+#       (tests/bench/colocated.py; its own device call)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 out=${OUT:-./gpu-out}
 mkdir -p "$out"
 scale=${1:-1}
-stages=" ${STAGES:-tier fsdp2 copy shapes publish host-time offload vllm vllm-faults vllm-memory example vllm-bench rl-step} "
+stages=" ${STAGES:-tier fsdp2 copy shapes publish host-time offload vllm vllm-faults vllm-memory colocated example vllm-bench rl-step} "
 # The bundle, or its archive (carried beside the vLLM bundle: both must fit in one
 # run's 64 MiB).
 if [ ! -f build/bundle/env.sh ] && [ -f build/bundle.tar.xz ]; then
@@ -84,7 +87,7 @@ if stage offload; then
   timeout 150 python3 tests/bench/offload.py --gb 8 --json "$out/offload.json" >"$out/offload.log" 2>&1 || status=1
   grep -E "^offload:" "$out/offload.log" | tail -n 8 | tee -a "$out/summary.txt"
 fi
-if stage vllm || stage vllm-faults || stage vllm-memory || stage example || stage vllm-bench || stage rl-step; then
+if stage vllm || stage vllm-faults || stage vllm-memory || stage colocated || stage example || stage vllm-bench || stage rl-step; then
   if [ -f .vllm/activate.sh ]; then
     # (Only now: the tier above runs without vLLM, its vLLM spec pending.)
     # shellcheck source=/dev/null
@@ -109,6 +112,12 @@ if stage vllm || stage vllm-faults || stage vllm-memory || stage example || stag
       timeout 150 python3 tests/gpu/vllm_memory.py tests/fixtures/models/rl_1p5g --utilization 0.3 \
         --json "$out/vllm_memory.json" >"$out/vllm_memory.log" 2>&1 || status=1
       grep -E "^vllm_memory:|Free memory on device|Sleep mode freed" "$out/vllm_memory.log" | tee -a "$out/summary.txt"
+    fi
+    if stage colocated; then
+      echo "== a model colocated only by the schedule: 10 RL steps, memory and switch (tests/bench/colocated.py)" \
+        | tee -a "$out/summary.txt"
+      timeout 560 python3 tests/bench/colocated.py --json "$out/colocated.json" >"$out/colocated.log" 2>&1 || status=1
+      grep -E "^colocated:|^schedule (switch|memory):" "$out/colocated.log" | tail -n 30 | tee -a "$out/summary.txt"
     fi
     if stage example; then
       echo "== the RL example (bindings/python/examples/grpo.py --steps 50, tests/gpu/rl_example.py)" \

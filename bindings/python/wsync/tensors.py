@@ -203,6 +203,10 @@ def describe_torch(name: str, get: Callable[[], Any], shape: Optional[tuple[int,
         key = (tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device)
         if key == checked[0]:
             return checked[1]
+        if tensor.data_ptr() == 0 and tensor.numel() > 0:
+            # (Its storage is freed: an offload resized it to nothing. Not in memory now: a
+            # publication that starts so fails, naming it.)
+            return Memory(0, 0)
         if tuple(int(size) for size in tensor.shape) != local_shape or _torch_dtype(name, tensor) != wsync_dtype:
             raise InvalidArgument(f"tensor {name}: it is now {str(tensor.dtype).rsplit('.', 1)[-1]} "
                                   f"{list(tensor.shape)}, registered as {wsync_dtype} {list(local_shape)} (this "

@@ -76,6 +76,24 @@ describe("wsync check", function()
     assert.are.equal(math.floor(0.16 * 140 * 2 ^ 30), json.memory_model.reservation_bytes)
   end)
 
+  it("plans a model that fits beside vLLM only by the schedule, and refuses it without the offload steps", function()
+    local recipe_path = "recipes/qwen3_moe_6b_colocated.lua"
+    local summary = cjson.decode(check({ "check", recipe_path, "--plan-only", "--json" }).stdout)
+    assert.is_true(summary.peak_device_bytes <= summary.device_budget_bytes)
+    -- (Trainer and vLLM together: at least 1.2 times the device; the issue's sizing.)
+    local together = 0
+    for _, step in ipairs(summary.memory_steps) do
+      together = math.max(together, step.trainer_bytes)
+    end
+    together = together + summary.memory_model.reservation_bytes
+    assert.is_true(together >= 1.2 * summary.device_budget_bytes, string.format("%d", together))
+    local refused = check({ "check", recipe_path, "--plan-only",
+      'schedule={ { wake = { "weights" } }, "publish", { wake = { "kv_cache" } }, "generate", { sleep = 2 } }' })
+    assert.are.equal(3, refused.code)
+    assert.matches("schedule%[3%] %(wake kv_cache%) needs %d+ bytes %([%d.]+ GiB%) on each device; the budget is "
+      .. "150109880320 bytes %(139.80 GiB%): %d+ bytes %([%d.]+ GiB%) over", refused.stderr)
+  end)
+
   it("says what vLLM holds of TP rank 0, and in FP8 (runtime.vllm.quantization) through vLLM's own loader",
     function()
       local recipe_path = "recipes/qwen3_30b_a3b_fsdp4_tp4.lua"

@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""A model that fits colocated only because of the memory schedule, and the switch's time
+against its floor (issue 22, items 4 and 5).
+
+    python3 tests/bench/colocated.py [--steps 10] [--json FILE]          # one H200, vLLM 0.26
+    python3 tests/bench/colocated.py --device cpu --steps 2             # any machine: plumbing
+
+On the GPU: recipes/qwen3_moe_6b_colocated.lua, a Qwen3-MoE of 5.8 B parameters. The trainer
+is one FSDP2 rank (transformers' model, random init) in mixed precision: bfloat16
+parameters, float32 master weights and AdamW moments (MixedAdamW below), 76 GiB; vLLM TP1
+reserves 0.7 of the device, 98 GiB: together 1.25 times the device. Before the runtime
+starts the trainer makes its optimizer state and moves it to pinned host memory
+(wsync.OptimizerOffload(params=True)); the recipe's schedule then gives the device to each
+in turn, and each RL step is one publish call that is the whole switch
+(``Agent.publish(generate=...)``): offload_optimizer, wake weights, publish, offload_actor,
+wake kv_cache, generate (the step's rollouts, with the weights just published), sleep 2,
+onload_actor, onload_optimizer; then the trainer trains on the rollouts (GRPO as in
+bindings/python/examples/grpo.py).
+
+Checked: every rollout comes from the version just published; the train/inference
+mismatch of the sampled tokens stays at bfloat16's noise (GPU); every schedule step's
+device memory is within 5 % or 1 GiB of the model's prediction (the run report's
+``predicted_bytes`` beside its NVML sample, GPU); ``wsync check`` refuses the same recipe
+without its offload steps, naming the step and the bytes over.
+
+Measured: each step's time beside its floor, the bytes it moved over the bandwidth of the
+same direction measured in this run (a flat pinned copy for the trainer's offloads and
+onloads, a flat device copy for the publication); vLLM's sleep and wake free and map memory
+and have no copy floor (their time is reported apart). The switch to generation
+(offload_optimizer to wake kv_cache, the publication included) and back (sleep to
+onload_optimizer), steps 2 on (the first allocates the pinned arenas), end with:
+
+    schedule switch: X s = R x its floor (Y s)
+
+On the CPU (tests/fixtures/recipes/colocated_cpu.lua, the reference runtime and a small
+model) the same loop runs for its plumbing: no memory is sampled there, nothing is learned.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bindings" / "python"))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
+
+import wsync  # noqa: E402
+
+RECIPES = {"cuda": "recipes/qwen3_moe_6b_colocated.lua", "cpu": "tests/fixtures/recipes/colocated_cpu.lua"}
+MODELS = {"cuda": ROOT / "recipes" / "models" / "qwen3-moe-6b", "cpu": ROOT / "recipes" / "models" / "qwen3-moe-small"}
+#: The schedule's steps each way of the switch.
+TO_GENERATION = ("offload_optimizer", "wake weights", "publish", "offload_actor", "wake kv_cache")
+TO_TRAINING = ("sleep 2", "onload_actor", "onload_optimizer")
+#: Copies to the host and back, by step; the publication is a device copy.
+HOST_COPIES = {"offload_optimizer": "to_host", "offload_actor": "to_host", "onload_actor": "to_device",
+               "onload_optimizer": "to_device"}
+GIB = 1024 ** 3
+
+
+def grpo() -> Any:
+    """bindings/python/examples/grpo.py, for its rewards, advantages and training step."""
+    spec = importlib.util.spec_from_file_location("grpo", ROOT / "bindings" / "python" / "examples" / "grpo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class MixedAdamW:
+    """AdamW in mixed precision over this rank's FSDP2 shards: the model keeps its bfloat16
+    parameters (what the forward pass and the publication read); the optimizer steps float32
+    master copies with float32 moments, made at once (``materialize``) so that they can be
+    moved to the host before the runtime starts. ``inner`` is the torch optimizer, whose
+    parameters are the masters (wsync.OptimizerOffload(inner, params=True) moves them)."""
+
+    def __init__(self, parameters: Any, lr: float) -> None:
+        self.pairs = []
+        for parameter in parameters:
+            local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+            self.pairs.append((parameter, torch.nn.Parameter(local.detach().float().clone())))
+        self.inner = torch.optim.AdamW([master for _, master in self.pairs], lr=lr)
+
+    def materialize(self) -> None:
+        """AdamW's state, as its first step makes it (zero moments), made now."""
+        for _, master in self.pairs:
+            self.inner.state[master] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(master),
+                                        "exp_avg_sq": torch.zeros_like(master)}
+
+    def step(self) -> None:
+        for parameter, master in self.pairs:
+            grad = parameter.grad
+            if grad is not None:
+                master.grad = (grad.to_local() if hasattr(grad, "to_local") else grad).float()
+        self.inner.step()
+        with torch.no_grad():
+            for parameter, master in self.pairs:
+                (parameter.to_local() if hasattr(parameter, "to_local") else parameter).copy_(master)
+                master.grad = None
+
+    def zero_grad(self) -> None:
+        for parameter, _ in self.pairs:
+            parameter.grad = None
+
+
+def bandwidths(device: str, gib: float = 2.0) -> dict[str, float]:
+    """Bytes per second of one flat copy of `gib` GiB: to pinned host memory and back, and
+    within the device (read and write counted once, as a publication's bytes are). Empty
+    on the CPU."""
+    if device != "cuda":
+        return {}
+    size = int(gib * GIB)
+    source = torch.empty(size, dtype=torch.uint8, device="cuda")
+    target = torch.empty(size, dtype=torch.uint8, device="cuda")
+    host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    figures = {}
+    for name, copy in (("to_host", lambda: host.copy_(source, non_blocking=True)),
+                       ("to_device", lambda: source.copy_(host, non_blocking=True)),
+                       ("device", lambda: target.copy_(source, non_blocking=True))):
+        best = float("inf")
+        for _ in range(3):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            copy()
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - start)
+        figures[name] = size / best
+    del source, target, host
+    torch.cuda.empty_cache()
+    return figures
+
+
+def refused_without_offloads(recipe: str) -> str:
+    """`wsync check --plan-only` of `recipe` with its offload and onload steps left out:
+    its refusal (stderr), which must name the step and the bytes over."""
+    schedule = ('schedule={ { wake = { "weights" } }, "publish", { wake = { "kv_cache" } }, "generate", '
+                '{ sleep = 2 } }')
+    program = os.environ.get("WSYNC_BIN") or "wsync"
+    result = subprocess.run([program, "check", "--plan-only", recipe, schedule], capture_output=True, text=True,
+                            cwd=ROOT, check=False)
+    if result.returncode == 0:
+        raise AssertionError(f"wsync check accepted {recipe} without its offload steps:\n{result.stdout}")
+    return result.stderr.strip()
+
+
+def step_entries(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A round's steps by name (the last of a name)."""
+    return {step["name"]: step for step in report.get("steps", [])}
+
+
+def memory_off(step: dict[str, Any]) -> tuple[float, float, float] | None:
+    """(measured GiB of the most loaded device, predicted GiB, how far outside the model's
+    promise: over 1 is outside 5 % or 1 GiB), or None where the step was not sampled."""
+    sample, predicted = step.get("device_memory"), step.get("predicted_bytes")
+    if not sample or predicted is None:
+        return None
+    measured = max(entry["used_bytes"] for entry in sample)
+    return measured / GIB, predicted / GIB, abs(measured - predicted) / max(0.05 * predicted, GIB)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10, help="RL steps (default 10)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per step (default 8)")
+    parser.add_argument("--group", type=int, default=4, help="completions per prompt (default 4)")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens per completion (default 32)")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    os.chdir(ROOT)
+    device, recipe = args.device, RECIPES[args.device]
+    examples = grpo()
+
+    refusal = refused_without_offloads(recipe)
+    print(f"colocated: without its offload steps wsync check refuses {recipe}: {refusal}", flush=True)
+
+    if device == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig.from_pretrained(str(MODELS[device]))
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device(device):  # (made where it lives: 5.8 B parameters do not go through the host)
+        model = Qwen3MoeForCausalLM(config)
+    torch.set_default_dtype(default_dtype)
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = MixedAdamW(model.parameters(), args.lr)
+    optimizer.materialize()
+    state, actor = wsync.OptimizerOffload(optimizer.inner, params=True), wsync.ActorOffload(model)
+    floors = bandwidths(device)
+    started = time.perf_counter()
+    moved = state.offload()  # (before the runtime starts: vLLM takes its share of the device at its start)
+    print(f"colocated: {recipe}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters; the optimizer "
+          f"state ({moved / GIB:.2f} GiB, masters and moments) moved to the host in "
+          f"{time.perf_counter() - started:.2f} s before the runtime starts", flush=True)
+    if floors:
+        print("colocated: flat copies in this run: " + ", ".join(f"{name} {value / 1e9:.1f} GB/s"
+                                                                   for name, value in floors.items()), flush=True)
+
+    def offload_optimizer() -> int:
+        return 0 if state.offloaded else state.offload()  # (round 1: still on the host since the start)
+
+    below = config.vocab_size // 8
+    generator = torch.Generator().manual_seed(0)
+    rows, failures = [], []
+    with wsync.Host(recipe, trainer__steps=args.steps + 1) as host:
+        agent = host.agent(rank=0, world=1, backend="cuda" if device == "cuda" else "host", device=0)
+        agent.register_module(model)
+        agent.register_callback("offload_optimizer", offload_optimizer)
+        agent.register_callback("onload_optimizer", state.onload)
+        actor.register(agent)
+        agent.ready()
+        for step in range(args.steps + 1):
+            prompts = torch.randint(0, config.vocab_size, (args.prompts, 8), generator=generator).tolist()
+            requests = [prompt for prompt in prompts for _ in range(args.group)]
+            started = time.perf_counter()
+            publication = agent.publish(step, generate={"prompts": requests, "sampling": {
+                "max_tokens": args.max_tokens, "temperature": 1.0, "ignore_eos": True}})
+            call = time.perf_counter() - started
+            outputs = publication.generation["outputs"]
+            versions = sorted({output["model_version"] for output in outputs})
+            if versions != [publication.model_version]:
+                failures.append(f"step {step}: rollouts of versions {versions}, published {publication.model_version}")
+            steps = step_entries(publication.report)
+            row = {"step": step, "version": publication.model_version, "call": call,
+                   "publication": publication.seconds,
+                   "steps": {name: {"seconds": entry["seconds"], "bytes": entry.get("bytes"),
+                                    "memory": memory_off(entry)} for name, entry in steps.items()}}
+            if step < args.steps:
+                rewards = examples.rewards_of(outputs, below)
+                started = time.perf_counter()
+                mismatch, worst = examples.train_step(model, optimizer, requests, outputs,
+                                                      examples.advantages_of(rewards, args.group), device)
+                row.update(train=time.perf_counter() - started, reward=statistics.fmean(rewards), mismatch=mismatch,
+                           mismatch_max=worst)
+            rows.append(row)
+            generate = steps.get("generate", {}).get("seconds", 0.0)
+            memory = [entry["memory"] for entry in row["steps"].values() if entry["memory"]]
+            worst_memory = max(memory, key=lambda off: off[2]) if memory else None
+            print(f"colocated: step {step}/{args.steps}: version {publication.model_version}, publish call "
+                  f"{call:.2f} s (publication {publication.seconds * 1e3:.1f} ms, generate {generate:.2f} s)"
+                  + (f", train {row['train']:.2f} s, reward {row['reward']:.3f}, mismatch {row['mismatch']:.4f} nat"
+                     if "train" in row else "")
+                  + (f"; memory furthest from the model: measured {worst_memory[0]:.2f} GiB, predicted "
+                     f"{worst_memory[1]:.2f} ({worst_memory[2]:.2f} of its tolerance)" if worst_memory else ""),
+                  flush=True)
+    dist.destroy_process_group()
+
+    # The memory model's promise, over every sampled step of every round.
+    sampled = [(row["step"], name, entry["memory"]) for row in rows for name, entry in row["steps"].items()
+               if entry["memory"]]
+    if sampled:
+        step, name, (measured, predicted, ratio) = max(sampled, key=lambda item: item[2][2])
+        print(f"colocated: memory: worst step {name} (RL step {step}): predicted {predicted:.2f} GiB, measured "
+              f"{measured:.2f} GiB, {ratio:.2f} of the tolerance (5 % or 1 GiB)", flush=True)
+        if ratio > 1:
+            failures.append(f"step {name} of RL step {step}: measured {measured:.2f} GiB, predicted {predicted:.2f}")
+    elif device == "cuda":
+        failures.append("no step's device memory was sampled")
+
+    # The switch against its floor, steps 2 on.
+    summary: dict[str, Any] = {"rows": rows, "bandwidths": floors}
+    if floors and len(rows) > 2:
+        def median_step(name: str) -> tuple[float, float]:
+            entries = [row["steps"][name] for row in rows[2:] if name in row["steps"]]
+            seconds = statistics.median(entry["seconds"] for entry in entries)
+            moved = statistics.median((entry["bytes"] or 0) for entry in entries)
+            return seconds, moved
+        total, floor_total = 0.0, 0.0
+        for direction, names in (("to generation", TO_GENERATION), ("to training", TO_TRAINING)):
+            parts = []
+            for name in names:
+                seconds, moved = median_step(name)
+                if name in HOST_COPIES:
+                    floor = moved / floors[HOST_COPIES[name]]
+                elif name == "publish":
+                    floor = rows[-1]["steps"]["publish"]["bytes"] / floors["device"] if rows[-1]["steps"][
+                        "publish"].get("bytes") else 0.0
+                else:
+                    floor = 0.0  # (vLLM's sleep and wake map and free memory: no copy floor)
+                total, floor_total = total + seconds, floor_total + floor
+                parts.append(f"{name} {seconds * 1e3:.0f} ms" + (f" (floor {floor * 1e3:.0f} ms, "
+                                                                   f"{seconds / floor:.2f} x)" if floor else ""))
+            print(f"colocated: switch {direction}: " + ", ".join(parts), flush=True)
+        ratio = total / floor_total if floor_total else float("inf")
+        print(f"schedule switch: {total:.2f} s = {ratio:.2f} x its floor ({floor_total:.2f} s)", flush=True)
+        summary["switch"] = {"seconds": total, "floor": floor_total, "ratio": ratio}
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1, default=str))
+    for failure in failures:
+        print(f"colocated: FAILED: {failure}", file=sys.stderr)
+    if failures:
+        return 1
+    print(f"colocated: ok ({args.steps} RL steps, every rollout of the version just published)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
