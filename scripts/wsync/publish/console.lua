@@ -94,7 +94,9 @@ end
 --- After round `round` of a session that streams requests (rollout.stream):
 --- what they produced since the last round, from the runtime's answer to
 --- `poll` (`requests`, or `replicas` each with its `requests`), and the
---- versions that produced the first one's tokens.
+--- versions that produced the tokens of the first request that has any (a
+--- request may have produced none yet: the first round can end before
+--- every request's first token).
 ---@param round integer
 ---@param polled table
 ---@return string
@@ -103,11 +105,14 @@ function M.stream(round, polled)
   for _, replica in ipairs(polled.replicas or { polled }) do
     for _, request in ipairs(replica.requests or {}) do
       tokens, requests = tokens + #request.tokens, requests + 1
-      first = first or request
+      if not first and #(request.spans or {}) > 0 then
+        first = request
+      end
     end
   end
   return string.format("round %d: %d streaming requests produced %d tokens since the last round%s", round, requests,
-    tokens, first and string.format("; request %d's versions: %s", first.id, M.spans(first.spans)) or "")
+    tokens, first and string.format("; request %d's versions: %s", first.id, M.spans(first.spans))
+      or (requests > 0 and "; none has a token yet" or ""))
 end
 
 --- The closing report's lines (without "wsync: "): what ran (`about`: the

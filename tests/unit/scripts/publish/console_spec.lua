@@ -58,6 +58,13 @@ describe("wsync.publish.console", function()
     assert.are.equal("round 1: 3 streaming requests produced 6 tokens since the last round; request 7's versions: "
       .. "v2 tokens 1-3", console.stream(1, { replicas = { { requests = { first, { tokens = { 4 } } } },
         { requests = { { tokens = { 5, 6 } } } } } }))
+    -- (The first request with a token: the first round may end before every
+    -- request's first token.)
+    local empty = { id = 1, tokens = {}, spans = {} }
+    assert.are.equal("round 1: 2 streaming requests produced 3 tokens since the last round; request 7's versions: "
+      .. "v2 tokens 1-3", console.stream(1, { requests = { empty, first } }))
+    assert.are.equal("round 1: 1 streaming requests produced 0 tokens since the last round; none has a token yet",
+      console.stream(1, { requests = { empty } }))
   end)
 
   it("composes the closing report around the run report's table", function()
