@@ -5,7 +5,7 @@ against its floor (issue 22, items 4 and 5).
     python3 tests/bench/colocated.py [--steps 10] [--json FILE]          # one H200, vLLM 0.26
     python3 tests/bench/colocated.py --device cpu --steps 2             # any machine: plumbing
 
-On the GPU: recipes/qwen3_moe_6b_colocated.lua, a Qwen3-MoE of 5.8 B parameters. The trainer
+On the GPU: tests/fixtures/recipes/colocated_6b.lua, a Qwen3-MoE of 5.8 B parameters. The trainer
 is one FSDP2 rank (transformers' model, random init) in mixed precision: bfloat16
 parameters, float32 master weights and AdamW moments (MixedAdamW below), 76 GiB; vLLM TP1
 reserves 0.7 of the device, 98 GiB: together 1.25 times the device. Before the runtime
@@ -58,8 +58,9 @@ from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM  # noqa: E402
 
 import wsync  # noqa: E402
 
-RECIPES = {"cuda": "recipes/qwen3_moe_6b_colocated.lua", "cpu": "tests/fixtures/recipes/colocated_cpu.lua"}
-MODELS = {"cuda": ROOT / "recipes" / "models" / "qwen3-moe-6b", "cpu": ROOT / "recipes" / "models" / "qwen3-moe-small"}
+RECIPES = {"cuda": "tests/fixtures/recipes/colocated_6b.lua", "cpu": "tests/fixtures/recipes/colocated_cpu.lua"}
+MODELS = {"cuda": ROOT / "tests" / "fixtures" / "models" / "qwen3_moe_6b",
+          "cpu": ROOT / "recipes" / "models" / "qwen3-moe-small"}
 #: The schedule's steps each way of the switch.
 TO_GENERATION = ("offload_optimizer", "wake weights", "publish", "offload_actor", "wake kv_cache")
 TO_TRAINING = ("sleep 2", "onload_actor", "onload_optimizer")
