@@ -23,7 +23,7 @@
 #     offload: the schedule's torch offloads against the pinned copy (tests/bench/offload.py)
 #     vllm-memory: vLLM's device memory in each sleep/wake state (tests/gpu/vllm_memory.py),
 #       the memory model's calibration
-#     colocated: a 5.8 B Qwen3-MoE that fits beside vLLM only by the schedule, 10 RL steps,
+#     colocated: a 4.4 B Qwen3-MoE that fits beside vLLM only by the schedule, 10 RL steps,
 #       each step's memory against the model and the switch against its floor
 #       (tests/bench/colocated.py; its own device call)
 set -uo pipefail

@@ -77,7 +77,7 @@ describe("wsync check", function()
   end)
 
   it("plans a model that fits beside vLLM only by the schedule, and refuses it without the offload steps", function()
-    local recipe_path = "tests/fixtures/recipes/colocated_6b.lua"
+    local recipe_path = "tests/fixtures/recipes/colocated_4b.lua"
     local summary = cjson.decode(check({ "check", recipe_path, "--plan-only", "--json" }).stdout)
     assert.is_true(summary.peak_device_bytes <= summary.device_budget_bytes)
     -- (Trainer and vLLM together: at least 1.2 times the device; the issue's sizing.)
