@@ -99,7 +99,9 @@ describe("publication on the cuda backend", function()
   for _, recipe in ipairs({ "recipes/demo_cuda.lua", "tests/fixtures/recipes/cuda_ordered.lua" }) do
     for _, case in ipairs({
       { env = "WSYNC_RUNTIME_FAULT=worker0:crash@load_chunk#2", says = "TP worker 0", phase = "chunks" },
-      { env = "WSYNC_RUNTIME_FAULT=worker0:crash@finish_update", says = "TP worker 0", phase = "finish" },
+      -- (A TP worker finishes its update with its last load_chunk.)
+      { env = "WSYNC_RUNTIME_FAULT=worker0:crash@finish_update", says = "TP worker 0", phase = "chunks" },
+      { env = "WSYNC_RUNTIME_FAULT=crash@finish_update", says = "reference runtime", phase = "finish" },
       { env = "WSYNC_TRAINER_FAULT=rank0:die@fill#2", says = "trainer rank 0", phase = "chunks" },
     }) do
       it(recipe .. ", " .. case.env .. ": poisons cleanly, nothing committed, device memory back at its baseline",

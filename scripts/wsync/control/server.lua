@@ -11,6 +11,9 @@ local util = require("wsync.util")
 
 local M = {}
 
+--- The commands a request may carry folded into it, by payload field.
+local FOLDED = { start = "start_update", finish = "finish_update" }
+
 --- How long a server polls without sleeping after each answer, by default
 --- ($WSYNC_SERVER_SPIN_US overrides; 0 turns it off). A server whose peer
 --- talks to several such servers at once (the TP workers of one runtime)
@@ -131,6 +134,15 @@ function Server:_on_message(request)
     return
   end
   local kind = fault_module.take(self.faults, request.cmd)
+  -- (A request that carries another command folded into it, as a TP
+  -- worker's first and last load_chunk carry its start_update and
+  -- finish_update (wsync.runtime.worker), meets that command's faults too.)
+  local payload = type(request.payload) == "table" and request.payload or {}
+  for field, folded in pairs(FOLDED) do
+    if payload[field] ~= nil then
+      kind = fault_module.take(self.faults, folded) or kind
+    end
+  end
   if kind and self:_inject(kind, request) then
     return
   end

@@ -78,6 +78,17 @@ describe("publication faults", function()
       assert.matches("TP worker 1 %(pid %d+%) broken during load_chunk", failure)
     end)
 
+    -- A worker's start_update and finish_update come with its first and last
+    -- load_chunk: their faults fire there.
+    for _, command in ipairs({ "start_update", "finish_update" }) do
+      it("worker1:crash@" .. command .. ": fires at the load_chunk that carries it", function()
+        local spec = "worker1:crash@" .. command
+        local failure = run_failing({ env = { "WSYNC_RUNTIME_FAULT=" .. spec }, survivors = 2, label = spec })
+        assert.matches("^%[phase chunks, rank 1%] publication of model version 1 failed in chunks: ", failure)
+        assert.matches("TP worker 1 %(pid %d+%) broken during load_chunk", failure)
+      end)
+    end
+
     -- A TP worker that stops (SIGSTOP: alive, answering nothing) is named
     -- with its pid and the command: the runtime's main process waits for it
     -- a little less than the host waits for the main process (80% of the
