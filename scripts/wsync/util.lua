@@ -124,6 +124,18 @@ function M.field_values(list, key)
   return values
 end
 
+--- Appends `value` to `list` unless `seen` has it, and marks it in `seen`:
+--- `list` then holds distinct values in the order they first came.
+---@param list any[]
+---@param seen table<any, boolean>
+---@param value any
+function M.append_unseen(list, seen, value)
+  if not seen[value] then
+    seen[value] = true
+    list[#list + 1] = value
+  end
+end
+
 --- The keys of `map`, sorted.
 ---@param map table
 ---@return any[]

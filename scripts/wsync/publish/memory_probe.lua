@@ -8,6 +8,7 @@
 --- (vLLM's EngineCore is a child of the runtime). Where the driver's library
 --- is missing the probe says why once and samples nothing after.
 local device = require("wsync.native.device")
+local util = require("wsync.util")
 
 local M = {}
 
@@ -26,10 +27,7 @@ Probe.__index = Probe
 function M.new(uuids, roles, query)
   local seen, devices = {}, {}
   for _, uuid in ipairs(uuids) do
-    if not seen[uuid] then
-      seen[uuid] = true
-      devices[#devices + 1] = uuid
-    end
+    util.append_unseen(devices, seen, uuid)
   end
   return setmetatable({ devices = devices, roles = roles or {}, query = query or device.gpu_memory }, Probe)
 end

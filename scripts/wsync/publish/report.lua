@@ -425,10 +425,7 @@ local function distinct_step_values(rounds, values)
   for _, round in ipairs(rounds) do
     for _, step in ipairs(round.steps) do
       for _, value in ipairs(values(step)) do
-        if not seen[value] then
-          seen[value] = true
-          distinct[#distinct + 1] = value
-        end
+        util.append_unseen(distinct, seen, value)
       end
     end
   end

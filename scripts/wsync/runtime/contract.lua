@@ -47,40 +47,27 @@ end
 ---@param header any
 ---@param runtime {protocol: integer, transport: string, committed: integer, tp_world: integer, uuids: string[]}
 function M.check_header(header, runtime)
-  local function bad(message)
-    errors.raise("BAD_HEADER", message, { fatal = true })
-  end
-  if type(header) ~= "table" then
-    bad("start_update without a publication header")
-  end
-  if header.protocol ~= runtime.protocol then
-    bad(string.format("header for protocol %s; this runtime speaks %s", show(header.protocol), show(runtime.protocol)))
-  end
-  if header.transport ~= runtime.transport then
-    bad(string.format("header for transport %s; the buffers this runtime imported are %s", show(header.transport),
-      show(runtime.transport)))
-  end
-  if not hex(header.publication_id, 32) then
-    bad(string.format("publication id %s is not 128 bits in hex", show(header.publication_id)))
-  end
-  if not integral(header.model_version) or header.model_version <= runtime.committed then
-    bad(string.format("model version %s does not follow the committed version %s", show(header.model_version),
-      show(runtime.committed)))
-  end
-  if not hex(header.manifest, 64) then
-    bad(string.format("manifest %s is not a SHA-256 in hex", show(header.manifest)))
-  end
-  if type(header.uuids) ~= "table" then
-    bad("header without the ordered device UUIDs")
-  end
-  if header.tp_world ~= runtime.tp_world then
-    bad(string.format("header for TP %s, runtime has %s workers", show(header.tp_world), show(runtime.tp_world)))
-  end
-  for rank, uuid in ipairs(runtime.uuids) do
-    if header.uuids[rank] ~= uuid then
-      bad(string.format("header puts rank %d on device %s; TP worker %d is on %s", rank - 1, show(header.uuids[rank]),
-        rank - 1, uuid))
+  -- Raises BAD_HEADER with string.format(format, ...) unless `ok`.
+  local function expect(ok, format, ...)
+    if not ok then
+      errors.raise("BAD_HEADER", string.format(format, ...), { fatal = true })
     end
+  end
+  expect(type(header) == "table", "start_update without a publication header")
+  expect(header.protocol == runtime.protocol, "header for protocol %s; this runtime speaks %s", show(header.protocol),
+    show(runtime.protocol))
+  expect(header.transport == runtime.transport, "header for transport %s; the buffers this runtime imported are %s",
+    show(header.transport), show(runtime.transport))
+  expect(hex(header.publication_id, 32), "publication id %s is not 128 bits in hex", show(header.publication_id))
+  expect(integral(header.model_version) and header.model_version > runtime.committed,
+    "model version %s does not follow the committed version %s", show(header.model_version), show(runtime.committed))
+  expect(hex(header.manifest, 64), "manifest %s is not a SHA-256 in hex", show(header.manifest))
+  expect(type(header.uuids) == "table", "header without the ordered device UUIDs")
+  expect(header.tp_world == runtime.tp_world, "header for TP %s, runtime has %s workers", show(header.tp_world),
+    show(runtime.tp_world))
+  for rank, uuid in ipairs(runtime.uuids) do
+    expect(header.uuids[rank] == uuid, "header puts rank %d on device %s; TP worker %d is on %s", rank - 1,
+      show(header.uuids[rank]), rank - 1, uuid)
   end
 end
 

@@ -24,6 +24,7 @@ local manifest_module = require("wsync.native.manifest")
 local plan_module = require("wsync.plan")
 local shm = require("wsync.native.shm")
 local transport_module = require("wsync.transport")
+local util = require("wsync.util")
 
 local M = {}
 
@@ -284,10 +285,7 @@ function Loader:_plan_chunk(k, tensors)
             elements = slice.width / 2, pitch = slice.dst_pitch, first = (tensor.source_offset + slice.src) / 2,
             element_pitch = slice.src_pitch / 2 }
         end
-        if not seen[resident] then
-          seen[resident] = true
-          residents[#residents + 1] = resident
-        end
+        util.append_unseen(residents, seen, resident)
       end
     end
   end)

@@ -31,6 +31,7 @@
 local uv = require("luv")
 local copy = require("wsync.native.copy")
 local shm = require("wsync.native.shm")
+local util = require("wsync.util")
 
 local M = {}
 
@@ -314,7 +315,7 @@ local SEGMENT = "^wsync%-(%d+)%-%x+$"
 ---@return string[]
 function M.remove_dead_segments(report)
   local removed = {}
-  for _, path, pid, stat in require("wsync.util").leftovers("/dev/shm", SEGMENT) do
+  for _, path, pid, stat in util.leftovers("/dev/shm", SEGMENT) do
     if stat.type == "file" and uv.fs_unlink(path) then
       removed[#removed + 1] = path
       if report then
@@ -337,21 +338,15 @@ end
 ---@return string[] removed, table[] failures
 function M.remove_leftovers(descriptors, pids)
   local names, seen = {}, {}
-  local function add(name)
-    if not seen[name] then
-      seen[name] = true
-      names[#names + 1] = name
-    end
-  end
   for _, list in pairs(descriptors or {}) do
     for _, name in ipairs(list) do
-      add(name)
+      util.append_unseen(names, seen, name)
     end
   end
   if next(pids or {}) then
-    for entry, pid in require("wsync.util").named_entries("/dev/shm", SEGMENT) do
+    for entry, pid in util.named_entries("/dev/shm", SEGMENT) do
       if pids[pid] then
-        add("/" .. entry)
+        util.append_unseen(names, seen, "/" .. entry)
       end
     end
   end

@@ -1,4 +1,5 @@
 -- wsync.util.json: the same text for the same value (sorted keys).
+-- wsync.util.append_unseen: distinct values in the order they first came.
 -- wsync.util.program: the wsync binary a host starts its roles with, in the
 -- wsync binary itself and in a process that embeds libwsync (faked here by
 -- giving wsync._core another image).
@@ -96,5 +97,22 @@ describe("wsync.util.json", function()
     assert.has_error(function()
       util.json({ print })
     end, "json: cannot encode a function")
+  end)
+end)
+
+describe("wsync.util.append_unseen", function()
+  it("keeps each value once, in the order it first came", function()
+    local list, seen = {}, {}
+    for _, value in ipairs({ "b", "a", "b", 3, "a", 3, "c" }) do
+      util.append_unseen(list, seen, value)
+    end
+    assert.are.same({ "b", "a", 3, "c" }, list)
+    assert.are.same({ a = true, b = true, c = true, [3] = true }, seen)
+  end)
+
+  it("skips what `seen` already holds", function()
+    local list = { "x" }
+    util.append_unseen(list, { y = true }, "y")
+    assert.are.same({ "x" }, list)
   end)
 end)
