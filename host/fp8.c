@@ -95,15 +95,19 @@ int ws_fp8_check(const size_t *target_sizes, size_t target_count,
   if ((count > 0 && ops == NULL) || (group_count > 0 && groups == NULL))
     return ws_fail(WS_EINVAL, "fp8: %zu ops and %zu groups, not all in arrays",
                    count, group_count);
-  for (size_t g = 0; g < group_count; g++)
-    if (groups[g].target >= target_count ||
-        !span_inside(groups[g].scale_offset, 1, sizeof(float), sizeof(float),
+  for (size_t g = 0; g < group_count; g++) {
+    if (groups[g].target >= target_count)
+      return ws_fail(WS_EINVAL, "fp8 group %zu: its scale's target %llu of %zu",
+                     g, (unsigned long long)groups[g].target, target_count);
+    if (!span_inside(groups[g].scale_offset, 1, sizeof(float), sizeof(float),
                      target_sizes[groups[g].target]))
       return ws_fail(WS_EINVAL,
-                     "fp8 group %zu: its scale at byte %llu of target %llu "
-                     "lies outside the %zu targets",
+                     "fp8 group %zu: its float32 scale at byte %llu exceeds "
+                     "target %llu (%zu bytes)",
                      g, (unsigned long long)groups[g].scale_offset,
-                     (unsigned long long)groups[g].target, target_count);
+                     (unsigned long long)groups[g].target,
+                     target_sizes[groups[g].target]);
+  }
   uint8_t *used = calloc(group_count > 0 ? group_count : 1, 1);
   if (used == NULL)
     return ws_fail(WS_ENOMEM, "fp8: %zu groups", group_count);

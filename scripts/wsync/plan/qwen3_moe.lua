@@ -335,8 +335,12 @@ function M.loader_plan(config, tp, rank, quantization)
   local plan = { tensors = {}, copies = {}, bytes = 0, groups = {}, quantization = quantization }
   local by_name = {}
   local function resident(name, shape, dtype, element_bytes, stride)
+    -- (A float32 scale starts on a 4-byte boundary of one memory in the
+    -- plan's layout: a device writes it as a float.)
+    local offset = element_bytes == 4 and math.ceil(plan.bytes / 4) * 4 or plan.bytes
+    plan.bytes = offset
     local tensor = { name = name, dtype = dtype or DTYPE, shape = shape, bytes = numel(shape) * (element_bytes or B),
-      offset = plan.bytes, stride = stride }
+      offset = offset, stride = stride }
     plan.tensors[#plan.tensors + 1] = tensor
     plan.bytes = plan.bytes + tensor.bytes
     by_name[name] = tensor
@@ -473,9 +477,10 @@ function M.rollout_residents(config, tp, rank, quantization)
   if quantization == nil then
     return { tensors = plan.tensors, bytes = plan.bytes }
   end
-  local out = { tensors = {}, bytes = plan.bytes }
+  local out = { tensors = {}, bytes = 0 }
   for index, tensor in ipairs(plan.tensors) do
     out.tensors[index] = { name = tensor.name, dtype = tensor.dtype, shape = tensor.shape, bytes = tensor.bytes }
+    out.bytes = out.bytes + tensor.bytes
   end
   return out
 end

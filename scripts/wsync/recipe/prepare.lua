@@ -34,15 +34,22 @@ end
 --- Refuses a vllm recipe's `runtime.vllm.quantization` that wsync cannot
 --- plan: it plans bfloat16 and "fp8" (vLLM's own loader quantizes with load
 --- = "native"; wsync's direct loader quantizes while it copies, under the
---- loader plan's groups).
+--- loader plan's groups). Refuses too the values check of a quantized
+--- rollout: its sums are of the trainer's bfloat16 values, which FP8
+--- residents do not hold.
 ---@param recipe table
 function M.check_quantization(recipe)
   local runtime = recipe.runtime
-  local quantization = runtime.kind == "vllm" and (runtime.vllm or {}).quantization or nil
+  local quantization = schedule_module.engine_of(recipe).quantization
   if quantization ~= nil and quantization ~= "fp8" then
     errors.raise("INVALID_ARGUMENT", string.format("quantization %s: wsync plans bfloat16 rollouts and \"fp8\" "
       .. "(vLLM's online per-tensor FP8 of a bfloat16 checkpoint)", tostring(quantization)),
-      { field = "runtime.vllm.quantization" })
+      { field = runtime.kind == "vllm" and "runtime.vllm.quantization" or "runtime.quantization" })
+  end
+  if quantization ~= nil and recipe.verify == "values" then
+    errors.raise("INVALID_ARGUMENT", string.format("verify = \"values\" sums the trainer's bfloat16 values, and "
+      .. "under quantization %s the residents hold their FP8 quantization: verify = true checks it (synthetic "
+      .. "trainers)", quantization), { field = "verify" })
   end
 end
 

@@ -640,6 +640,24 @@ describe("qwen3_moe.loader_plan under fp8", function()
     assert.are.same({ p .. "mlp.gate.weight" }, by_name[p .. "mlp.gate.weight"].tensors)
   end)
 
+  it("starts every float32 scale on a 4-byte boundary, whatever the float8 sizes before it", function()
+    local config = qwen3_moe.config({ vocab_size = 64, hidden_size = 5, moe_intermediate_size = 3,
+      num_hidden_layers = 1, num_attention_heads = 1, num_key_value_heads = 1, head_dim = 3, num_experts = 3 })
+    local plan = qwen3_moe.loader_plan(config, 1, 0, "fp8")
+    local misaligned, reach = 0, 0
+    for _, tensor in ipairs(plan.tensors) do
+      assert.is_true(tensor.offset >= reach, tensor.name) -- (no overlap; padding at most)
+      reach = tensor.offset + tensor.bytes
+      if tensor.dtype == "float32" then
+        assert.are.equal(0, tensor.offset % 4, tensor.name)
+      elseif reach % 4 ~= 0 then
+        misaligned = misaligned + 1
+      end
+    end
+    assert.is_true(misaligned > 0) -- (the sizes would misalign them back to back)
+    assert.are.equal(reach, plan.bytes)
+  end)
+
   it("has no groups and no quantized slices without a quantization", function()
     local plan = qwen3_moe.loader_plan(qwen3_moe.config(TINY), 2, 0)
     assert.are.same({}, plan.groups)

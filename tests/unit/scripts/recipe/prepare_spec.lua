@@ -66,6 +66,22 @@ describe("prepare", function()
     assert.matches("quantization awq: wsync plans bfloat16 rollouts and \"fp8\"", err.message, 1, true)
   end)
 
+  it("plans the reference runtime holding FP8 (runtime.quantization), and refuses the values check of it", function()
+    local plan = prepare_module.prepare(assert(schema.check(fields.schema, model_recipe({
+      runtime = { kind = "reference", tp = 2, quantization = "fp8" } }))), { plan_only = true })
+    assert.are.equal("fp8", plan.quantization)
+    local err = error_of(prepare_module.prepare, assert(schema.check(fields.schema, model_recipe({ verify = "values",
+      runtime = { kind = "reference", tp = 2, quantization = "fp8" } }))), { plan_only = true })
+    assert.are.equal("verify", err.field)
+    assert.matches("verify = \"values\" sums the trainer's bfloat16 values, and under quantization fp8",
+      err.message, 1, true)
+    local _, refusal = schema.check(fields.schema, model_recipe({ backend = "cuda", runtime = { kind = "vllm",
+      model = "models/tiny", quantization = "fp8" } }))
+    assert.are.equal("runtime.quantization", refusal.path)
+    assert.matches("is the reference runtime's; the vllm runtime's quantization is its engine's", refusal.message, 1,
+      true)
+  end)
+
   it("knows the synthetic trainer's callbacks before its ranks register, not an external trainer's", function()
     assert.are.same({ offload_optimizer = true, onload_optimizer = true, offload_actor = true, onload_actor = true },
       prepare_module.known_callbacks(recipes.validated()))
