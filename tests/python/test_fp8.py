@@ -83,3 +83,28 @@ def test_the_host_reference_is_torchs_cast_bitwise(tmp_path, seed):
         assert mismatch.numel() == 0, (index, int(mismatch[0]), float(group[int(mismatch[0])]),
                                        int(got[int(mismatch[0])]), int(expected[int(mismatch[0])]))
         first += group.numel()
+
+
+def test_torch_residents_lists_vllms_fp8_weights_as_views_of_their_storage():
+    from wsync.vllm.failure import Failure
+    from wsync.vllm.worker.extension import torch_residents
+
+    class Linear(torch.nn.Module):
+        def __init__(self, weight: torch.Tensor) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(weight, requires_grad=False)
+            self.weight_scale = torch.nn.Parameter(torch.ones(1), requires_grad=False)
+
+    # (As vLLM's online FP8 holds a dense weight: float8 [in, out], the transpose of row-major
+    # [out, in] storage, and one float32 scale.)
+    storage = torch.zeros(6, 4, dtype=torch.float8_e4m3fn)
+    model = torch.nn.Module()
+    model.qkv_proj = Linear(storage.t())
+    found = torch_residents(model)
+    assert found["qkv_proj.weight"] == {"pointer": storage.data_ptr(), "size": 24, "dtype": "float8_e4m3fn",
+                                        "shape": [4, 6], "stride": [1, 4]}
+    assert found["qkv_proj.weight_scale"]["stride"] == [1]
+    # Any other non-contiguous layout is refused, named.
+    model.qkv_proj = Linear(torch.zeros(6, 8, dtype=torch.float8_e4m3fn)[:, ::2])
+    with pytest.raises(Failure, match="vLLM's parameter qkv_proj.weight is neither contiguous nor the transpose"):
+        torch_residents(model)

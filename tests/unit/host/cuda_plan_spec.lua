@@ -646,7 +646,7 @@ describe("ws_cuda_fp8_layout", function()
     return group_array, op_records
   end
 
-  local function layout(groups, ops)
+  local function fp8_layout(groups, ops)
     local group_array, op_records = arrays(groups, ops)
     local count = ffi.new("size_t[1]")
     local status = C.ws_cuda_fp8_layout(regions, 2, group_array, #groups, op_records, #ops, nil, 0, count)
@@ -663,7 +663,7 @@ describe("ws_cuda_fp8_layout", function()
   -- under its group's scale) into a copy of the target, and compares it with
   -- the host reference's run of the same ops.
   local function same_as_reference(groups, ops)
-    local pieces, count = layout(groups, ops)
+    local pieces, count = fp8_layout(groups, ops)
     local played = bytes(TARGET, 0xaa)
     local amax = {}
     local function each(piece, visit)
@@ -715,13 +715,14 @@ describe("ws_cuda_fp8_layout", function()
   end)
 
   it("refuses what the host reference refuses, a misaligned scale and a misaligned bfloat16 source", function()
-    assert.matches("^fp8 op 0:.*exceed them", select(2, layout({ 0 }, { { group = 0, to = 0, from = SOURCE - 2,
+    assert.matches("^fp8 op 0:.*exceed them", select(2, fp8_layout({ 0 }, { { group = 0, to = 0, from = SOURCE - 2,
       columns = 2 } })))
-    assert.matches("^fp8 group 1 has no op", select(2, layout({ 0, 4 }, { { group = 0, to = 8, from = 0, columns = 2 } })))
+    assert.matches("^fp8 group 1 has no op", select(2, fp8_layout({ 0, 4 }, { { group = 0, to = 8, from = 0,
+      columns = 2 } })))
     assert.matches("^cuda fp8 group 0: its float32 scale at byte 2 of region 0 is not 4%-byte aligned",
-      select(2, layout({ 2 }, { { group = 0, to = 8, from = 0, columns = 2 } })))
+      select(2, fp8_layout({ 2 }, { { group = 0, to = 8, from = 0, columns = 2 } })))
     assert.matches("^cuda fp8 op 0: its bfloat16 source %(byte 3 of region 1, pitch 4%)",
-      select(2, layout({ 0 }, { { group = 0, to = 8, from = 3, columns = 2 } })))
+      select(2, fp8_layout({ 0 }, { { group = 0, to = 8, from = 3, columns = 2 } })))
   end)
 
   it("makes no plan without CUDA or a device, after checking the ops", function()
