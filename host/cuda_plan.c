@@ -970,17 +970,24 @@ int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
   return WS_OK;
 }
 
+// Frees a plan's device memory (`what` names it) on its device.
+static int release_on(int device, void *memory, size_t bytes,
+                      const char *what) {
+  int previous = 0;
+  int status = ws_cuda_enter(device, &previous);
+  if (status == WS_OK) {
+    status = ws_cuda_release(memory, bytes, what);
+    ws_cuda_leave(previous);
+  }
+  return status;
+}
+
 int ws_cuda_copy_plan_close(ws_cuda_copy_plan *plan) {
   ws_clear_error();
   if (plan == NULL)
     return WS_OK;
-  int previous = 0;
-  int status = ws_cuda_enter(plan->device, &previous);
-  if (status == WS_OK) {
-    status = ws_cuda_release(plan->memory, plan->memory_bytes,
-                             "copy plan descriptors");
-    ws_cuda_leave(previous);
-  }
+  int status = release_on(plan->device, plan->memory, plan->memory_bytes,
+                          "copy plan descriptors");
   free(plan->bulk);
   free(plan);
   return status;
@@ -1282,13 +1289,8 @@ int ws_cuda_fp8_plan_close(ws_cuda_fp8_plan *plan) {
   ws_clear_error();
   if (plan == NULL)
     return WS_OK;
-  int previous = 0;
-  int status = ws_cuda_enter(plan->device, &previous);
-  if (status == WS_OK) {
-    status = ws_cuda_release(plan->memory, plan->memory_bytes,
-                             "fp8 plan pieces");
-    ws_cuda_leave(previous);
-  }
+  int status = release_on(plan->device, plan->memory, plan->memory_bytes,
+                          "fp8 plan pieces");
   free(plan);
   return status;
 }

@@ -183,7 +183,8 @@ describe("wsync.runtime.engine_worker", function()
       residents[name] = { pointer = parameter.pointer, size = parameter.size, dtype = parameter.dtype,
         shape = parameter.shape, stride = { 1, parameter.shape[1] } }
       assert.matches("the engine's " .. name .. " has strides [1," .. parameter.shape[1] .. "]; the loader plan "
-        .. "writes it with strides [" .. parameter.shape[2] .. ",1] (row-major, contiguous)", refused(residents), 1, true)
+        .. "writes it with strides [" .. parameter.shape[2] .. ",1] (row-major, contiguous)", refused(residents), 1,
+        true)
       residents[name] = { pointer = parameter.pointer, size = parameter.size, dtype = "float32",
         shape = parameter.shape }
       assert.matches("the engine's " .. name .. " is float32", refused(residents), 1, true)

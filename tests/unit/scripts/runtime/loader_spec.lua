@@ -434,17 +434,9 @@ describe("wsync.runtime.loader", function()
 end)
 
 -- Fills `buffer` with bfloat16 values of both signs and magnitudes from 2^-10
--- to 2^11 (no infinity, no NaN), from a xorshift stream of seed `seed`.
+-- to 2^21 (no infinity, no NaN).
 local function fill_bfloat16(buffer, seed)
-  local elements = ffi.cast("uint16_t *", buffer:pointer())
-  local state = seed
-  for i = 0, buffer:size() / 2 - 1 do
-    state = bit.bxor(state, bit.lshift(state, 13))
-    state = bit.bxor(state, bit.rshift(state, 17))
-    state = bit.bxor(state, bit.lshift(state, 5))
-    local exponent = 117 + bit.band(bit.rshift(state, 8), 15) + bit.band(bit.rshift(state, 12), 7)
-    elements[i] = bit.bor(bit.band(state, 0x807f), bit.lshift(exponent, 7))
-  end
+  require("tests.helpers.bfloat16").fill(ffi.cast("uint16_t *", buffer:pointer()), buffer:size() / 2, seed, 117, 32)
 end
 
 describe("wsync.runtime.loader under fp8", function()
