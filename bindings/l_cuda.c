@@ -1,5 +1,5 @@
-// `wsync._cuda`: device buffers, IPC mappings, streams, events, copy plans
-// and synthetic plans of the cuda backend (host/cuda_memory.h,
+// `wsync._cuda`: device buffers, IPC mappings, streams, events, copy plans,
+// synthetic plans and FP8 plans of the cuda backend (host/cuda_memory.h,
 // host/cuda_plan.h).
 #include "l_cuda.h"
 
@@ -17,6 +17,7 @@ static const char stream_class[] = "wsync.cuda.stream";
 static const char event_class[] = "wsync.cuda.event";
 static const char copy_plan_class[] = "wsync.cuda.copy_plan";
 static const char synth_plan_class[] = "wsync.cuda.synth_plan";
+static const char fp8_plan_class[] = "wsync.cuda.fp8_plan";
 
 static const lua_Number exact_limit = 9007199254740992.0; // 2^53
 
@@ -704,6 +705,78 @@ static void describe_synth_plan(lua_State *L, void *plan) {
   describe_plan(L, &info);
 }
 
+// {target, scale_offset}: the region of a group's float32 scale from 1.
+static void convert_fp8_group(lua_State *L, int table, size_t position,
+                              void *record) {
+  ws_fp8_group *group = record;
+  group->target = op_region(L, table, position, "target");
+  group->scale_offset = ws_lua_op_field(L, table, position, "scale_offset", 1, 0);
+}
+
+// {group, target, source, target_offset, source_offset, rows, columns,
+// target_pitch, source_pitch}: the group and regions from 1; rows 1, offsets
+// 0, pitches the row's bytes (columns, 2 x columns) unless given.
+static void convert_fp8_op(lua_State *L, int table, size_t position,
+                           void *record) {
+  ws_fp8_op *op = record;
+  uint64_t group = ws_lua_op_field(L, table, position, "group", 1, 0);
+  if (group < 1)
+    luaL_error(L, "op %d: field group must be a group index from 1",
+               (int)position);
+  op->group = group - 1;
+  op->target = op_region(L, table, position, "target");
+  op->source = op_region(L, table, position, "source");
+  op->target_offset = ws_lua_op_field(L, table, position, "target_offset", 0, 0);
+  op->source_offset = ws_lua_op_field(L, table, position, "source_offset", 0, 0);
+  op->rows = ws_lua_op_field(L, table, position, "rows", 0, 1);
+  op->columns = ws_lua_op_field(L, table, position, "columns", 1, 0);
+  op->target_pitch =
+      ws_lua_op_field(L, table, position, "target_pitch", 0, op->columns);
+  op->source_pitch =
+      ws_lua_op_field(L, table, position, "source_pitch", 0, 2 * op->columns);
+}
+
+// _cuda.fp8_plan(device, regions, groups, ops) -> plan | nil, message, CODE
+static int cuda_fp8_plan(lua_State *L) {
+  int device = check_device(L, 1);
+  size_t region_count = 0, group_count = 0, count = 0;
+  const ws_cuda_region *regions =
+      ws_lua_check_cuda_regions(L, 2, &region_count);
+  const ws_fp8_group *groups = ws_lua_check_ops(
+      L, 3, sizeof(ws_fp8_group), convert_fp8_group, &group_count);
+  const ws_fp8_op *ops =
+      ws_lua_check_ops(L, 4, sizeof(ws_fp8_op), convert_fp8_op, &count);
+  ws_lua_push_box(L, fp8_plan_class, NULL);
+  keep_referenced(L, 2, 2);
+  ws_cuda_fp8_plan *plan = NULL;
+  int status = ws_cuda_fp8_plan_create(device, regions, region_count, groups,
+                                       group_count, ops, count, &plan);
+  return ws_lua_fill_box(L, status, plan);
+}
+
+// plan:launch([stream]) -> true | nil, message, CODE (queued)
+static int fp8_plan_launch(lua_State *L) {
+  ws_cuda_fp8_plan *plan = ws_lua_check_box(L, 1, fp8_plan_class);
+  return ws_lua_push_ok(
+      L, ws_cuda_fp8_plan_launch(plan, ws_lua_opt_cuda_stream(L, 2)));
+}
+
+// plan:info() -> {ops, pieces, warps, blocks, bytes, device_bytes, tile}
+static int fp8_plan_info(lua_State *L) {
+  ws_cuda_plan_info info;
+  ws_cuda_fp8_plan_info(ws_lua_check_box(L, 1, fp8_plan_class), &info);
+  push_info(L, &info);
+  return 1;
+}
+
+static int close_fp8_plan(void *plan) { return ws_cuda_fp8_plan_close(plan); }
+
+static void describe_fp8_plan(lua_State *L, void *plan) {
+  ws_cuda_plan_info info;
+  ws_cuda_fp8_plan_info(plan, &info);
+  describe_plan(L, &info);
+}
+
 // ---------------------------------------------------------------------------
 // Module
 
@@ -744,6 +817,9 @@ int luaopen_wsync_cuda(lua_State *L) {
   static const ws_lua_class synth_plans = {synth_plan_class, "close",
                                            close_synth_plan, NULL,
                                            describe_synth_plan};
+  static const ws_lua_class fp8_plans = {fp8_plan_class, "close",
+                                         close_fp8_plan, NULL,
+                                         describe_fp8_plan};
   static const luaL_Reg buffer_methods[] = {
       {"region", region_table}, {"pointer", region_pointer},
       {"size", region_size},    {"device", region_device},
@@ -779,10 +855,16 @@ int luaopen_wsync_cuda(lua_State *L) {
       {"result", synth_plan_result}, {"info", synth_plan_info},
       {NULL, NULL},
   };
+  static const luaL_Reg fp8_plan_methods[] = {
+      {"launch", fp8_plan_launch},
+      {"info", fp8_plan_info},
+      {NULL, NULL},
+  };
   static const luaL_Reg functions[] = {
       {"buffer", cuda_buffer},         {"import", cuda_import},
       {"stream", cuda_stream},         {"event", cuda_event},
       {"copy_plan", cuda_copy_plan},   {"synth_plan", cuda_synth_plan},
+      {"fp8_plan", cuda_fp8_plan},
       {"read", cuda_read},             {"write", cuda_write},
       {"fill", cuda_fill},             {"memcpy", cuda_memcpy},
       {"counters", cuda_counters},     {"export_region", cuda_export_region},
@@ -794,6 +876,7 @@ int luaopen_wsync_cuda(lua_State *L) {
   ws_lua_new_class(L, &events, event_methods);
   ws_lua_new_class(L, &copy_plans, copy_plan_methods);
   ws_lua_new_class(L, &synth_plans, synth_plan_methods);
+  ws_lua_new_class(L, &fp8_plans, fp8_plan_methods);
   ws_lua_new_module(L, functions); // [module]
   lua_pushboolean(L, ws_device_cuda_built());
   lua_setfield(L, -2, "built");

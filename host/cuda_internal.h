@@ -101,6 +101,15 @@ WS_INTERNAL int ws_cuda_launch_copy_tiles(const ws_cuda_copy_desc *descs,
                                           uint64_t tile, uint32_t warps,
                                           void *stream);
 
+/// Launches the FP8 kernels over `warps` warps: the amax of every group of
+/// the `count` pieces into `amax` (float32 bits, zeroed before), then every
+/// group's scale (to the addresses `scales`) and every piece's float8
+/// elements. A cudaError_t.
+WS_INTERNAL int ws_cuda_launch_fp8(const ws_cuda_fp8_piece *pieces,
+                                   uint32_t count, const uint64_t *scales,
+                                   uint32_t *amax, uint32_t groups,
+                                   uint32_t warps, void *stream);
+
 /// Launches the synthetic kernel, filling or (`check`) checking into `state`.
 WS_INTERNAL int ws_cuda_launch_synth(const ws_cuda_synth_piece *pieces,
                                      const uint32_t *warp_start,

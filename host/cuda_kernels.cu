@@ -1,6 +1,6 @@
-// The cuda backend's kernels: the batched copy of a copy plan and the
-// synthetic fill and check of a synthetic plan (cuda_plan.h), and their
-// launchers for cuda_plan.c.
+// The cuda backend's kernels: the batched copy of a copy plan, the
+// synthetic fill and check of a synthetic plan and the FP8 transform of an
+// FP8 plan (cuda_plan.h), and their launchers for cuda_plan.c.
 //
 // Both kernels give each warp a range of pieces (warp_start[w] ..
 // warp_start[w + 1] - 1, laid out on the host so that every warp has the same
@@ -12,6 +12,7 @@
 #include "cuda_tiles.h"
 #include "hash.h"
 
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -326,6 +327,130 @@ __global__ void __launch_bounds__(WS_CUDA_THREADS)
   }
 }
 
+
+// ---------------------------------------------------------------------------
+// FP8: vLLM's per-tensor quantization (host/fp8.h says what and why). The
+// arithmetic is written with the _rn intrinsics so that no compiler option
+// fuses or approximates it: scale = amax / 448, inverse = 1 / scale, each
+// element fmaxf(-448, fminf(x * inverse, 448)) converted with saturation.
+
+constexpr float kFp8Max = 448.0f;
+
+__device__ __forceinline__ float bfloat16_value(uint32_t bits) {
+  return __uint_as_float(bits << 16);
+}
+
+__device__ __forceinline__ unsigned char fp8_of(float value, float inverse) {
+  float scaled = fmaxf(-kFp8Max, fminf(__fmul_rn(value, inverse), kFp8Max));
+  return (unsigned char)__nv_cvt_float_to_fp8(scaled, __NV_SATFINITE,
+                                              __NV_E4M3);
+}
+
+// Whether a piece's rows go 8 elements at a time: 16-byte loads of bfloat16
+// and 8-byte stores of float8 on every row.
+__device__ __forceinline__ bool fp8_vector(const ws_cuda_fp8_piece &piece) {
+  return ((piece.source | piece.source_pitch) & 15) == 0 &&
+         ((piece.target | piece.target_pitch) & 7) == 0 &&
+         (piece.columns & 7) == 0;
+}
+
+// The largest |x| of one piece, over the lanes of a warp (NaN passed over:
+// fmaxf keeps the other operand).
+__device__ float piece_amax(const ws_cuda_fp8_piece &piece, unsigned lane) {
+  float largest = 0.0f;
+  const bool vector = fp8_vector(piece);
+  for (uint32_t row = 0; row < piece.rows; row++) {
+    const char *source =
+        reinterpret_cast<const char *>(piece.source) + row * piece.source_pitch;
+    if (vector) {
+      const uint4 *values = reinterpret_cast<const uint4 *>(source);
+      for (uint32_t i = lane; i < piece.columns / 8; i += kWarp) {
+        uint4 value = values[i];
+        uint32_t words[4] = {value.x, value.y, value.z, value.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          largest = fmaxf(largest, fabsf(bfloat16_value(words[k] & 0xffffu)));
+          largest = fmaxf(largest, fabsf(bfloat16_value(words[k] >> 16)));
+        }
+      }
+    } else {
+      const uint16_t *values = reinterpret_cast<const uint16_t *>(source);
+      for (uint32_t i = lane; i < piece.columns; i += kWarp)
+        largest = fmaxf(largest, fabsf(bfloat16_value(values[i])));
+    }
+  }
+  return largest;
+}
+
+__device__ void piece_quantize(const ws_cuda_fp8_piece &piece, float inverse,
+                               unsigned lane) {
+  const bool vector = fp8_vector(piece);
+  for (uint32_t row = 0; row < piece.rows; row++) {
+    const char *source =
+        reinterpret_cast<const char *>(piece.source) + row * piece.source_pitch;
+    unsigned char *target = reinterpret_cast<unsigned char *>(piece.target) +
+                            row * piece.target_pitch;
+    if (vector) {
+      const uint4 *values = reinterpret_cast<const uint4 *>(source);
+      uint2 *out = reinterpret_cast<uint2 *>(target);
+      for (uint32_t i = lane; i < piece.columns / 8; i += kWarp) {
+        uint4 value = values[i];
+        uint32_t words[4] = {value.x, value.y, value.z, value.w};
+        uint32_t packed[2] = {0, 0};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          uint32_t low = fp8_of(bfloat16_value(words[k] & 0xffffu), inverse);
+          uint32_t high = fp8_of(bfloat16_value(words[k] >> 16), inverse);
+          packed[k / 2] |= (low | high << 8) << (16 * (k % 2));
+        }
+        out[i] = make_uint2(packed[0], packed[1]);
+      }
+    } else {
+      const uint16_t *values = reinterpret_cast<const uint16_t *>(source);
+      for (uint32_t i = lane; i < piece.columns; i += kWarp)
+        target[i] = fp8_of(bfloat16_value(values[i]), inverse);
+    }
+  }
+}
+
+// Each warp takes pieces warp, warp + W, ...: their amax go to their groups'
+// (float32 bits of a non-negative value order as unsigned integers).
+__global__ void __launch_bounds__(WS_CUDA_THREADS)
+    fp8_amax_kernel(const ws_cuda_fp8_piece *__restrict__ pieces,
+                    uint32_t count, uint32_t *amax) {
+  const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / kWarp;
+  const uint32_t warps = gridDim.x * (blockDim.x / kWarp);
+  const unsigned lane = threadIdx.x % kWarp;
+  for (uint32_t p = warp; p < count; p += warps) {
+    const ws_cuda_fp8_piece piece = pieces[p];
+    float largest = piece_amax(piece, lane);
+    for (unsigned offset = kWarp / 2; offset > 0; offset /= 2)
+      largest = fmaxf(largest, __shfl_xor_sync(kAll, largest, offset));
+    if (lane == 0)
+      atomicMax(&amax[piece.group], __float_as_uint(largest));
+  }
+}
+
+// The threads write the groups' scales, then the warps quantize the pieces
+// as in fp8_amax_kernel.
+__global__ void __launch_bounds__(WS_CUDA_THREADS)
+    fp8_quantize_kernel(const ws_cuda_fp8_piece *__restrict__ pieces,
+                        uint32_t count, const uint64_t *__restrict__ scales,
+                        const uint32_t *__restrict__ amax, uint32_t groups) {
+  const uint32_t thread = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t threads = gridDim.x * blockDim.x;
+  for (uint32_t g = thread; g < groups; g += threads)
+    *reinterpret_cast<float *>(scales[g]) =
+        __fdiv_rn(__uint_as_float(amax[g]), kFp8Max);
+  const uint32_t warp = thread / kWarp, warps = threads / kWarp;
+  const unsigned lane = threadIdx.x % kWarp;
+  for (uint32_t p = warp; p < count; p += warps) {
+    const ws_cuda_fp8_piece piece = pieces[p];
+    const float scale = __fdiv_rn(__uint_as_float(amax[piece.group]), kFp8Max);
+    piece_quantize(piece, __fdiv_rn(1.0f, scale), lane);
+  }
+}
+
 } // namespace
 
 extern "C" int ws_cuda_kernel_capacity(int device, uint32_t *copy_warps,
@@ -387,4 +512,21 @@ extern "C" int ws_cuda_launch_synth(const ws_cuda_synth_piece *pieces,
   return (int)cudaLaunchKernel((const void *)synth_kernel,
                                dim3(blocks_for(warps)), dim3(WS_CUDA_THREADS),
                                arguments, 0, (cudaStream_t)stream);
+}
+
+extern "C" int ws_cuda_launch_fp8(const ws_cuda_fp8_piece *pieces,
+                                  uint32_t count, const uint64_t *scales,
+                                  uint32_t *amax, uint32_t groups,
+                                  uint32_t warps, void *stream) {
+  void *amax_arguments[] = {&pieces, &count, &amax};
+  cudaError_t error = cudaLaunchKernel(
+      (const void *)fp8_amax_kernel, dim3(blocks_for(warps)),
+      dim3(WS_CUDA_THREADS), amax_arguments, 0, (cudaStream_t)stream);
+  if (error != cudaSuccess)
+    return (int)error;
+  const uint32_t *amax_read = amax;
+  void *quantize_arguments[] = {&pieces, &count, &scales, &amax_read, &groups};
+  return (int)cudaLaunchKernel((const void *)fp8_quantize_kernel,
+                               dim3(blocks_for(warps)), dim3(WS_CUDA_THREADS),
+                               quantize_arguments, 0, (cudaStream_t)stream);
 }

@@ -603,6 +603,95 @@ static void split_synth(struct synth_layout *layout, uint64_t total,
 #endif
 
 // ---------------------------------------------------------------------------
+// FP8 ops
+//
+// An FP8 transform's ops are checked as the host's reference checks them
+// (ws_fp8_check, the regions standing for targets and sources alike), then
+// cut into pieces of at most WS_CUDA_FP8_PIECE_ELEMENTS elements: whole rows
+// of an op whose rows are narrower, otherwise parts of one row (cut at
+// multiples of the limit, so that a piece keeps its op's alignment).
+
+static int check_fp8_ops(const ws_cuda_region *regions, size_t region_count,
+                         const ws_fp8_group *groups, size_t group_count,
+                         const ws_fp8_op *ops, size_t count) {
+  int status = check_op_list(regions, region_count, ops, count, "fp8");
+  if (status != WS_OK)
+    return status;
+  size_t *sizes = malloc((region_count > 0 ? region_count : 1) * sizeof *sizes);
+  if (sizes == NULL)
+    return ws_fail(WS_ENOMEM, "cuda: %zu regions", region_count);
+  for (size_t i = 0; i < region_count; i++)
+    sizes[i] = (size_t)regions[i].size;
+  status = ws_fp8_check(sizes, region_count, sizes, region_count, groups,
+                        group_count, ops, count);
+  free(sizes);
+  if (status != WS_OK)
+    return status;
+  for (size_t g = 0; g < group_count; g++)
+    if ((regions[groups[g].target].pointer + groups[g].scale_offset) % 4 != 0)
+      return ws_fail(WS_EINVAL, "cuda fp8 group %zu: its float32 scale at byte "
+                                "%llu of region %llu is not 4-byte aligned",
+                     g, (unsigned long long)groups[g].scale_offset,
+                     (unsigned long long)groups[g].target);
+  for (size_t i = 0; i < count; i++)
+    if ((regions[ops[i].source].pointer + ops[i].source_offset) % 2 != 0 ||
+        (ops[i].rows > 1 && ops[i].source_pitch % 2 != 0))
+      return ws_fail(WS_EINVAL, "cuda fp8 op %zu: its bfloat16 source (byte "
+                                "%llu of region %llu, pitch %llu) is not "
+                                "2-byte aligned",
+                     i, (unsigned long long)ops[i].source_offset,
+                     (unsigned long long)ops[i].source,
+                     (unsigned long long)ops[i].source_pitch);
+  return WS_OK;
+}
+
+int ws_cuda_fp8_layout(const ws_cuda_region *regions, size_t region_count,
+                       const ws_fp8_group *groups, size_t group_count,
+                       const ws_fp8_op *ops, size_t count,
+                       ws_cuda_fp8_piece *pieces, size_t capacity,
+                       size_t *piece_count) {
+  ws_clear_error();
+  int status =
+      check_fp8_ops(regions, region_count, groups, group_count, ops, count);
+  if (status != WS_OK)
+    return status;
+  const uint64_t limit = WS_CUDA_FP8_PIECE_ELEMENTS;
+  size_t made = 0;
+  for (size_t i = 0; i < count; i++) {
+    const ws_fp8_op *op = &ops[i];
+    if (op->rows == 0 || op->columns == 0)
+      continue;
+    uint64_t rows_per_piece = op->columns >= limit ? 1 : limit / op->columns;
+    for (uint64_t row = 0; row < op->rows; row += rows_per_piece) {
+      uint64_t rows = min_u64(rows_per_piece, op->rows - row);
+      for (uint64_t column = 0; column < op->columns; column += limit) {
+        if (pieces != NULL) {
+          if (made >= capacity)
+            return ws_fail(WS_EINVAL, "cuda: room for %zu fp8 pieces",
+                           capacity);
+          ws_cuda_fp8_piece *piece = &pieces[made];
+          piece->source = regions[op->source].pointer + op->source_offset +
+                          row * op->source_pitch + column * 2;
+          piece->target = regions[op->target].pointer + op->target_offset +
+                          row * op->target_pitch + column;
+          piece->source_pitch = op->source_pitch;
+          piece->target_pitch = op->target_pitch;
+          piece->rows = (uint32_t)rows;
+          piece->columns = (uint32_t)min_u64(limit, op->columns - column);
+          piece->group = (uint32_t)op->group;
+          piece->op = (uint32_t)(i < UINT32_MAX ? i : UINT32_MAX);
+        }
+        made++;
+      }
+    }
+  }
+  if (made > UINT32_MAX)
+    return ws_fail(WS_EINVAL, "cuda: the fp8 ops make %zu pieces", made);
+  *piece_count = made;
+  return WS_OK;
+}
+
+// ---------------------------------------------------------------------------
 // Plans on a device
 
 struct ws_cuda_copy_plan {
@@ -617,6 +706,17 @@ struct ws_cuda_copy_plan {
   ws_cuda_bulk_copy *bulk; // (host memory) queued before the kernel
   size_t bulk_count;
   uint64_t bulk_bytes;
+};
+
+struct ws_cuda_fp8_plan {
+  int device;
+  void *memory; // pieces, then the groups' scale addresses, then their amax
+  size_t memory_bytes;
+  uint32_t warps;
+  size_t pieces;
+  size_t groups;
+  size_t ops;
+  uint64_t bytes;
 };
 
 struct ws_cuda_synth_plan {
@@ -656,6 +756,12 @@ void ws_cuda_copy_plan_info(const ws_cuda_copy_plan *plan,
 
 void ws_cuda_synth_plan_info(const ws_cuda_synth_plan *plan,
                              ws_cuda_plan_info *out) {
+  describe(out, plan->ops, plan->pieces, plan->warps, plan->bytes,
+           plan->memory_bytes);
+}
+
+void ws_cuda_fp8_plan_info(const ws_cuda_fp8_plan *plan,
+                           ws_cuda_plan_info *out) {
   describe(out, plan->ops, plan->pieces, plan->warps, plan->bytes,
            plan->memory_bytes);
 }
@@ -864,17 +970,24 @@ int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
   return WS_OK;
 }
 
+// Frees a plan's device memory (`what` names it) on its device.
+static int release_on(int device, void *memory, size_t bytes,
+                      const char *what) {
+  int previous = 0;
+  int status = ws_cuda_enter(device, &previous);
+  if (status == WS_OK) {
+    status = ws_cuda_release(memory, bytes, what);
+    ws_cuda_leave(previous);
+  }
+  return status;
+}
+
 int ws_cuda_copy_plan_close(ws_cuda_copy_plan *plan) {
   ws_clear_error();
   if (plan == NULL)
     return WS_OK;
-  int previous = 0;
-  int status = ws_cuda_enter(plan->device, &previous);
-  if (status == WS_OK) {
-    status = ws_cuda_release(plan->memory, plan->memory_bytes,
-                             "copy plan descriptors");
-    ws_cuda_leave(previous);
-  }
+  int status = release_on(plan->device, plan->memory, plan->memory_bytes,
+                          "copy plan descriptors");
   free(plan->bulk);
   free(plan);
   return status;
@@ -1061,6 +1174,127 @@ int ws_cuda_synth_plan_close(ws_cuda_synth_plan *plan) {
   return status;
 }
 
+
+// The bytes of an FP8 plan's device memory: its pieces, then the groups'
+// scale addresses (uint64_t), then their amax (float32 bits).
+static size_t fp8_memory_bytes(size_t pieces, size_t groups,
+                               size_t *scales_at, size_t *amax_at) {
+  *scales_at = round_up(pieces * sizeof(ws_cuda_fp8_piece), 16);
+  *amax_at = *scales_at + round_up(groups * sizeof(uint64_t), 16);
+  return *amax_at + round_up((groups > 0 ? groups : 1) * sizeof(uint32_t), 16);
+}
+
+int ws_cuda_fp8_plan_create(int device, const ws_cuda_region *regions,
+                            size_t region_count, const ws_fp8_group *groups,
+                            size_t group_count, const ws_fp8_op *ops,
+                            size_t count, ws_cuda_fp8_plan **out) {
+  size_t pieces = 0;
+  int status = ws_cuda_fp8_layout(regions, region_count, groups, group_count,
+                                  ops, count, NULL, 0, &pieces);
+  if (status != WS_OK)
+    return status;
+  int previous = 0;
+  status = ws_cuda_enter(device, &previous);
+  if (status != WS_OK)
+    return status;
+  size_t scales_at = 0, amax_at = 0;
+  size_t bytes = fp8_memory_bytes(pieces, group_count, &scales_at, &amax_at);
+  ws_cuda_fp8_plan *plan = calloc(1, sizeof *plan);
+  unsigned char *used = calloc(region_count > 0 ? region_count : 1, 1);
+  char *host = calloc(1, bytes);
+  if (plan == NULL || used == NULL || host == NULL) {
+    status = ws_fail(WS_ENOMEM, "cuda: cannot allocate an fp8 plan");
+    goto done;
+  }
+  uint64_t written = 4 * (uint64_t)group_count;
+  for (size_t i = 0; i < count; i++) {
+    used[ops[i].target] = used[ops[i].source] = 1;
+    written += ops[i].rows * ops[i].columns;
+  }
+  for (size_t g = 0; g < group_count; g++) {
+    used[groups[g].target] = 1;
+    ((uint64_t *)(host + scales_at))[g] =
+        regions[groups[g].target].pointer + groups[g].scale_offset;
+  }
+  status = check_used_regions(regions, region_count, used, device);
+  if (status == WS_OK)
+    status = ws_cuda_fp8_layout(regions, region_count, groups, group_count,
+                                ops, count, (ws_cuda_fp8_piece *)host, pieces,
+                                &pieces);
+  uint32_t capacity = 0, synth_capacity = 0;
+  if (status == WS_OK)
+    status = ws_cuda_kernel_capacity(device, &capacity, &synth_capacity);
+  if (status == WS_OK)
+    status = upload(host, bytes, &plan->memory, "fp8 plan pieces");
+  if (status != WS_OK)
+    goto done;
+  plan->device = device;
+  plan->memory_bytes = bytes;
+  plan->warps = (uint32_t)min_u64(capacity, pieces > group_count
+                                                ? pieces
+                                                : (group_count + WS_CUDA_WARP -
+                                                   1) / WS_CUDA_WARP);
+  if (plan->warps == 0)
+    plan->warps = 1;
+  plan->pieces = pieces;
+  plan->groups = group_count;
+  plan->ops = count;
+  plan->bytes = written;
+  *out = plan;
+  plan = NULL;
+done:
+  ws_cuda_leave(previous);
+  free(host);
+  free(used);
+  free(plan);
+  return status;
+}
+
+int ws_cuda_fp8_plan_launch(ws_cuda_fp8_plan *plan, ws_cuda_stream *stream) {
+  ws_clear_error();
+  void *raw = NULL;
+  int status = ws_cuda_stream_for(stream, plan->device, &raw);
+  if (status != WS_OK || plan->groups == 0)
+    return status;
+  int previous = 0;
+  status = ws_cuda_enter(plan->device, &previous);
+  if (status != WS_OK)
+    return status;
+  size_t scales_at = 0, amax_at = 0;
+  fp8_memory_bytes(plan->pieces, plan->groups, &scales_at, &amax_at);
+  const ws_cuda_fp8_piece *pieces = plan->memory;
+  const uint64_t *scales =
+      (const uint64_t *)((const char *)plan->memory + scales_at);
+  uint32_t *amax = (uint32_t *)((char *)plan->memory + amax_at);
+  const char *call = "cudaMemsetAsync";
+  int error = (int)cudaMemsetAsync(amax, 0, plan->groups * sizeof *amax,
+                                   (cudaStream_t)raw);
+  if (error == cudaSuccess) {
+    call = "cudaLaunchKernel";
+    error = ws_cuda_launch_fp8(pieces, (uint32_t)plan->pieces, scales, amax,
+                               (uint32_t)plan->groups, plan->warps, raw);
+  }
+  ws_cuda_leave(previous);
+  if (error != cudaSuccess)
+    return ws_cuda_failure(error, call,
+                           "fp8 plan of %zu ops (%zu pieces, %zu groups) on "
+                           "device %d",
+                           plan->ops, plan->pieces, plan->groups,
+                           plan->device);
+  ws_cuda_count_launch();
+  return WS_OK;
+}
+
+int ws_cuda_fp8_plan_close(ws_cuda_fp8_plan *plan) {
+  ws_clear_error();
+  if (plan == NULL)
+    return WS_OK;
+  int status = release_on(plan->device, plan->memory, plan->memory_bytes,
+                          "fp8 plan pieces");
+  free(plan);
+  return status;
+}
+
 #else // !WSYNC_WITH_CUDA
 
 static int not_built(void) {
@@ -1117,6 +1351,28 @@ int ws_cuda_synth_plan_result(ws_cuda_synth_plan *plan,
 }
 
 int ws_cuda_synth_plan_close(ws_cuda_synth_plan *plan) {
+  ws_clear_error();
+  return plan == NULL ? WS_OK : not_built();
+}
+
+int ws_cuda_fp8_plan_create(int device, const ws_cuda_region *regions,
+                            size_t region_count, const ws_fp8_group *groups,
+                            size_t group_count, const ws_fp8_op *ops,
+                            size_t count, ws_cuda_fp8_plan **out) {
+  (void)device, (void)out;
+  size_t pieces = 0;
+  int status = ws_cuda_fp8_layout(regions, region_count, groups, group_count,
+                                  ops, count, NULL, 0, &pieces);
+  return status != WS_OK ? status : not_built();
+}
+
+int ws_cuda_fp8_plan_launch(ws_cuda_fp8_plan *plan, ws_cuda_stream *stream) {
+  ws_clear_error();
+  (void)plan, (void)stream;
+  return not_built();
+}
+
+int ws_cuda_fp8_plan_close(ws_cuda_fp8_plan *plan) {
   ws_clear_error();
   return plan == NULL ? WS_OK : not_built();
 }

@@ -17,9 +17,18 @@
 //
 // Synthetic plans write (or check) wsync's synthetic values (synth.h) on the
 // device: bitwise what ws_synth_fill writes, for bfloat16 and float32.
+//
+// FP8 plans are a load's transform step (quantization = "fp8"): groups of
+// strided bfloat16 pieces quantized to float8_e4m3fn under one float32 scale
+// per group, as vLLM's per-tensor kernels do, bitwise what the host's
+// reference (fp8.h, ws_fp8_run) writes. The ops are those of fp8.h with
+// region indices for targets and sources; a launch zeroes the groups' amax,
+// runs one kernel for the amax of every group and one that writes every
+// scale and quantizes every piece.
 #pragma once
 
 #include "cuda_memory.h"
+#include "fp8.h"
 #include "status_defs.h"
 
 #ifndef WS_FFI
@@ -117,8 +126,27 @@ enum {
   WS_CUDA_TILE_MAX = 1 << 26,    // bytes of one tile at most
 };
 
+/// One piece of an FP8 plan as its kernels read it: at most
+/// WS_CUDA_FP8_PIECE_ELEMENTS elements of one op (whole rows of it, or part
+/// of one row), with absolute device pointers.
+typedef struct ws_cuda_fp8_piece {
+  uint64_t source;
+  uint64_t target;
+  uint64_t source_pitch; // bytes
+  uint64_t target_pitch; // bytes
+  uint32_t rows;
+  uint32_t columns;
+  uint32_t group;
+  uint32_t op;
+} ws_cuda_fp8_piece;
+
+enum {
+  WS_CUDA_FP8_PIECE_ELEMENTS = 1 << 16, // elements of one FP8 piece at most
+};
+
 typedef struct ws_cuda_copy_plan ws_cuda_copy_plan;
 typedef struct ws_cuda_synth_plan ws_cuda_synth_plan;
+typedef struct ws_cuda_fp8_plan ws_cuda_fp8_plan;
 
 /// Checks every op against its regions (nothing else runs when one is out of
 /// range; the detail names the op) and lays the ops out as descriptors for
@@ -224,3 +252,38 @@ void ws_cuda_synth_plan_info(const ws_cuda_synth_plan *plan,
 /// Frees the plan's device and pinned memory and the object; NULL is
 /// accepted. Launches still queued must have finished.
 int ws_cuda_synth_plan_close(ws_cuda_synth_plan *plan);
+
+/// Checks an FP8 transform against its regions (ws_fp8_check with the
+/// regions' sizes for targets and sources alike; every bfloat16 source
+/// 2-byte aligned and every scale 4-byte aligned at its address) and cuts
+/// its ops into pieces (at most WS_CUDA_FP8_PIECE_ELEMENTS elements each, in
+/// op order, without touching a device. With `pieces` NULL it only counts
+/// (`*piece_count`). ws_cuda_fp8_plan_create uses it; tests run it on host
+/// memory.
+int ws_cuda_fp8_layout(const ws_cuda_region *regions, size_t region_count,
+                       const ws_fp8_group *groups, size_t group_count,
+                       const ws_fp8_op *ops, size_t count,
+                       ws_cuda_fp8_piece *pieces, size_t capacity,
+                       size_t *piece_count);
+
+/// Builds an FP8 plan on `device`: checks and lays out the transform
+/// (ws_cuda_fp8_layout), checks that every region it uses is device memory
+/// of `device` inside one allocation, then uploads the pieces, the groups'
+/// scale addresses and room for their amax once.
+int ws_cuda_fp8_plan_create(int device, const ws_cuda_region *regions,
+                            size_t region_count, const ws_fp8_group *groups,
+                            size_t group_count, const ws_fp8_op *ops,
+                            size_t count, ws_cuda_fp8_plan **out);
+
+/// Queues the plan's transform on `stream` (NULL: legacy default stream):
+/// the amax of every group, then every scale and float8 element.
+int ws_cuda_fp8_plan_launch(ws_cuda_fp8_plan *plan, ws_cuda_stream *stream);
+
+/// Describes the plan (ops, pieces, warps, blocks; bytes: what one launch
+/// writes, float8 elements and scales; device_bytes: its own memory).
+void ws_cuda_fp8_plan_info(const ws_cuda_fp8_plan *plan,
+                           ws_cuda_plan_info *out);
+
+/// Frees the plan's device memory and the object; NULL is accepted. Launches
+/// still queued must have finished.
+int ws_cuda_fp8_plan_close(ws_cuda_fp8_plan *plan);

@@ -14,6 +14,7 @@
 #include "copy.h"
 #include "synth.h"
 #include "values.h"
+#include "fp8.h"
 #include "socket.h"
 #include "cuda_memory.h"
 #include "cuda_plan.h"

@@ -31,6 +31,21 @@
 
 ---Synthetic elements of tensor `name` (or `seed`): row k at offset + k * pitch
 ---holds tensor elements first + k * element_pitch onwards.
+---@class wsync.cuda.Fp8Group
+---@field target integer        index (from 1) into the plan's region list: where the group's float32 scale lies
+---@field scale_offset integer  bytes
+
+---@class wsync.cuda.Fp8Op
+---@field group integer           index (from 1) into the plan's groups
+---@field target integer          region (from 1) of the float8 elements
+---@field source integer          region (from 1) of the bfloat16 elements
+---@field target_offset integer?  bytes, default 0
+---@field source_offset integer?  bytes, default 0
+---@field rows integer?           default 1
+---@field columns integer         elements per row
+---@field target_pitch integer?   bytes between rows, default columns
+---@field source_pitch integer?   bytes between rows, default 2 x columns
+
 ---@class wsync.cuda.SynthOp
 ---@field region integer          index (from 1) into the plan's region list
 ---@field name string?            tensor name (its seed: ws_synth_seed)
@@ -106,6 +121,15 @@ function cuda.copy_plan(device, regions, ops, options) end
 ---@param ops wsync.cuda.SynthOp[]|string  tables, or packed ws_cuda_synth_op records (regions from 0)
 ---@return wsync.cuda.SynthPlan|nil plan, string? message, string? code
 function cuda.synth_plan(device, regions, ops) end
+
+---A load's FP8 transform (host/cuda_plan.h): every group's scale over its
+---ops' bfloat16 elements, then the elements quantized in place.
+---@param device integer
+---@param regions wsync.cuda.RegionLike[]
+---@param groups wsync.cuda.Fp8Group[]|string  tables, or packed ws_fp8_group records (regions from 0)
+---@param ops wsync.cuda.Fp8Op[]|string  tables, or packed ws_fp8_op records (groups and regions from 0)
+---@return wsync.cuda.Fp8Plan|nil plan, string? message, string? code
+function cuda.fp8_plan(device, regions, groups, ops) end
 
 ---Copies host bytes in, ordered on the stream, and returns once they are there.
 ---@param region wsync.cuda.RegionLike
@@ -255,3 +279,14 @@ function SynthPlan:result() end
 function SynthPlan:info() end
 ---@return true|nil ok, string? message, string? code
 function SynthPlan:close() end
+
+---@class wsync.cuda.Fp8Plan
+local Fp8Plan = {}
+---Queues the transform: the groups' amax, then their scales and elements.
+---@param stream wsync.cuda.Stream?
+---@return true|nil ok, string? message, string? code
+function Fp8Plan:launch(stream) end
+---@return wsync.cuda.PlanInfo
+function Fp8Plan:info() end
+---@return true|nil ok, string? message, string? code
+function Fp8Plan:close() end

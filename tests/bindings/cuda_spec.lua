@@ -74,6 +74,30 @@ describe("wsync._cuda", function()
     assert.are.equal("cuda copy op 0: target [90, +1 rows x 20, pitch 20) exceeds region 0 (100 bytes)", message)
   end)
 
+  it("reads an FP8 plan's groups and ops, from 1, and returns the core's refusal of them", function()
+    local regions = { { pointer = 4096, size = 4096, device = 0 } }
+    assert.has_error(function()
+      cuda.fp8_plan(0, regions, { { target = 1 } }, {})
+    end, "op 1: field scale_offset is missing")
+    assert.has_error(function()
+      cuda.fp8_plan(0, regions, { { target = 1, scale_offset = 0 } }, { { group = 0, target = 1, source = 1,
+        columns = 8 } })
+    end, "op 1: field group must be a group index from 1")
+    assert.has_error(function()
+      cuda.fp8_plan(0, regions, { { target = 1, scale_offset = 0 } }, { { group = 1, target = 1, source = 1 } })
+    end, "op 1: field columns is missing")
+    local plan, message, code = cuda.fp8_plan(0, regions, { { target = 1, scale_offset = 4094 } },
+      { { group = 1, target = 1, source = 1, columns = 8 } })
+    assert.is_nil(plan)
+    assert.are.equal("EINVAL", code)
+    assert.are.equal("fp8 group 0: its float32 scale at byte 4094 exceeds target 0 (4096 bytes)", message)
+    plan, message, code = cuda.fp8_plan(0, regions, { { target = 1, scale_offset = 0 } },
+      { { group = 1, target = 1, source = 1, columns = 8, source_offset = 4090 } })
+    assert.is_nil(plan)
+    assert.are.equal("EINVAL", code)
+    assert.matches("^fp8 op 0: 1 rows x 8 elements from byte 4090", message)
+  end)
+
   it("returns counters as numbers", function()
     local counters = cuda.counters()
     for _, field in ipairs({ "allocations", "frees", "live_bytes", "exports", "ipc_opens", "ipc_closes",
@@ -95,6 +119,10 @@ describe("wsync._cuda", function()
         end,
         import = function()
           return cuda.import(0, string.rep("\0", 64), 4096)
+        end,
+        fp8_plan = function()
+          return cuda.fp8_plan(0, { { pointer = 4096, size = 4096, device = 0 } }, { { target = 1, scale_offset = 0 } },
+            { { group = 1, target = 1, source = 1, columns = 8, target_offset = 8 } })
         end,
         stream = function()
           return cuda.stream(0)

@@ -57,6 +57,16 @@ describe("publication on the cuda backend", function()
       verdict(result.stdout))
   end)
 
+  for _, recipe in ipairs({ "cuda_fp8.lua", "cuda_fp8_direct.lua" }) do
+    it("quantizes the demo to FP8 on the device (" .. recipe .. "), every resident tensor checked bitwise against "
+      .. "the host's quantization", function()
+      local result = run("tests/fixtures/recipes/" .. recipe)
+      assert.are.equal(0, result.code, result.stdout .. result.stderr)
+      assert.are.equal("OK: 3 model versions published, every resident TP slice verified", verdict(result.stdout))
+      assert.matches(", 31 resident tensors, manifest", result.stdout, 1, true)
+    end)
+  end
+
   it("publishes the full Qwen3-30B-A3B shape, every resident slice checked on the device", function()
     local result = run("tests/fixtures/recipes/cuda_30b.lua", nil, 300000)
     io.stderr:write("\n", result.stdout:match("(wsync: closing report.-)\nwsync: verdict") or result.stdout, "\n")

@@ -265,20 +265,25 @@ M.CALLS = {
   rollout = function(args)
     return M.rollout(args.cmd, args.payload or {})
   end,
-  --- {family, config, world, rank} -> {residents = [[name, dtype, shape,
-  --- bytes]...], writes = {canonical = [resident...]}}: one TP rank's loader
-  --- plan (wsync.plan's family module), as an engine's worker lists it.
+  --- {family, config, world, rank, quantization?} -> {residents = [[name,
+  --- dtype, shape, bytes]...], writes = {canonical = [resident...]}}: one TP
+  --- rank's loader plan (wsync.plan's family module; under the rollout's
+  --- quantization, the scales among the residents), as an engine's worker
+  --- lists it.
   loader_plan = function(args)
     local family = require("wsync.plan").family(args.family)
-    local plan = family.loader_plan(family.config(args.config), args.world, args.rank)
+    local plan = family.loader_plan(family.config(args.config), args.world, args.rank, args.quantization)
     local residents, writes = {}, {}
     for index, tensor in ipairs(plan.tensors) do
       residents[index] = { tensor.name, tensor.dtype, tensor.shape, tensor.bytes }
     end
     for canonical, slices in pairs(plan.copies) do
       local names = {}
-      for index, slice in ipairs(slices) do
-        names[index] = slice.resident
+      for _, slice in ipairs(slices) do
+        names[#names + 1] = slice.resident
+        if slice.group then
+          names[#names + 1] = plan.groups[slice.group].scale -- (a quantized slice writes its scale too)
+        end
       end
       writes[canonical] = names
     end

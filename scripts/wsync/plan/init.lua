@@ -4,7 +4,10 @@
 --- up to the buffer size; a tensor goes on in the next chunk at a row where
 --- no canonical tensor goes on, such as a packed expert's boundary), the
 --- canonical tensors each chunk carries with their offsets in the buffer, the
---- expected manifest, and the memory a device needs.
+--- expected manifest, and the memory a device needs. Under a quantization
+--- (the rollout's, `model.quantization`), the runs of tensors the family
+--- couples (family.coupled: tensors under one scale) start a chunk of their
+--- own when the current one cannot hold them whole.
 local errors = require("wsync.errors")
 local manifest = require("wsync.native.manifest")
 
@@ -75,11 +78,11 @@ local function cuts(records, row_bytes)
   return cuttable
 end
 
---- Builds the plan for `model` ({family, config}) and buffers ({bytes,
+--- Builds the plan for `model` ({family, config, quantization?}) and buffers ({bytes,
 --- count, direct}). Raises PLAN_INVALID naming the tensor whose smallest
 --- piece does not fit a buffer. `direct` (one rank): one chunk of every tensor, read where the
 --- trainer holds it, and no packed buffers (`buffer_bytes` 0).
----@param model {family: string, config: table}
+---@param model {family: string, config: table, quantization: string?}
 ---@param buffers {bytes: integer, count: integer, direct: boolean?, order: string?}
 ---@return wsync.Plan
 function M.build(model, buffers)
@@ -99,6 +102,7 @@ function M.build(model, buffers)
     chunks = {},
     buffer_bytes = buffers.bytes,
     buffer_count = buffers.count,
+    quantization = model.quantization,
     ordered = buffers.order == "device" or nil, -- (the device orders each chunk's fill and load)
     bytes = 0,
     largest = { name = nil, bytes = 0 },
@@ -108,7 +112,24 @@ function M.build(model, buffers)
     current = { index = #plan.chunks + 1, slots = {}, tensors = {}, bytes = 0 }
     plan.chunks[#plan.chunks + 1] = current
   end
+  local coupled = family.coupled and family.coupled(layout, model.quantization) or {}
   for index, tensor in ipairs(layout) do
+    local run_end = coupled[index]
+    if run_end then
+      local run = 0
+      for member = index, run_end do
+        run = run + layout[member].bytes
+      end
+      if run > buffers.bytes then
+        errors.raise("PLAN_INVALID", string.format("tensors %s to %s share one %s scale and come in one chunk: %d "
+          .. "bytes (%s); the buffer holds %d (%s): raise buffers.bytes", tensor.name, layout[run_end].name,
+          model.quantization, run, format_bytes(run), buffers.bytes, format_bytes(buffers.bytes)),
+          { field = "buffers.bytes", tensor = tensor.name })
+      end
+      if current and current.bytes > 0 and buffers.bytes - current.bytes < run then
+        open_chunk()
+      end
+    end
     if tensor.bytes > plan.largest.bytes then
       plan.largest = { name = tensor.name, bytes = tensor.bytes }
     end

@@ -229,6 +229,27 @@ function M.canonical(config)
   return out
 end
 
+--- The runs of trainer tensors (`layout`, M.trainer_layout's) that a chunk
+--- must carry whole under `quantization`: `{[first index] = last index}`.
+--- Under "fp8" a layer's q_proj, k_proj and v_proj are one: the rank-local
+--- fused qkv has one scale over all three, so the loader quantizes them in
+--- one load (an expert's gate and up lie in one row of gate_up_proj, which a
+--- chunk never splits).
+---@param layout table[]
+---@param quantization string?
+---@return table<integer, integer>
+function M.coupled(layout, quantization)
+  local runs = {}
+  if quantization == "fp8" then
+    for index, tensor in ipairs(layout) do
+      if tensor.name:match("%.self_attn%.q_proj%.weight$") then
+        runs[index] = index + 2
+      end
+    end
+  end
+  return runs
+end
+
 --- Counts from the config: tensors, parameters and BF16 bytes of the
 --- canonical checkpoint, by the closed-form formulas (no enumeration).
 ---@param config table
@@ -268,48 +289,116 @@ function M.padded_vocab(config)
   return math.ceil(config.vocab_size / 64) * 64
 end
 
+--- Refuses a quantization the plans do not hold (nil: bfloat16 residents;
+--- "fp8": vLLM's online per-tensor FP8 of a bfloat16 checkpoint).
+---@param quantization string?
+function M.check_quantization(quantization)
+  if quantization ~= nil and quantization ~= "fp8" then
+    unsupported(string.format("quantization %s: wsync plans bfloat16 rollouts and \"fp8\" (vLLM's online "
+      .. "per-tensor FP8 of a bfloat16 checkpoint)", tostring(quantization)), "quantization")
+  end
+end
+
 --- The resident tensors of TP rank `rank` of `tp` and how each canonical
 --- tensor lands in them. Returns `{tensors = {{name, dtype, shape, bytes,
---- offset}}, bytes = total, copies = {[canonical name] = {{resident, dst,
---- src, rows, width, dst_pitch, src_pitch}}}}`: `rows` copies of `width` bytes
---- from `src` (bytes from the canonical tensor's start, advancing `src_pitch`
---- per row) to `dst` (bytes from the resident storage's start, advancing
---- `dst_pitch`).
+--- offset, stride?}}, bytes = total, copies = {[canonical name] = {{resident,
+--- dst, src, rows, width, dst_pitch, src_pitch, group?}}}, groups}`: `rows`
+--- copies of `width` bytes from `src` (bytes from the canonical tensor's
+--- start, advancing `src_pitch` per row) to `dst` (bytes from the resident
+--- storage's start, advancing `dst_pitch`).
+---
+--- Under `quantization` "fp8" (vLLM's online per-tensor FP8, read in
+--- bindings/python/wsync/vllm/FP8.md, sections 2 and 3) every linear layer's
+--- weight is float8_e4m3fn with float32 scales beside it, and a slice with a
+--- `group` is quantized while it is copied: its `width` and `src_pitch`
+--- count bfloat16 source bytes, its `dst` and `dst_pitch` float8 bytes (one
+--- an element). `groups[g]` = `{name, scale, scale_dst, slices, tensors}`:
+--- the parameter (and expert) whose one scale, the float32 at byte
+--- `scale_dst` of resident `scale`, covers every element of its `slices`
+--- slices, those of the canonical `tensors`; a load must quantize them
+--- together (H4 of FP8.md: the rank-local fused q, k and v of a layer under
+--- one scale, an expert's gate and up under one). The dense weights
+--- (qkv_proj, o_proj, the router mlp.gate) are stored [out, in] row-major and
+--- seen by the kernels as their transpose: their `shape` is the kernels'
+--- [in, out], `stride` {1, in}.
 ---@param config table
 ---@param tp integer
 ---@param rank integer
-function M.loader_plan(config, tp, rank)
+---@param quantization string?
+function M.loader_plan(config, tp, rank, quantization)
   M.check_tp(config, tp)
+  M.check_quantization(quantization)
+  local fp8 = quantization == "fp8"
   local V, H, I = config.vocab_size, config.hidden_size, config.moe_intermediate_size
   local nh, nkv, hd, E = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.num_experts
   local B = ELEMENT_BYTES
-  local plan = { tensors = {}, copies = {}, bytes = 0 }
+  local plan = { tensors = {}, copies = {}, bytes = 0, groups = {}, quantization = quantization }
   local by_name = {}
-  local function resident(name, shape)
-    local tensor = { name = name, dtype = DTYPE, shape = shape, bytes = numel(shape) * B, offset = plan.bytes }
+  local function resident(name, shape, dtype, element_bytes, stride)
+    -- (A float32 scale starts on a 4-byte boundary of one memory in the
+    -- plan's layout: a device writes it as a float.)
+    local offset = element_bytes == 4 and math.ceil(plan.bytes / 4) * 4 or plan.bytes
+    plan.bytes = offset
+    local tensor = { name = name, dtype = dtype or DTYPE, shape = shape, bytes = numel(shape) * (element_bytes or B),
+      offset = offset, stride = stride }
     plan.tensors[#plan.tensors + 1] = tensor
     plan.bytes = plan.bytes + tensor.bytes
     by_name[name] = tensor
     return tensor
   end
-  local function copy(canonical, tensor, dst, src, rows, width, dst_pitch, src_pitch)
+  -- A linear layer's weight of `rows` x `columns` ([out, in]) and, under
+  -- fp8, its scales (one, or one per expert of `experts` x rows x columns).
+  local function linear(name, rows, columns, experts)
+    if not fp8 then
+      return resident(name, experts and { experts, rows, columns } or { rows, columns })
+    end
+    local weight
+    if experts then
+      weight = resident(name, { experts, rows, columns }, "float8_e4m3fn", 1)
+      weight.scales = resident(name .. "_scale", { experts }, "float32", 4)
+    else
+      weight = resident(name, { columns, rows }, "float8_e4m3fn", 1, { 1, columns })
+      weight.scales = resident(name:gsub("%.weight$", "") .. ".weight_scale", { 1 }, "float32", 4)
+    end
+    return weight
+  end
+  -- The group of the scale `index` (0-based) of `weight`.
+  local function group(weight, index, label)
+    local g = { name = label or weight.name, scale = weight.scales.name, scale_dst = weight.scales.offset + 4 * index,
+      slices = 0, tensors = {} }
+    plan.groups[#plan.groups + 1] = g
+    return #plan.groups
+  end
+  local function copy(canonical, tensor, dst, src, rows, width, dst_pitch, src_pitch, g)
     local list = plan.copies[canonical]
     if not list then
       list = {}
       plan.copies[canonical] = list
     end
+    local element = g and 2 or 1 -- (source bytes per target byte)
     list[#list + 1] = {
       resident = tensor.name, dst = tensor.offset + dst, src = src, rows = rows, width = width,
-      dst_pitch = dst_pitch or width, src_pitch = src_pitch or width,
+      dst_pitch = dst_pitch or width / element, src_pitch = src_pitch or width, group = g,
     }
+    if g then
+      local members = plan.groups[g]
+      members.slices = members.slices + 1
+      if members.tensors[#members.tensors] ~= canonical then
+        members.tensors[#members.tensors + 1] = canonical
+      end
+    end
   end
   local function replicated(canonical, shape)
     local tensor = resident(canonical, shape)
     copy(canonical, tensor, 0, 0, 1, tensor.bytes)
   end
-  local function contiguous_rows(canonical, tensor, dst_row, src_row, rows, row_bytes)
+  -- Rows [src_row, + rows) of a canonical tensor of `row_elements` columns
+  -- into rows from `dst_row` of `tensor` (quantized in group `g`).
+  local function contiguous_rows(canonical, tensor, dst_row, src_row, rows, row_elements, g)
     if rows > 0 then
-      copy(canonical, tensor, dst_row * row_bytes, src_row * row_bytes, 1, rows * row_bytes)
+      local target_element = g and 1 or B
+      copy(canonical, tensor, dst_row * row_elements * target_element, src_row * row_elements * B, 1,
+        rows * row_elements * B, nil, nil, g)
     end
   end
 
@@ -319,7 +408,7 @@ function M.loader_plan(config, tp, rank)
   local vocab_real = math.max(0, math.min(vocab_rows, V - vocab_first)) -- the rest is zero padding
   local function vocab_parallel(canonical)
     local tensor = resident(canonical, { vocab_rows, H })
-    contiguous_rows(canonical, tensor, 0, vocab_first, vocab_real, H * B)
+    contiguous_rows(canonical, tensor, 0, vocab_first, vocab_real, H)
   end
 
   local q_rows = nh / tp * hd
@@ -331,25 +420,30 @@ function M.loader_plan(config, tp, rank)
   vocab_parallel("model.embed_tokens.weight")
   for l = 0, config.num_hidden_layers - 1 do
     local p = "model.layers." .. l .. "."
-    local qkv = resident(p .. "self_attn.qkv_proj.weight", { q_rows + 2 * kv_rows, H })
-    contiguous_rows(p .. "self_attn.q_proj.weight", qkv, 0, rank * q_rows, q_rows, H * B)
-    contiguous_rows(p .. "self_attn.k_proj.weight", qkv, q_rows, kv_head_first * hd, kv_rows, H * B)
-    contiguous_rows(p .. "self_attn.v_proj.weight", qkv, q_rows + kv_rows, kv_head_first * hd, kv_rows, H * B)
+    local qkv = linear(p .. "self_attn.qkv_proj.weight", q_rows + 2 * kv_rows, H)
+    local qkv_group = fp8 and group(qkv, 0) or nil
+    contiguous_rows(p .. "self_attn.q_proj.weight", qkv, 0, rank * q_rows, q_rows, H, qkv_group)
+    contiguous_rows(p .. "self_attn.k_proj.weight", qkv, q_rows, kv_head_first * hd, kv_rows, H, qkv_group)
+    contiguous_rows(p .. "self_attn.v_proj.weight", qkv, q_rows + kv_rows, kv_head_first * hd, kv_rows, H, qkv_group)
     local columns = nh * hd / tp
-    local o_proj = resident(p .. "self_attn.o_proj.weight", { H, columns })
-    copy(p .. "self_attn.o_proj.weight", o_proj, 0, rank * columns * B, H, columns * B, columns * B, nh * hd * B)
+    local o_proj = linear(p .. "self_attn.o_proj.weight", H, columns)
+    copy(p .. "self_attn.o_proj.weight", o_proj, 0, rank * columns * B, H, columns * B, fp8 and columns or columns * B,
+      nh * hd * B, fp8 and group(o_proj, 0) or nil)
     replicated(p .. "self_attn.q_norm.weight", { hd })
     replicated(p .. "self_attn.k_norm.weight", { hd })
-    replicated(p .. "mlp.gate.weight", { E, H })
-    local w13 = resident(p .. "mlp.experts.w13_weight", { E, 2 * I_local, H })
-    local w2 = resident(p .. "mlp.experts.w2_weight", { E, H, I_local })
+    local router = linear(p .. "mlp.gate.weight", E, H)
+    copy(p .. "mlp.gate.weight", router, 0, 0, 1, E * H * B, nil, nil, fp8 and group(router, 0) or nil)
+    local w13 = linear(p .. "mlp.experts.w13_weight", 2 * I_local, H, E)
+    local w2 = linear(p .. "mlp.experts.w2_weight", H, I_local, E)
+    local w2_element = fp8 and 1 or B
     for e = 0, E - 1 do
       local expert = p .. "mlp.experts." .. e .. "."
       local w13_expert = e * 2 * I_local
-      contiguous_rows(expert .. "gate_proj.weight", w13, w13_expert, rank * I_local, I_local, H * B)
-      contiguous_rows(expert .. "up_proj.weight", w13, w13_expert + I_local, rank * I_local, I_local, H * B)
-      copy(expert .. "down_proj.weight", w2, e * H * I_local * B, rank * I_local * B, H, I_local * B, I_local * B,
-        I * B)
+      local w13_group = fp8 and group(w13, e, string.format("%s[%d]", w13.name, e)) or nil
+      contiguous_rows(expert .. "gate_proj.weight", w13, w13_expert, rank * I_local, I_local, H, w13_group)
+      contiguous_rows(expert .. "up_proj.weight", w13, w13_expert + I_local, rank * I_local, I_local, H, w13_group)
+      copy(expert .. "down_proj.weight", w2, e * H * I_local * w2_element, rank * I_local * B, H, I_local * B,
+        I_local * w2_element, I * B, fp8 and group(w2, e, string.format("%s[%d]", w2.name, e)) or nil)
     end
     replicated(p .. "input_layernorm.weight", { H })
     replicated(p .. "post_attention_layernorm.weight", { H })
@@ -365,11 +459,12 @@ end
 --- What vLLM 0.26 holds of TP rank `rank` of `tp` under `quantization`
 --- (nil: the bfloat16 resident tensors of M.loader_plan; "fp8": its online
 --- per-tensor FP8 of a bfloat16 checkpoint, read from vLLM's sources in
---- bindings/python/wsync/vllm/FP8.md). Under "fp8" every linear layer holds
---- its weight in float8_e4m3fn, stored [out, in] row-major and seen by the
---- kernels as its transpose [in, out], with one float32 `weight_scale` for
---- the whole layer (the fused qkv under one); the router (`mlp.gate`) is
---- linear too; each fused expert tensor holds one float32 scale per expert
+--- bindings/python/wsync/vllm/FP8.md: the residents of M.loader_plan under
+--- "fp8"). Under "fp8" every linear layer holds its weight in
+--- float8_e4m3fn, stored [out, in] row-major and seen by the kernels as its
+--- transpose [in, out], with one float32 `weight_scale` for the whole layer
+--- (the fused qkv under one); the router (`mlp.gate`) is linear too; each
+--- fused expert tensor holds one float32 scale per expert
 --- (`w13_weight_scale`: gate and up under one). Embeddings, lm_head and the
 --- norms stay bfloat16. Returns `{tensors = {{name, dtype, shape, bytes}},
 --- bytes}` (shapes as the kernels see them).
@@ -378,32 +473,14 @@ end
 ---@param rank integer
 ---@param quantization string?
 function M.rollout_residents(config, tp, rank, quantization)
-  local plan = M.loader_plan(config, tp, rank)
+  local plan = M.loader_plan(config, tp, rank, quantization)
   if quantization == nil then
     return { tensors = plan.tensors, bytes = plan.bytes }
   end
-  if quantization ~= "fp8" then
-    unsupported(string.format("quantization %s: wsync plans bfloat16 rollouts and \"fp8\" (vLLM's online "
-      .. "per-tensor FP8 of a bfloat16 checkpoint)", tostring(quantization)), "quantization")
-  end
   local out = { tensors = {}, bytes = 0 }
-  local function add(name, dtype, shape, element_bytes)
-    local tensor = { name = name, dtype = dtype, shape = shape, bytes = numel(shape) * element_bytes }
-    out.tensors[#out.tensors + 1] = tensor
+  for index, tensor in ipairs(plan.tensors) do
+    out.tensors[index] = { name = tensor.name, dtype = tensor.dtype, shape = tensor.shape, bytes = tensor.bytes }
     out.bytes = out.bytes + tensor.bytes
-  end
-  for _, tensor in ipairs(plan.tensors) do
-    local name, shape = tensor.name, tensor.shape
-    local layer = name:match("^(.-)%.weight$")
-    if name:match("%.experts%.w13_weight$") or name:match("%.experts%.w2_weight$") then
-      add(name, "float8_e4m3fn", shape, 1)
-      add(name .. "_scale", "float32", { shape[1] }, 4)
-    elseif layer and (layer:match("%.qkv_proj$") or layer:match("%.o_proj$") or layer:match("%.mlp%.gate$")) then
-      add(name, "float8_e4m3fn", { shape[2], shape[1] }, 1)
-      add(layer .. ".weight_scale", "float32", { 1 }, 4)
-    else
-      add(name, tensor.dtype, shape, ELEMENT_BYTES)
-    end
   end
   return out
 end

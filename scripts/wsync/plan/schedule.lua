@@ -149,6 +149,8 @@ function M.engine_of(recipe)
   end
   if engine.kind == "vllm" then
     engine.quantization = (runtime.vllm or {}).quantization -- (what vLLM holds: the family's rollout_residents)
+  else
+    engine.quantization = runtime.quantization -- (the reference runtime holding what vLLM would)
   end
   return engine
 end

@@ -9,7 +9,9 @@
 --- - synthetic values on the device: where the transport can check a slice
 ---   on the device (its capability `device_check`), each worker checks every resident
 ---   slice against the step's synthetic values (`resident_check`), with no
----   copy to the host (61 GB is not read back for a check).
+---   copy to the host (61 GB is not read back for a check). Not under a
+---   quantization: a quantized slice is no copy of the values, and only the
+---   checksums below see it.
 --- - synthetic checksums: each worker's SHA-256 of every resident tensor
 ---   (`resident_checksums`) against the ones computed here from the
 ---   synthetic values (wsync.publish.verify).
@@ -86,7 +88,7 @@ end
 function Check:check(rollout, step)
   if self.mode == "values" then
     return self:_values(rollout)
-  elseif require("wsync.transport").can(self.transport, "device_check") then
+  elseif require("wsync.transport").can(self.transport, "device_check") and not self.plan.quantization then
     local reported = rollout:request("resident_check", { step = step })
     return verify.check_on_device(step, reported.workers)
   end

@@ -64,7 +64,7 @@ function Rollout:init_weights(plan, tp, transport, descriptors, gates)
     return
   end
   local answer = self:request("init_weights", { family = plan.family, config = plan.config, tp = tp,
-    transport = transport, buffers = descriptors, gates = gates })
+    transport = transport, buffers = descriptors, gates = gates, quantization = plan.quantization })
   -- (Whether its workers wait on the device for the ranks' gates: chunks
   -- ordered on the device.)
   self.ordered = gates ~= nil and answer.ordered == true
@@ -105,7 +105,7 @@ function M.resident_counts(plan, tp)
     local family = plan_module.family(plan.family)
     local counts = {}
     for rank = 0, tp - 1 do
-      counts[rank + 1] = #family.loader_plan(plan.config, tp, rank).tensors
+      counts[rank + 1] = #family.loader_plan(plan.config, tp, rank, plan.quantization).tensors
     end
     plan.resident_counts[tp] = counts
   end

@@ -4,6 +4,7 @@
 --- synthetic values of the full canonical tensors (no shards, no buffers, no
 --- transfer), compared with the checksums the workers report.
 local copy_module = require("wsync.native.copy")
+local fp8 = require("wsync.native.fp8")
 local synth = require("wsync.native.synth")
 local errors = require("wsync.errors")
 local plan_module = require("wsync.plan")
@@ -11,7 +12,9 @@ local shm = require("wsync.native.shm")
 
 local M = {}
 
---- The expected resident checksums of TP rank `rank` at synthetic `step`.
+--- The expected resident checksums of TP rank `rank` at synthetic `step`
+--- (under the plan's quantization, the slices of each group quantized
+--- together on the host, wsync.native.fp8, once its last tensor is there).
 ---@param plan wsync.Plan
 ---@param tp integer
 ---@param rank integer
@@ -19,17 +22,47 @@ local M = {}
 ---@return table<string, string>
 function M.expected(plan, tp, rank, step)
   local family = plan_module.family(plan.family)
-  local loader = family.loader_plan(plan.config, tp, rank)
+  local loader = family.loader_plan(plan.config, tp, rank, plan.quantization)
   local resident = assert(shm.anonymous(math.max(loader.bytes, 1)))
   local largest = 0
   for _, tensor in ipairs(plan.canonical) do
     largest = math.max(largest, tensor.bytes)
   end
   local scratch = assert(shm.anonymous(math.max(largest, 1)))
+  -- (A group's canonical tensors, each in a scratch of its own, until the
+  -- group is whole: they come one after the other in the stream.)
+  local pending = {}
+  local function quantize(g, copies, tensor)
+    local group = pending[g] or { sources = {}, ops = {} }
+    pending[g] = group
+    local source = assert(shm.anonymous(math.max(tensor.bytes, 1)))
+    assert(synth.fill(source, 0, tensor.source, tensor.source_offset / 2, tensor.bytes / 2, step))
+    group.sources[#group.sources + 1] = source
+    for _, copy in ipairs(copies) do
+      group.ops[#group.ops + 1] = { group = 0, source = #group.sources - 1, target_offset = copy.dst,
+        source_offset = copy.src, rows = copy.rows, columns = copy.width / 2, target_pitch = copy.dst_pitch,
+        source_pitch = copy.src_pitch }
+    end
+    if #group.ops == loader.groups[g].slices then
+      local transform = fp8.transform(#group.ops, 1)
+      transform:add_group(0, loader.groups[g].scale_dst)
+      for _, op in ipairs(group.ops) do
+        transform:add(op)
+      end
+      pending[g] = nil
+      local ok, message = fp8.run(resident, group.sources, transform, "expected values of " .. loader.groups[g].name)
+      for _, memory in ipairs(group.sources) do
+        memory:close()
+      end
+      assert(ok, message)
+    end
+  end
   local ok, err = pcall(function()
     for _, tensor in ipairs(plan.canonical) do
       local copies = loader.copies[tensor.name]
-      if copies then
+      if copies and copies[1].group then
+        quantize(copies[1].group, copies, tensor)
+      elseif copies then
         assert(synth.fill(scratch, 0, tensor.source, tensor.source_offset / 2, tensor.bytes / 2, step))
         local batch = copy_module.batch(#copies)
         for _, copy in ipairs(copies) do
@@ -41,6 +74,11 @@ function M.expected(plan, tp, rank, step)
     end
   end)
   scratch:close()
+  for _, group in pairs(pending) do
+    for _, memory in ipairs(group.sources) do
+      memory:close()
+    end
+  end
   if not ok then
     resident:close()
     error(err, 0)

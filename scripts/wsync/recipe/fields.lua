@@ -110,8 +110,17 @@ M.schema = schema.record({
         channel = schema.enum({ "rpc", "socket" }),
         vllm = schema.map({ item = schema.any({}) }),
         python = schema.string({}),
+        -- What the reference runtime's TP workers hold, as vLLM holds it
+        -- under this quantization ("fp8": the loader plan's float8 weights
+        -- and float32 scales, which its loader quantizes into); the vllm
+        -- runtime takes vLLM's own engine argument, runtime.vllm.quantization.
+        quantization = schema.enum({ "fp8" }),
       },
       check = function(runtime)
+        if runtime.quantization ~= nil and runtime.kind ~= "reference" then
+          return false, string.format("is the reference runtime's; the %s runtime's quantization is its engine's "
+            .. "(runtime.vllm.quantization for vLLM)", runtime.kind), "quantization"
+        end
         if runtime.kind ~= "vllm" then
           for _, field in ipairs({ "model", "load", "check", "channel", "vllm", "python" }) do
             if runtime[field] ~= nil then

@@ -32,25 +32,31 @@ function M.check_schedule(recipe, plan, topology, callbacks, device_bytes)
 end
 
 --- Refuses a vllm recipe's `runtime.vllm.quantization` that wsync cannot
---- plan (it plans bfloat16 and "fp8") or cannot load: the direct loader
---- writes bfloat16 and does not quantize yet, so FP8 rollout loads through
---- vLLM's own loader (load = "native"), which quantizes.
+--- plan: it plans bfloat16 and "fp8" (vLLM's own loader quantizes with load
+--- = "native"; wsync's direct loader quantizes while it copies, under the
+--- loader plan's groups). Refuses too the values check of a quantized
+--- rollout: its sums are of the trainer's bfloat16 values, which FP8
+--- residents do not hold.
 ---@param recipe table
 function M.check_quantization(recipe)
   local runtime = recipe.runtime
-  local quantization = runtime.kind == "vllm" and (runtime.vllm or {}).quantization or nil
-  if quantization == nil then
-    return
-  end
-  local field = "runtime.vllm.quantization"
-  if quantization ~= "fp8" then
+  local quantization = schedule_module.engine_of(recipe).quantization
+  if quantization ~= nil and quantization ~= "fp8" then
     errors.raise("INVALID_ARGUMENT", string.format("quantization %s: wsync plans bfloat16 rollouts and \"fp8\" "
-      .. "(vLLM's online per-tensor FP8 of a bfloat16 checkpoint)", tostring(quantization)), { field = field })
+      .. "(vLLM's online per-tensor FP8 of a bfloat16 checkpoint)", tostring(quantization)),
+      { field = runtime.kind == "vllm" and "runtime.vllm.quantization" or "runtime.quantization" })
   end
-  if (runtime.load or "direct") == "direct" then
-    errors.raise("INVALID_ARGUMENT", "quantization \"fp8\" with load = \"direct\": wsync's direct loader writes "
-      .. "bfloat16 parameters and does not quantize yet; load = \"native\" has vLLM quantize in its own loader",
-      { field = field })
+  if quantization ~= nil and runtime.kind == "vllm" and (runtime.load or "direct") == "direct"
+      and (runtime.check or "first") ~= "never" then
+    errors.raise("INVALID_ARGUMENT", string.format("check = \"%s\" with quantization %s and load = \"direct\": the "
+      .. "check of wsync's direct loader against vLLM's own FP8 loader is not built yet (it needs vLLM's layerwise "
+      .. "reload of whole layers: bindings/python/wsync/vllm/FP8.md, section 7); check = \"never\", or load = "
+      .. "\"native\"", runtime.check or "first", quantization), { field = "runtime.check" })
+  end
+  if quantization ~= nil and recipe.verify == "values" then
+    errors.raise("INVALID_ARGUMENT", string.format("verify = \"values\" sums the trainer's bfloat16 values, and "
+      .. "under quantization %s the residents hold their FP8 quantization: verify = true checks it (synthetic "
+      .. "trainers)", quantization), { field = "verify" })
   end
 end
 
@@ -83,7 +89,8 @@ function M.prepare(recipe, options)
     serve.check_serve(recipe)
   end
   local model = recipe.model
-  local plan = plan_module.build({ family = model.family, config = model.preset or model.config }, recipe.buffers)
+  local plan = plan_module.build({ family = model.family, config = model.preset or model.config,
+    quantization = schedule_module.engine_of(recipe).quantization }, recipe.buffers)
   -- (`gated`: the ranks make gates, so that the chunks may be ordered on the
   -- device: required with "device", taken with "auto" when the runtime's
   -- workers can wait on them. Only cuda's packed buffers have gates.)

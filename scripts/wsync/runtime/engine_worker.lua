@@ -36,13 +36,27 @@ function M.memory(options)
   return setmetatable({ rank = options.rank, transport = options.transport, device = options.device }, Memory)
 end
 
+-- The strides of a row-major contiguous tensor of `shape`, in elements.
+local function row_major(shape)
+  local strides, step = {}, 1
+  for dim = #shape, 1, -1 do
+    strides[dim] = step
+    step = step * shape[dim]
+  end
+  return strides
+end
+
 --- Binds the resident tensors of the loader plan to the engine's parameters
---- (`residents`: name -> {pointer, size, dtype, shape}, the pointer a
---- number): every tensor the plan fills must be there with its dtype, shape
---- and size, and the engine may have no parameter the plan does not fill (it
---- would keep stale weights). The regions change (and a chunk's load plan is
---- made again) only when a parameter moved.
----@param residents table<string, {pointer: number, size: integer, dtype: string, shape: integer[]}>
+--- (`residents`: name -> {pointer, size, dtype, shape, stride?}, the pointer
+--- a number): every tensor the plan fills must be there with its dtype,
+--- shape, size and strides (the plan's `stride`, else row-major contiguous;
+--- none given: contiguous), and the engine may have no parameter the plan
+--- does not fill (it would keep stale weights). Under quantization "fp8" a
+--- missing scale, a weight left bfloat16, or a dense weight that is not the
+--- transposed view of [out, in] storage is refused here, named, before
+--- anything moves (FP8.md, section 2). The regions change (and a chunk's load
+--- plan is made again) only when a parameter moved.
+---@param residents table<string, {pointer: number, size: integer, dtype: string, shape: integer[], stride: integer[]?}>
 function Memory:_bind(residents)
   if type(residents) ~= "table" then
     fatal("DIRECT_UNSUPPORTED", "no resident parameters were given to the loader")
@@ -63,6 +77,20 @@ function Memory:_bind(residents)
         .. "plan fills %s %s (%d bytes)", self.rank, tensor.name, tostring(parameter.dtype),
         require("cjson").encode(parameter.shape or {}), tostring(parameter.size), tensor.dtype,
         require("cjson").encode(tensor.shape), tensor.bytes))
+    end
+    local strides = tensor.stride or row_major(tensor.shape)
+    local same_strides = parameter.stride == nil and tensor.stride == nil
+    if parameter.stride ~= nil then
+      same_strides = type(parameter.stride) == "table" and #parameter.stride == #strides
+      for dim = 1, same_strides and #strides or 0 do
+        same_strides = same_strides and parameter.stride[dim] == strides[dim]
+      end
+    end
+    if not same_strides then
+      fatal("DIRECT_UNSUPPORTED", string.format("TP worker %d: the engine's %s has strides %s; the loader plan writes "
+        .. "it with strides %s%s", self.rank, tensor.name, require("cjson").encode(parameter.stride or "unknown"),
+        require("cjson").encode(strides), tensor.stride and " (the [in, out] view of [out, in] row-major storage)"
+        or " (row-major, contiguous)"))
     end
     regions[index] = { pointer = parameter.pointer, size = parameter.size, device = self.device }
     local before = self.regions and self.regions[index]

@@ -166,10 +166,12 @@ function Loader:buffer(slot, command)
   return memory
 end
 
---- init_weights{family, config, tp, transport, buffers, gate?}: once per
---- runtime (and again only with a new session's buffers). Computes this
---- rank's loader plan, has the memory hold its residents, and imports the
---- rank's packed buffers once; the mappings are kept and reused.
+--- init_weights{family, config, tp, transport, buffers, gate?,
+--- quantization?}: once per runtime (and again only with a new session's
+--- buffers). Computes this rank's loader plan (under the rollout's
+--- quantization: the resident tensors the engine holds), has the memory hold
+--- its residents, and imports the rank's packed buffers once; the mappings
+--- are kept and reused.
 function Loader:init_weights(payload)
   local family = plan_module.family(payload.family)
   local config = family.config(payload.config)
@@ -180,7 +182,7 @@ function Loader:init_weights(payload)
     fatal("TRANSPORT", string.format("init_weights for transport %s; TP worker %d moves weights over %s",
       tostring(payload.transport), self.rank, self.transport.NAME))
   end
-  local plan = family.loader_plan(config, self.world, self.rank)
+  local plan = family.loader_plan(config, self.world, self.rank, payload.quantization)
   self.transport.close_imported(self.imported)
   self.imported = {}
   self:_close_gate()
@@ -243,10 +245,12 @@ end
 -- Plans chunk `k`'s loads from its tensor metadata (`{name, dtype, shape,
 -- offset, bytes}`, where each canonical tensor lies in the buffer): this TP
 -- rank's slice copies of each, checked against the metadata, the chunk's part
--- of the manifest, and the resident tensors it fills (each once).
+-- of the manifest, and the resident tensors it fills (each once). Slices the
+-- loader plan quantizes (under fp8: a `group` each) make the chunk's
+-- transform instead (M.transform_of).
 function Loader:_plan_chunk(k, tensors)
   local copies_by_name = self.plan.copies
-  local copies, residents, checks, seen = {}, {}, {}, {}
+  local copies, residents, checks, seen, quantized = {}, {}, {}, {}, {}
   local segment, message = manifest_module.segment()
   if not segment then
     fatal("MANIFEST", string.format("TP worker %d: %s", self.rank, tostring(message)))
@@ -274,13 +278,19 @@ function Loader:_plan_chunk(k, tensors)
         end
         local resident = self.resident_index[slice.resident]
         local target, target_offset = self.memory:place(slice, resident)
-        copies[#copies + 1] = { target = target, target_offset = target_offset,
-          source_offset = tensor.offset + slice.src, rows = slice.rows, width = slice.width,
-          target_pitch = slice.dst_pitch, source_pitch = slice.src_pitch, source = tensor.buffer }
+        if slice.group then
+          quantized[#quantized + 1] = { group = slice.group, target = target, target_offset = target_offset,
+            source = tensor.buffer, source_offset = tensor.offset + slice.src, rows = slice.rows,
+            columns = slice.width / 2, target_pitch = slice.dst_pitch, source_pitch = slice.src_pitch }
+        else
+          copies[#copies + 1] = { target = target, target_offset = target_offset,
+            source_offset = tensor.offset + slice.src, rows = slice.rows, width = slice.width,
+            target_pitch = slice.dst_pitch, source_pitch = slice.src_pitch, source = tensor.buffer }
+        end
         -- The slice's expected synthetic values (a check on the device): the
         -- canonical tensor is a contiguous view of its trainer tensor
         -- `source` from byte `source_offset`, in bfloat16.
-        if type(tensor.source) == "string" and type(tensor.source_offset) == "number" then
+        if not slice.group and type(tensor.source) == "string" and type(tensor.source_offset) == "number" then
           checks[#checks + 1] = { region = 1, name = tensor.source, offset = slice.dst, rows = slice.rows,
             elements = slice.width / 2, pitch = slice.dst_pitch, first = (tensor.source_offset + slice.src) / 2,
             element_pitch = slice.src_pitch / 2 }
@@ -292,10 +302,57 @@ function Loader:_plan_chunk(k, tensors)
   -- (A tensor that names its `buffer` is read from that imported memory: the
   -- direct path, where the memories are the trainer's storage.)
   local direct = tensors[1] ~= nil and tensors[1].buffer ~= nil
+  local transform = self:transform_of(k, quantized, residents, seen)
   local chunk = { copies = copies, checks = checks, segment = segment, tensors = #tensors, residents = residents,
-    direct = direct }
+    direct = direct, transform = transform }
   self.load_plans:put(k, chunk)
   return chunk
+end
+
+--- The transform of chunk `k` (nil when it quantizes nothing) from its
+--- quantized slices (`quantized`, each naming its loader plan group):
+--- `{groups = {{target, scale_offset}}, ops = {{group, target, target_offset,
+--- source, source_offset, rows, columns, target_pitch, source_pitch}}}`, the
+--- groups numbered from 1 in the order the slices name them, their scales
+--- placed by the memory; the scale residents join `residents` (`seen`: those
+--- already there). A chunk must carry every slice of each group it touches,
+--- since one scale covers them (the plan's chunks keep them together,
+--- wsync.plan.build): fails PLAN_INVALID naming the parameter otherwise.
+---@param k integer
+---@param quantized table[]
+---@param residents integer[]
+---@param seen table<integer, boolean>
+function Loader:transform_of(k, quantized, residents, seen)
+  if #quantized == 0 then
+    return nil
+  end
+  local groups, index_of, counts = {}, {}, {}
+  for _, op in ipairs(quantized) do
+    local g = op.group
+    if not index_of[g] then
+      local group = self.plan.groups[g]
+      local resident = self.resident_index[group.scale]
+      local target, scale_offset = self.memory:place({ resident = group.scale, dst = group.scale_dst }, resident)
+      groups[#groups + 1] = { target = target, scale_offset = scale_offset, plan_group = g }
+      index_of[g], counts[g] = #groups, 0
+      if not seen[resident] then
+        seen[resident] = true
+        residents[#residents + 1] = resident
+      end
+    end
+    counts[g] = counts[g] + 1
+    op.group = index_of[g]
+  end
+  for _, group in ipairs(groups) do
+    local planned = self.plan.groups[group.plan_group]
+    if counts[group.plan_group] ~= planned.slices then
+      fatal("PLAN_INVALID", string.format("TP worker %d, chunk %s: it carries %d of the %d slices under the FP8 "
+        .. "scale of %s (%s); one scale covers them all, so one chunk must carry them all (chunks planned under "
+        .. "quantization fp8 do)", self.rank, tostring(k), counts[group.plan_group], planned.slices, planned.name,
+        table.concat(planned.tensors, ", ")))
+    end
+  end
+  return { groups = groups, ops = quantized }
 end
 
 -- The update in progress; without one, fails NOT_UPDATING with `refusal`.
@@ -328,7 +385,7 @@ function Loader:load_chunk(payload)
   if not chunk.plan or (self.transport.BINDS_MEMORY and (chunk.resident ~= resident or chunk.buffer ~= buffer)) then
     -- (A plan that holds addresses is made again for memory that moved.)
     self.transport.close_plan(chunk.plan)
-    local plan, message = self.transport.plan_load(resident, buffer, chunk.copies)
+    local plan, message = self.transport.plan_load(resident, buffer, chunk.copies, chunk.transform)
     if not plan then
       fatal("LOAD_FAILED", string.format("TP worker %d, chunk %s: cannot plan the load: %s", self.rank, tostring(k),
         tostring(message)))

@@ -247,7 +247,7 @@ function Runtime:handlers()
         return {
           family = payload.family, config = payload.config, tp = payload.tp,
           transport = payload.transport, buffers = payload.buffers[rank],
-          gate = payload.gates and payload.gates[rank] or nil,
+          gate = payload.gates and payload.gates[rank] or nil, quantization = payload.quantization,
         }
       end)
       self.initialized, self.transport = true, payload.transport

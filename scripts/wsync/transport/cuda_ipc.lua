@@ -307,6 +307,10 @@ function M.close_plan(plan)
     plan.copy:close()
     plan.copy = nil
   end
+  if plan and plan.fp8 then
+    plan.fp8:close()
+    plan.fp8 = nil
+  end
 end
 
 -- Queues on `stream`, each step once the one before succeeded: a device wait
@@ -496,9 +500,11 @@ M.close_imported = require("wsync.transport").close_imported
 --- (the direct path), each copy names its `source` (1-based) in it; with
 --- `resident` a list of regions (`{pointer, size, device}`: another engine's
 --- parameters), each copy names its `target` (1-based) in it. One kernel
---- launch whatever the number of copies. Returns the plan, or nil, message,
---- code.
-function M.plan_load(resident, buffer, copies)
+--- launch whatever the number of copies. `transform` (the loader's quantized
+--- slices, wsync.runtime.loader's transform_of; nil: none) is an FP8 plan in
+--- the same regions, launched after the copies (host/cuda_plan.h). Returns
+--- the plan, or nil, message, code.
+function M.plan_load(resident, buffer, copies, transform)
   local targets = (type(resident) == "table" and resident[1] ~= nil) and resident or { resident }
   local regions = {}
   for index, region in ipairs(targets) do
@@ -529,7 +535,25 @@ function M.plan_load(resident, buffer, copies)
   if not plan then
     return nil, message, code
   end
-  return { copy = plan, resident = resident, buffer = buffer, device = device }
+  local fp8_plan = nil
+  if transform then
+    local groups, quantized = {}, {}
+    for index, group in ipairs(transform.groups) do
+      groups[index] = { target = group.target or 1, scale_offset = group.scale_offset }
+    end
+    for index, op in ipairs(transform.ops) do
+      quantized[index] = { group = op.group, target = op.target or 1,
+        source = several and (first_source + op.source - 1) or first_source, target_offset = op.target_offset,
+        source_offset = op.source_offset, rows = op.rows, columns = op.columns, target_pitch = op.target_pitch,
+        source_pitch = op.source_pitch }
+    end
+    fp8_plan, message, code = cuda().fp8_plan(device, regions, groups, quantized)
+    if not fp8_plan then
+      plan:close()
+      return nil, message, code
+    end
+  end
+  return { copy = plan, fp8 = fp8_plan, resident = resident, buffer = buffer, device = device }
 end
 
 --- Runs a load plan and waits until the device finished it. Returns the
@@ -551,7 +575,11 @@ function M.load(resident, buffer, plan, what, gate)
   ok, message, code = queue_gated(stream, {
     wait = gate and { gate.memory, M.GATE.FILLED, gate.seq },
     run = function()
-      return plan.copy:launch(stream)
+      local launched, failure, failure_code = plan.copy:launch(stream)
+      if launched and plan.fp8 then
+        return plan.fp8:launch(stream)
+      end
+      return launched, failure, failure_code
     end,
     signal = gate and { gate.memory, M.GATE.LOADED, gate.seq },
     settle = not gate or gate.last,
@@ -559,7 +587,7 @@ function M.load(resident, buffer, plan, what, gate)
   if not ok then
     return nil, string.format("%s: %s", what or "load", tostring(message)), code
   end
-  return plan.copy:info().bytes, (uv.hrtime() - started) / 1e9
+  return plan.copy:info().bytes + (plan.fp8 and plan.fp8:info().bytes or 0), (uv.hrtime() - started) / 1e9
 end
 
 --- Allocates `bytes` of device memory on `context.device` (zero-filled).

@@ -21,7 +21,8 @@
 ---                 spans, context) -> fill plan; close_plan(plan);
 ---                 fill(targets, slot, sources, plan); release(own, targets)
 ---   runtime side: import(descriptors, context) -> imported;
----                 plan_load(resident, buffer, copies) -> load plan;
+---                 plan_load(resident, buffer, copies, transform?) -> load
+---                 plan (`transform`: quantized slices, or nil);
 ---                 load(resident, buffer, plan); close_imported(imported);
 ---                 allocate(bytes, what, context); checksum(memory, offset,
 ---                 bytes)
@@ -30,6 +31,7 @@
 --- made for (then a plan is made again when that memory is reallocated).
 local uv = require("luv")
 local copy = require("wsync.native.copy")
+local fp8 = require("wsync.native.fp8")
 local shm = require("wsync.native.shm")
 local util = require("wsync.util")
 
@@ -209,11 +211,26 @@ M.close_imported = require("wsync.transport").close_imported
 --- `{target_offset, source_offset, rows, width, target_pitch, source_pitch}`
 --- from the imported buffer into resident memory. With `resident` a list of
 --- memories (a worker over another engine's parameters), each copy names its
---- `target` (1-based) in it: one batch per target.
+--- `target` (1-based) in it: one batch per target. `transform` (the loader's
+--- quantized slices, wsync.runtime.loader's transform_of; nil: none) runs
+--- after the copies, on the host (wsync.native.fp8).
 ---@param resident any
 ---@param copies table[]
+---@param transform table?
 ---@return table plan
-function M.plan_load(resident, _, copies)
+function M.plan_load(resident, buffer, copies, transform)
+  if transform then
+    local quantize = fp8.transform(#transform.ops, #transform.groups)
+    for _, group in ipairs(transform.groups) do
+      quantize:add_group((group.target or 1) - 1, group.scale_offset)
+    end
+    for _, op in ipairs(transform.ops) do
+      quantize:add({ group = op.group - 1, target = (op.target or 1) - 1, source = (op.source or 1) - 1,
+        target_offset = op.target_offset, source_offset = op.source_offset, rows = op.rows, columns = op.columns,
+        target_pitch = op.target_pitch, source_pitch = op.source_pitch })
+    end
+    return { copies = M.plan_load(resident, buffer, copies), fp8 = quantize }
+  end
   if not is_list(resident) then
     local batch = copy.batch(#copies)
     for _, c in ipairs(copies) do
@@ -235,9 +252,22 @@ function M.plan_load(resident, _, copies)
 end
 
 --- Runs a load plan from `buffer` (imported) into `resident`. Returns the
---- bytes moved and the seconds the copy took, or nil, message, code.
+--- bytes moved (written, for a transform) and the seconds the copy took, or
+--- nil, message, code.
 function M.load(resident, buffer, plan, what)
   local started = uv.hrtime()
+  if plan.fp8 then
+    local copied, message, code = M.load(resident, buffer, plan.copies, what)
+    if not copied then
+      return nil, message, code
+    end
+    local written
+    written, message, code = fp8.run(resident, buffer, plan.fp8, what)
+    if not written then
+      return nil, message, code
+    end
+    return copied + written, (uv.hrtime() - started) / 1e9
+  end
   local bytes = 0
   if plan.targets then
     for _, target in ipairs(plan.targets) do

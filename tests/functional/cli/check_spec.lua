@@ -94,7 +94,7 @@ describe("wsync check", function()
       .. "150109880320 bytes %(139.80 GiB%): %d+ bytes %([%d.]+ GiB%) over", refused.stderr)
   end)
 
-  it("says what vLLM holds of TP rank 0, and in FP8 (runtime.vllm.quantization) through vLLM's own loader",
+  it("says what vLLM holds of TP rank 0, and in FP8 (runtime.vllm.quantization) through either loader",
     function()
       local recipe_path = "recipes/qwen3_30b_a3b_fsdp4_tp4.lua"
       local words = { "check", recipe_path, "--plan-only", "runtime.vllm.quantization=fp8", "runtime.load=native" }
@@ -109,11 +109,18 @@ describe("wsync check", function()
       local bf16 = cjson.decode(check({ "check", recipe_path, "--plan-only", "--json" }).stdout)
       assert.are.equal("none", bf16.rollout_residents.quantization)
       assert.are.equal(435, bf16.rollout_residents.tensors)
-      -- (The direct loader does not quantize: refused, naming the field.)
-      local refused = check({ "check", recipe_path, "--plan-only", "runtime.vllm.quantization=fp8" })
+      -- (The direct loader quantizes as it copies; another quantization is
+      -- refused, naming the field.)
+      local direct = check({ "check", recipe_path, "--plan-only", "runtime.vllm.quantization=fp8",
+        "runtime.check=never" })
+      assert.are.equal(0, direct.code, direct.stderr)
+      local checked = check({ "check", recipe_path, "--plan-only", "runtime.vllm.quantization=fp8" })
+      assert.are.equal(3, checked.code)
+      assert.matches("the check of wsync's direct loader against vLLM's own FP8 loader is not built yet",
+        checked.stderr, 1, true)
+      local refused = check({ "check", recipe_path, "--plan-only", "runtime.vllm.quantization=awq" })
       assert.are.equal(3, refused.code)
-      assert.matches("quantization \"fp8\" with load = \"direct\": wsync's direct loader writes bfloat16",
-        refused.stderr, 1, true)
+      assert.matches("quantization awq: wsync plans bfloat16 rollouts and \"fp8\"", refused.stderr, 1, true)
     end)
 
   it("--json is the same text on every run: keys sorted at every depth, with the wsync version and commit",

@@ -118,6 +118,8 @@ describe("wsync run, the demo's variants", function()
   for _, case in ipairs({
     { recipe = "demo_tensor_storage.lua", what = "synthetic shards in one allocation per tensor (trainer.storage)",
       chunks = 3 },
+    { recipe = "demo_fp8.lua", what = "FP8 residents (runtime.quantization), quantized by the loader and checked "
+      .. "against the host's own quantization", chunks = 3, resident_tensors = 31 },
   }) do
     it(case.what .. ": three versions, every resident slice verified, nothing left behind", function()
       local result = leftovers.run({ "run", "tests/fixtures/recipes/" .. case.recipe })
@@ -126,6 +128,7 @@ describe("wsync run, the demo's variants", function()
       assert.are.equal("OK: 3 model versions published, every resident TP slice verified", verdict(result.stdout))
       assert.are.same({ 1, 2, 3 }, host_publications(result.stdout))
       assert.matches("in " .. case.chunks .. " chunks (buffers 2 x 160.00 KiB)", result.stdout, 1, true)
+      assert.matches(", " .. (case.resident_tensors or 21) .. " resident tensors, manifest", result.stdout, 1, true)
     end)
   end
 end)

@@ -615,3 +615,121 @@ describe("ws_cuda_copy_split_bulk", function()
     assert.matches("cuda copy op 0: target", detail(), 1, true)
   end)
 end)
+
+describe("ws_cuda_fp8_layout", function()
+  local fp8 = require("wsync.native.fp8")
+  local LIMIT = tonumber(C.WS_CUDA_FP8_PIECE_ELEMENTS)
+
+  -- Region 1: float8 target and scales; region 2: bfloat16 source of
+  -- varied values (the pattern's bytes, their exponents kept in range).
+  local TARGET, SOURCE = 600000, 1200000
+  local target, source = bytes(TARGET, 0xaa), pattern(SOURCE)
+  for i = 1, SOURCE - 1, 2 do
+    source[i] = 0x30 + source[i] % 32 + (source[i] % 2) * 0x80 -- (sign, exponent 2^-31 .. 2^32)
+  end
+  local regions = region_array({ { data = target, size = TARGET }, { data = source, size = SOURCE } })
+
+  local function arrays(groups, ops)
+    local group_array = ffi.new("ws_fp8_group[?]", math.max(#groups, 1))
+    for i, scale_offset in ipairs(groups) do
+      group_array[i - 1].target, group_array[i - 1].scale_offset = 0, scale_offset
+    end
+    local op_records = ffi.new("ws_fp8_op[?]", math.max(#ops, 1))
+    for i, op in ipairs(ops) do
+      local record = op_records[i - 1]
+      record.group, record.target, record.source = op.group, 0, 1
+      record.target_offset, record.source_offset = op.to, op.from
+      record.rows, record.columns = op.rows or 1, op.columns
+      record.target_pitch = op.target_pitch or op.columns
+      record.source_pitch = op.source_pitch or 2 * op.columns
+    end
+    return group_array, op_records
+  end
+
+  local function fp8_layout(groups, ops)
+    local group_array, op_records = arrays(groups, ops)
+    local count = ffi.new("size_t[1]")
+    local status = C.ws_cuda_fp8_layout(regions, 2, group_array, #groups, op_records, #ops, nil, 0, count)
+    if status ~= 0 then
+      return nil, detail()
+    end
+    local pieces = ffi.new("ws_cuda_fp8_piece[?]", math.max(tonumber(count[0]), 1))
+    assert.are.equal(0, C.ws_cuda_fp8_layout(regions, 2, group_array, #groups, op_records, #ops, pieces, count[0],
+      count))
+    return pieces, tonumber(count[0])
+  end
+
+  -- Plays the kernels on the pieces (every group's amax, then every element
+  -- under its group's scale) into a copy of the target, and compares it with
+  -- the host reference's run of the same ops.
+  local function same_as_reference(groups, ops)
+    local pieces, count = fp8_layout(groups, ops)
+    local played = bytes(TARGET, 0xaa)
+    local amax = {}
+    local function each(piece, visit)
+      for row = 0, piece.rows - 1 do
+        local from = ffi.cast("uint16_t *", piece.source + row * piece.source_pitch)
+        local to = ffi.cast("uint8_t *", piece.target + row * piece.target_pitch - address(target)) + address(played)
+        for column = 0, piece.columns - 1 do
+          local bits = ffi.new("uint32_t[1]", bit.lshift(from[column], 16))
+          visit(ffi.cast("float *", bits)[0], to + column)
+        end
+      end
+    end
+    for p = 0, count - 1 do
+      local piece = pieces[p]
+      assert.is_true(piece.rows * piece.columns <= LIMIT)
+      assert.is_true(piece.rows == 1 or piece.columns < LIMIT)
+      each(piece, function(value)
+        amax[piece.group] = math.max(amax[piece.group] or 0, math.abs(value))
+      end)
+    end
+    for p = 0, count - 1 do
+      local piece = pieces[p]
+      local scale = fp8.scale(amax[piece.group])
+      each(piece, function(value, at)
+        at[0] = fp8.quantize(value, scale)
+      end)
+    end
+    for g, scale_offset in ipairs(groups) do
+      ffi.cast("float *", played + scale_offset)[0] = fp8.scale(amax[g - 1])
+    end
+    local group_array, op_records = arrays(groups, ops)
+    local sizes = ffi.new("size_t[2]", TARGET, SOURCE)
+    local ends = ffi.new("void *[2]", target, source)
+    -- (the regions as both the targets and the sources, as the device plan has them)
+    assert.are.equal(0, C.ws_fp8_run(ends, sizes, 2, ffi.cast("const void *const *", ends), sizes, 2, group_array,
+      #groups, op_records, #ops), detail())
+    assert.are.equal(ffi.string(target, TARGET), ffi.string(played, TARGET))
+    return count
+  end
+
+  it("cuts long rows within a row and short ones across rows, and covers every element once", function()
+    local count = same_as_reference({ 599000, 599004 }, {
+      { group = 0, to = 0, from = 0, rows = 2, columns = LIMIT * 2 + 100, source_pitch = 2 * (LIMIT * 2 + 100) + 6 },
+      { group = 1, to = 300000, from = 2 * 300001, rows = 3000, columns = 50, target_pitch = 60, source_pitch = 104 },
+      { group = 0, to = 500000, from = 8, rows = 1, columns = 0 }, -- (empty: no piece)
+    })
+    -- (2 rows of 3 pieces each; 3000 rows of 50 in pieces of 1310 rows)
+    assert.are.equal(2 * 3 + 3, count)
+  end)
+
+  it("refuses what the host reference refuses, a misaligned scale and a misaligned bfloat16 source", function()
+    assert.matches("^fp8 op 0:.*exceed them", select(2, fp8_layout({ 0 }, { { group = 0, to = 0, from = SOURCE - 2,
+      columns = 2 } })))
+    assert.matches("^fp8 group 1 has no op", select(2, fp8_layout({ 0, 4 }, { { group = 0, to = 8, from = 0,
+      columns = 2 } })))
+    assert.matches("^cuda fp8 group 0: its float32 scale at byte 2 of region 0 is not 4%-byte aligned",
+      select(2, fp8_layout({ 2 }, { { group = 0, to = 8, from = 0, columns = 2 } })))
+    assert.matches("^cuda fp8 op 0: its bfloat16 source %(byte 3 of region 1, pitch 4%)",
+      select(2, fp8_layout({ 0 }, { { group = 0, to = 8, from = 3, columns = 2 } })))
+  end)
+
+  it("makes no plan without CUDA or a device, after checking the ops", function()
+    local group_array, op_records = arrays({ 0 }, { { group = 0, to = 8, from = 0, columns = 2 } })
+    local out = ffi.new("ws_cuda_fp8_plan *[1]")
+    local status = C.ws_cuda_fp8_plan_create(0, regions, 2, group_array, 1, op_records, 1, out)
+    assert.are_not.equal(0, status)
+    assert.are_not.equal(C.WS_EINVAL, status)
+  end)
+end)

@@ -119,6 +119,58 @@ describe("plan.build chunks", function()
     assert.are.equal(1, #plan.chunks[1].slots)
   end)
 
+  it("under fp8 keeps each layer's q, k and v in one chunk (one scale), which bfloat16 does not need", function()
+    -- The chunk of every canonical tensor under a plan, and how many layers'
+    -- q, k and v went to more than one chunk.
+    local function split_layers(plan)
+      local chunk_of = {}
+      for _, chunk in ipairs(plan.chunks) do
+        for _, tensor in ipairs(chunk.tensors) do
+          chunk_of[tensor.name] = chunk.index
+        end
+      end
+      local split = 0
+      for l = 0, qwen3_moe.presets.tiny.num_hidden_layers - 1 do
+        local p = "model.layers." .. l .. ".self_attn."
+        local q = chunk_of[p .. "q_proj.weight"]
+        if chunk_of[p .. "k_proj.weight"] ~= q or chunk_of[p .. "v_proj.weight"] ~= q then
+          split = split + 1
+        end
+        -- (and an expert's gate and up, one row of gate_up_proj, never part)
+        for e = 0, qwen3_moe.presets.tiny.num_experts - 1 do
+          local expert = "model.layers." .. l .. ".mlp.experts." .. e .. "."
+          assert.are.equal(chunk_of[expert .. "gate_proj.weight"], chunk_of[expert .. "up_proj.weight"])
+        end
+      end
+      return split
+    end
+    local bf16_split, chunks = 0, {}
+    for bytes = LARGEST, LARGEST + 64 * KiB, 512 do
+      bf16_split = bf16_split + split_layers(build("tiny", bytes))
+      local plan = plan_module.build({ family = "qwen3_moe", config = "tiny", quantization = "fp8" },
+        { bytes = bytes, count = 2 })
+      assert.are.equal("fp8", plan.quantization)
+      assert.are.equal(0, split_layers(plan), "buffer of " .. bytes .. " bytes")
+      assert.are.equal(build("tiny", bytes).manifest, plan.manifest)
+      chunks[#plan.chunks] = true
+    end
+    assert.is_true(bf16_split > 0) -- (the sizes tried do split them without a quantization)
+    assert.is_true(next(chunks, next(chunks)) ~= nil) -- (and make chunks of several counts)
+  end)
+
+  it("refuses under fp8 a buffer that cannot hold a layer's q, k and v together, naming them", function()
+    -- A small vocabulary: q_proj (8192 bytes) and an expert (8192) are the largest pieces; q, k and v 16384.
+    local config = tiny({ vocab_size = 64 })
+    assert.is_table(build(config, 16383))
+    local err = error_of(plan_module.build, { family = "qwen3_moe", config = config, quantization = "fp8" },
+      { bytes = 16383, count = 2 })
+    assert.are.equal("PLAN_INVALID", err.code)
+    assert.are.equal("buffers.bytes", err.field)
+    assert.are.equal("model.layers.0.self_attn.q_proj.weight", err.tensor)
+    assert.matches("tensors model.layers.0.self_attn.q_proj.weight to model.layers.0.self_attn.v_proj.weight share "
+      .. "one fp8 scale and come in one chunk: 16384 bytes (16.00 KiB); the buffer holds 16383", err.message, 1, true)
+  end)
+
   it("refuses a trainer tensor larger than the buffer, naming it and both byte counts", function()
     local err = error_of(build, "tiny", LARGEST - 1)
     assert.are.equal("PLAN_INVALID", err.code)

@@ -514,6 +514,161 @@ describe("qwen3_moe.loader_plan", function()
   end)
 end)
 
+-- Executes the plan's copy lists on the canonical values, by byte offset in
+-- the resident storage: a quantized copy (`group`) writes one byte an
+-- element, and each element keeps its group. Returns the values, the groups
+-- and how often each was written, and how many copies name each group.
+local function execute_bytes(config, plan)
+  local storage, groups, writes, slices = {}, {}, {}, {}
+  for id, tensor in ipairs(qwen3_moe.canonical(config)) do
+    for _, copy in ipairs(plan.copies[tensor.name] or {}) do
+      local target_element = copy.group and 1 or BF16
+      if copy.group then
+        slices[copy.group] = (slices[copy.group] or 0) + 1
+      end
+      for row = 0, copy.rows - 1 do
+        for element = 0, copy.width / BF16 - 1 do
+          local dst = copy.dst + row * copy.dst_pitch + element * target_element
+          storage[dst] = value_of(id, (copy.src + row * copy.src_pitch) / BF16 + element)
+          groups[dst] = copy.group
+          writes[dst] = (writes[dst] or 0) + 1
+        end
+      end
+    end
+  end
+  return storage, groups, writes, slices
+end
+
+describe("qwen3_moe.loader_plan under fp8", function()
+  local DENSE = { "self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate.weight" }
+  local EXPERTS = { "mlp.experts.w13_weight", "mlp.experts.w2_weight" }
+  local function kind_of(name)
+    for _, suffix in ipairs(DENSE) do
+      if name:sub(-#suffix) == suffix then
+        return "dense"
+      end
+    end
+    for _, suffix in ipairs(EXPERTS) do
+      if name:sub(-#suffix) == suffix then
+        return "experts"
+      end
+    end
+  end
+
+  for _, case in ipairs(LOADER_CASES) do
+    it("puts every linear weight's elements where the bfloat16 reference does, one byte each, under one scale per "
+      .. "layer or expert: " .. case.label, function()
+      local config = qwen3_moe.config(case.config)
+      for rank = 0, case.tp - 1 do
+        local plan = qwen3_moe.loader_plan(config, case.tp, rank, "fp8")
+        local storage, groups, writes, slices = execute_bytes(config, plan)
+        local index, offset = 0, 0
+        for _, expected in ipairs(reference_resident(config, case.tp, rank)) do
+          index = index + 1
+          local tensor, kind = plan.tensors[index], kind_of(expected.name)
+          assert.are.equal(expected.name, tensor.name)
+          assert.are.equal(offset, tensor.offset, tensor.name)
+          local count = numel(expected.shape)
+          local scale
+          if kind then
+            assert.are.equal("float8_e4m3fn", tensor.dtype, tensor.name)
+            assert.are.equal(count, tensor.bytes)
+            if kind == "dense" then
+              -- (vLLM's [in, out] transposed view of [out, in] storage)
+              assert.are.same({ expected.shape[2], expected.shape[1] }, tensor.shape)
+              assert.are.same({ 1, expected.shape[2] }, tensor.stride)
+            else
+              assert.are.same(expected.shape, tensor.shape)
+              assert.is_nil(tensor.stride)
+            end
+            index = index + 1
+            scale = plan.tensors[index]
+            local experts = kind == "experts" and expected.shape[1] or 1
+            assert.are.same({ name = kind == "dense" and tensor.name:gsub("%.weight$", ".weight_scale")
+              or tensor.name .. "_scale", dtype = "float32", shape = { experts }, bytes = 4 * experts,
+              offset = tensor.offset + tensor.bytes }, scale)
+          else
+            assert.are.equal("bfloat16", tensor.dtype, tensor.name)
+          end
+          local element_bytes = kind and 1 or BF16
+          for element = 0, count - 1 do
+            local at = tensor.offset + element * element_bytes
+            local want = expected.values[element]
+            if want ~= storage[at] then
+              error(string.format("rank %d of TP%d, %s element %d: the plan puts %s, the reference %s", rank,
+                case.tp, expected.name, element, tostring(storage[at]), tostring(want)))
+            end
+            assert.are.equal(want ~= nil and 1 or nil, writes[at])
+            if kind then
+              local expert = kind == "experts" and math.floor(element / (count / expected.shape[1])) or 0
+              local group = plan.groups[groups[at]]
+              assert.are.equal(scale.name, group.scale)
+              assert.are.equal(scale.offset + 4 * expert, group.scale_dst, tensor.name)
+            else
+              assert.is_nil(groups[at])
+            end
+          end
+          offset = tensor.offset + tensor.bytes + (scale and scale.bytes or 0)
+        end
+        assert.are.equal(#plan.tensors, index)
+        assert.are.equal(offset, plan.bytes)
+        -- One group per layer's dense weight and per expert of each fused
+        -- tensor, each counting the slices that name it.
+        local E, L = config.num_experts, config.num_hidden_layers
+        assert.are.equal(L * (3 + 2 * E), #plan.groups)
+        for g, group in ipairs(plan.groups) do
+          assert.are.equal(slices[g], group.slices, group.name)
+        end
+      end
+    end)
+  end
+
+  it("names each group's parameter and the canonical tensors under its scale", function()
+    local plan = qwen3_moe.loader_plan(qwen3_moe.config(TINY), 2, 1, "fp8")
+    local p = "model.layers.1."
+    local by_name = {}
+    for _, group in ipairs(plan.groups) do
+      by_name[group.name] = group
+    end
+    assert.are.same({ p .. "self_attn.q_proj.weight", p .. "self_attn.k_proj.weight", p .. "self_attn.v_proj.weight" },
+      by_name[p .. "self_attn.qkv_proj.weight"].tensors)
+    assert.are.equal(3, by_name[p .. "self_attn.qkv_proj.weight"].slices)
+    assert.are.same({ p .. "mlp.experts.3.gate_proj.weight", p .. "mlp.experts.3.up_proj.weight" },
+      by_name[p .. "mlp.experts.w13_weight[3]"].tensors)
+    assert.are.same({ p .. "mlp.experts.2.down_proj.weight" }, by_name[p .. "mlp.experts.w2_weight[2]"].tensors)
+    assert.are.equal(p .. "mlp.experts.w2_weight_scale", by_name[p .. "mlp.experts.w2_weight[2]"].scale)
+    assert.are.same({ p .. "mlp.gate.weight" }, by_name[p .. "mlp.gate.weight"].tensors)
+  end)
+
+  it("starts every float32 scale on a 4-byte boundary, whatever the float8 sizes before it", function()
+    local config = qwen3_moe.config({ vocab_size = 64, hidden_size = 5, moe_intermediate_size = 3,
+      num_hidden_layers = 1, num_attention_heads = 1, num_key_value_heads = 1, head_dim = 3, num_experts = 3 })
+    local plan = qwen3_moe.loader_plan(config, 1, 0, "fp8")
+    local misaligned, reach = 0, 0
+    for _, tensor in ipairs(plan.tensors) do
+      assert.is_true(tensor.offset >= reach, tensor.name) -- (no overlap; padding at most)
+      reach = tensor.offset + tensor.bytes
+      if tensor.dtype == "float32" then
+        assert.are.equal(0, tensor.offset % 4, tensor.name)
+      elseif reach % 4 ~= 0 then
+        misaligned = misaligned + 1
+      end
+    end
+    assert.is_true(misaligned > 0) -- (the sizes would misalign them back to back)
+    assert.are.equal(reach, plan.bytes)
+  end)
+
+  it("has no groups and no quantized slices without a quantization", function()
+    local plan = qwen3_moe.loader_plan(qwen3_moe.config(TINY), 2, 0)
+    assert.are.same({}, plan.groups)
+    for _, copies in pairs(plan.copies) do
+      for _, copy in ipairs(copies) do
+        assert.is_nil(copy.group)
+      end
+    end
+  end)
+end)
+
 describe("qwen3_moe.rollout_residents", function()
   it("is the loader plan's bfloat16 tensors without a quantization", function()
     local config = qwen3_moe.config("tiny")

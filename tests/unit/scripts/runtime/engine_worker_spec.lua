@@ -32,10 +32,11 @@ end
 -- The tiny model's plan, this rank's loader plan, the packed buffers, and
 -- `parameters()`: the engine's parameters allocated anew, by name, with the
 -- `residents` the entry takes (name -> {pointer, size, dtype, shape}).
-local function setup()
-  local plan = plan_module.build({ family = "qwen3_moe", config = "tiny" }, { bytes = BUFFER_BYTES, count = 2 })
+local function setup(quantization)
+  local plan = plan_module.build({ family = "qwen3_moe", config = "tiny", quantization = quantization },
+    { bytes = BUFFER_BYTES, count = 2 })
   local state = { plan = plan, opened = {} }
-  state.loader_plan = plan_module.family("qwen3_moe").loader_plan(plan.config, TP, RANK)
+  state.loader_plan = plan_module.family("qwen3_moe").loader_plan(plan.config, TP, RANK, quantization)
   state.own = assert(shm_transport.create(2, BUFFER_BYTES))
   function state.parameters()
     local memories, residents = {}, {}
@@ -44,7 +45,7 @@ local function setup()
       state.opened[#state.opened + 1] = memory
       memories[tensor.name] = memory
       residents[tensor.name] = { pointer = tonumber(ffi.cast("uintptr_t", memory:pointer())), size = tensor.bytes,
-        dtype = tensor.dtype, shape = tensor.shape }
+        dtype = tensor.dtype, shape = tensor.shape, stride = tensor.stride }
     end
     return memories, residents
   end
@@ -58,9 +59,9 @@ local function setup()
   return state
 end
 
-local function init_payload(state, residents)
+local function init_payload(state, residents, quantization)
   return { family = "qwen3_moe", config = "tiny", tp = TP, transport = "shm",
-    buffers = shm_transport.descriptors(state.own), residents = residents }
+    buffers = shm_transport.descriptors(state.own), residents = residents, quantization = quantization }
 end
 
 -- Whether every row of every slice that chunk k fills on this rank holds,
@@ -179,6 +180,14 @@ describe("wsync.runtime.engine_worker", function()
       residents[name] = { pointer = parameter.pointer, size = parameter.size, dtype = "float32",
         shape = parameter.shape }
       assert.matches("the engine's " .. name .. " is float32", refused(residents), 1, true)
+      residents[name] = { pointer = parameter.pointer, size = parameter.size, dtype = parameter.dtype,
+        shape = parameter.shape, stride = { 1, parameter.shape[1] } }
+      assert.matches("the engine's " .. name .. " has strides [1," .. parameter.shape[1] .. "]; the loader plan "
+        .. "writes it with strides [" .. parameter.shape[2] .. ",1] (row-major, contiguous)", refused(residents), 1,
+        true)
+      residents[name] = { pointer = parameter.pointer, size = parameter.size, dtype = "float32",
+        shape = parameter.shape }
+      assert.matches("the engine's " .. name .. " is float32", refused(residents), 1, true)
       residents[name] = parameter
       residents["model.extra.weight"] = parameter
       assert.matches("the engine's parameter model.extra.weight is not in the loader plan", refused(residents), 1,
@@ -190,6 +199,56 @@ describe("wsync.runtime.engine_worker", function()
     state.close()
     assert(ok, message)
   end)
+
+  it("under fp8 loads the engine's float8 weights and scales, and refuses an FP8 layout that is not vLLM's, named",
+    function()
+      local state = setup("fp8")
+      local ok, message = pcall(function()
+        call("open", { rank = RANK, world = TP, backend = "host", device = 0 })
+        local function refused(residents)
+          local err = error_of(call, "init_weights", init_payload(state, residents, "fp8"))
+          assert.are.equal("DIRECT_UNSUPPORTED", err.code)
+          assert.is_true(err.fatal)
+          return err.message
+        end
+        local p = "model.layers.1."
+        local memories, residents = state.parameters()
+        local qkv = residents[p .. "self_attn.qkv_proj.weight"]
+        assert.are.same({ 1, qkv.shape[1] }, qkv.stride) -- (the [in, out] view, as vLLM holds it)
+        -- A dense weight stored [in, out] contiguous, not as vLLM's view:
+        residents[p .. "self_attn.qkv_proj.weight"] = { pointer = qkv.pointer, size = qkv.size, dtype = qkv.dtype,
+          shape = qkv.shape, stride = { qkv.shape[2], 1 } }
+        assert.matches("the engine's " .. p .. "self_attn.qkv_proj.weight has strides [" .. qkv.shape[2] .. ",1]; "
+          .. "the loader plan writes it with strides [1," .. qkv.shape[1] .. "] (the [in, out] view of [out, in] "
+          .. "row-major storage)", refused(residents), 1, true)
+        residents[p .. "self_attn.qkv_proj.weight"] = qkv
+        -- A scale vLLM does not hold (another quantization, or none):
+        local scale = residents[p .. "mlp.experts.w13_weight_scale"]
+        residents[p .. "mlp.experts.w13_weight_scale"] = nil
+        assert.matches("the engine has no parameter " .. p .. "mlp.experts.w13_weight_scale, which the loader plan "
+          .. "fills", refused(residents), 1, true)
+        residents[p .. "mlp.experts.w13_weight_scale"] = scale
+        -- A weight vLLM holds in bfloat16 (a layer it does not quantize):
+        local router = residents[p .. "mlp.gate.weight"]
+        residents[p .. "mlp.gate.weight"] = { pointer = router.pointer, size = router.size * 2, dtype = "bfloat16",
+          shape = { router.shape[2], router.shape[1] } }
+        assert.matches("the engine's " .. p .. "mlp.gate.weight is bfloat16", refused(residents), 1, true)
+        residents[p .. "mlp.gate.weight"] = router
+        -- As vLLM holds them: the chunks load, the scales among what they fill.
+        call("init_weights", init_payload(state, residents, "fp8"))
+        call("start_update", { header = HEADER, residents_unchanged = true })
+        for k, chunk in ipairs(state.plan.chunks) do
+          local slot = (k - 1) % 2 + 1
+          fill_random(state.own.buffers[slot], k)
+          call("load_chunk", { chunk = k, buffer = slot, tensors = chunk.tensors })
+        end
+        local receipt = call("finish_update", HEADER)
+        assert.are.equal(#state.loader_plan.tensors, receipt.resident_tensors)
+        assert.are_not.equal(string.rep("\0", 4), memories[p .. "self_attn.qkv_proj.weight_scale"]:read(0, 4))
+      end)
+      state.close()
+      assert(ok, message)
+    end)
 
   it("has none of the reference worker's own commands, and turns a bug into a fatal WORKER_FAILED", function()
     local state = setup()

@@ -93,11 +93,13 @@ local function fill_random(buffer, seed)
 end
 
 -- The tiny model's plan in two 256 KiB buffers (two chunks), this rank's
--- loader plan, the packed buffers (the trainer's side) and a loader over a
--- test memory, nothing imported. `transport` defaults to shm.
-local function setup(transport)
-  local plan = plan_module.build({ family = "qwen3_moe", config = "tiny" }, { bytes = BUFFER_BYTES, count = 2 })
-  local loader_plan = plan_module.family("qwen3_moe").loader_plan(plan.config, TP, RANK)
+-- loader plan (under `quantization`), the packed buffers (the trainer's side)
+-- and a loader over a test memory, nothing imported. `transport` defaults to
+-- shm.
+local function setup(transport, quantization)
+  local plan = plan_module.build({ family = "qwen3_moe", config = "tiny", quantization = quantization },
+    { bytes = BUFFER_BYTES, count = 2 })
+  local loader_plan = plan_module.family("qwen3_moe").loader_plan(plan.config, TP, RANK, quantization)
   local own = assert(shm_transport.create(2, BUFFER_BYTES))
   local memory = test_memory()
   local loader = loader_module.new({ rank = RANK, world = TP, device = { backend = "host", index = 0, uuid = "u" },
@@ -428,5 +430,115 @@ describe("wsync.runtime.loader", function()
       assert.matches("init_weights mapped no gate", err.message, 1, true)
       loader.load_plans:get(1).segment:close()
     end)
+  end)
+end)
+
+-- Fills `buffer` with bfloat16 values of both signs and magnitudes from 2^-10
+-- to 2^21 (no infinity, no NaN).
+local function fill_bfloat16(buffer, seed)
+  require("tests.helpers.bfloat16").fill(ffi.cast("uint16_t *", buffer:pointer()), buffer:size() / 2, seed, 117, 32)
+end
+
+describe("wsync.runtime.loader under fp8", function()
+  local fp8 = require("wsync.native.fp8")
+
+  local function bfloat16_at(buffer, offset)
+    local bits = ffi.cast("uint16_t *", ffi.cast("uint8_t *", buffer:pointer()) + offset)[0]
+    local box = ffi.new("uint32_t[1]", bit.lshift(bits, 16))
+    return ffi.cast("float *", box)[0]
+  end
+
+  -- What chunk k must leave on this rank, worked out here element by element:
+  -- each group's scale from its elements' largest magnitude, each element
+  -- quantized under it (the scalar reference), the rest copied. Returns the
+  -- first difference, or nil.
+  local function difference(state, k, slot)
+    local buffer, region = state.own.buffers[slot], state.memory.region
+    local bytes = ffi.cast("uint8_t *", region:pointer())
+    local groups = {}
+    for _, tensor in ipairs(state.plan.chunks[k].tensors) do
+      for _, slice in ipairs(state.loader_plan.copies[tensor.name] or {}) do
+        for row = 0, slice.rows - 1 do
+          local from = tensor.offset + slice.src + row * slice.src_pitch
+          if slice.group then
+            local group = groups[slice.group] or { amax = 0, elements = {} }
+            groups[slice.group] = group
+            for column = 0, slice.width / 2 - 1 do
+              local value = bfloat16_at(buffer, from + 2 * column)
+              group.amax = math.max(group.amax, math.abs(value))
+              group.elements[#group.elements + 1] = { value, slice.dst + row * slice.dst_pitch + column }
+            end
+          elseif buffer:read(from, slice.width) ~= region:read(slice.dst + row * slice.dst_pitch, slice.width) then
+            return string.format("%s, row %d", tensor.name, row)
+          end
+        end
+      end
+    end
+    local checked = 0
+    for g, group in pairs(groups) do
+      local planned = state.loader_plan.groups[g]
+      local scale = fp8.scale(group.amax)
+      if ffi.cast("float *", bytes + planned.scale_dst)[0] ~= scale then
+        return string.format("the scale of %s", planned.name)
+      end
+      for _, element in ipairs(group.elements) do
+        if bytes[element[2]] ~= fp8.quantize(element[1], scale) then
+          return string.format("%s, byte %d", planned.name, element[2])
+        end
+      end
+      checked = checked + 1
+    end
+    assert.is_true(checked > 0 or k > 1)
+    return nil
+  end
+
+  it("quantizes each group's slices under one scale as it loads them, and copies the rest", function()
+    local state = setup(nil, "fp8")
+    assert.are.same({ resident_tensors = #state.loader_plan.tensors, resident_bytes = state.loader_plan.bytes,
+      buffers = 2, ordered = false }, state.loader:init_weights(init_payload(state, { quantization = "fp8" })))
+    for round = 1, 2 do
+      assert.are.same({}, state.loader:start_update({ header = HEADER }))
+      for k, chunk in ipairs(state.plan.chunks) do
+        local slot = (k - 1) % 2 + 1
+        fill_bfloat16(state.own.buffers[slot], 100 * round + k)
+        local result = state.loader:load_chunk({ chunk = k, buffer = slot,
+          tensors = round == 1 and chunk.tensors or nil })
+        assert.are.equal(#chunk.tensors, result.tensors)
+        assert.is_nil(difference(state, k, slot))
+      end
+      local receipt = state.loader:finish_update(HEADER)
+      assert.are.equal(#state.loader_plan.tensors, receipt.resident_tensors) -- (the scales counted too)
+    end
+    state.close()
+  end)
+
+  it("refuses a chunk that carries part of a group, naming the parameter, before it moves anything", function()
+    local state = setup(nil, "fp8")
+    state.loader:init_weights(init_payload(state, { quantization = "fp8" }))
+    state.loader:start_update({ header = HEADER })
+    local tensors = {}
+    for _, tensor in ipairs(state.plan.chunks[1].tensors) do
+      if tensor.name ~= "model.layers.0.self_attn.v_proj.weight" then
+        tensors[#tensors + 1] = tensor
+      end
+    end
+    assert.is_true(#tensors < #state.plan.chunks[1].tensors)
+    fill_bfloat16(state.own.buffers[1], 7)
+    local before = state.memory.region:read(0, state.memory.region:size())
+    local err = error_of(state.loader.load_chunk, state.loader, { chunk = 1, buffer = 1, tensors = tensors })
+    assert.are.equal("PLAN_INVALID", err.code)
+    assert.is_true(err.fatal)
+    assert.matches("TP worker 1, chunk 1: it carries 2 of the 3 slices under the FP8 scale of "
+      .. "model.layers.0.self_attn.qkv_proj.weight (model.layers.0.self_attn.q_proj.weight, "
+      .. "model.layers.0.self_attn.k_proj.weight, model.layers.0.self_attn.v_proj.weight)", err.message, 1, true)
+    assert.are.equal(before, state.memory.region:read(0, state.memory.region:size()))
+    state.close()
+  end)
+
+  it("plans bfloat16 residents, with no transform, without a quantization", function()
+    local state = setup()
+    state.loader:init_weights(init_payload(state))
+    assert.are.same({}, state.loader.plan.groups)
+    state.close()
   end)
 end)

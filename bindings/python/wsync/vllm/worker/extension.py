@@ -41,9 +41,11 @@ class LoaderPlan:
     """This rank's loader plan from libwsync (wsync.plan's family module): the resident
     parameters it fills and, per canonical tensor, which of them it writes."""
 
-    def __init__(self, host: Any, family: str, config: dict[str, Any], world: int, rank: int) -> None:
+    def __init__(self, host: Any, family: str, config: dict[str, Any], world: int, rank: int,
+                 quantization: Optional[str] = None) -> None:
+        extra = {"quantization": quantization} if quantization is not None else {}
         answer = host.call("loader_plan", result_bytes=256 << 20, family=family, config=config, world=int(world),
-                           rank=int(rank))
+                           rank=int(rank), **extra)
         self.residents = [{"name": name, "dtype": dtype, "shape": shape, "bytes": nbytes}
                           for name, dtype, shape, nbytes in answer["residents"]]
         self.writes: dict[str, list[str]] = answer["writes"]
@@ -63,7 +65,8 @@ class _Native:
     def init_weights(self, payload: dict[str, Any]) -> dict[str, Any]:
         rank = self.identity["rank"]
         self.descriptors = payload["buffers"][rank]
-        self.plan = LoaderPlan(self.host, payload["family"], payload["config"], payload["tp"], rank)
+        self.plan = LoaderPlan(self.host, payload["family"], payload["config"], payload["tp"], rank,
+                               payload.get("quantization"))
         self.chunks = {}
         return {"rank": rank, "resident_tensors": len(self.plan.residents), "buffers": len(self.descriptors)}
 
@@ -256,9 +259,18 @@ class CheckedDirectLoader(DirectLoader):
         self.chunks: dict[int, list[dict[str, Any]]] = {}
 
     def init_weights(self, payload: dict[str, Any]) -> dict[str, Any]:
+        check = payload.get("check", "first")
+        if payload.get("quantization") is not None and check != "never":
+            # (vLLM's own path for a bfloat16 reload into an FP8 model is its layerwise reload
+            # of whole layers: FP8.md, section 7, says how the check will run it.)
+            raise Failure("DIRECT_UNSUPPORTED", f"check = {check!r} under quantization "
+                          f"{payload['quantization']!r}: the check of the direct loader against vLLM's own FP8 "
+                          "loader is not built yet; check = \"never\", or load = \"native\"", fatal=True,
+                          rank=self.identity["rank"])
         result = super().init_weights(payload)
-        self.check = payload.get("check", "first")
-        self.plan = LoaderPlan(self.host, payload["family"], payload["config"], payload["tp"], self.identity["rank"])
+        self.check = check
+        self.plan = LoaderPlan(self.host, payload["family"], payload["config"], payload["tp"], self.identity["rank"],
+                               payload.get("quantization"))
         self.chunks, self.checked = {}, False
         return result
 
@@ -328,7 +340,10 @@ class CheckedDirectLoader(DirectLoader):
 
 def torch_residents(model: Any) -> dict[str, dict[str, Any]]:
     """A torch module's parameters as the direct loader takes them, by the loader plan's
-    names (each must be contiguous: the loader writes rows of bytes)."""
+    names, each with its strides (in elements): the loader writes rows of bytes, so each must
+    be contiguous, or the transposed view of contiguous storage that vLLM's FP8 linear
+    weights are (float8 [in, out] over row-major [out, in]; the loader plan says which, and
+    wsync's loader refuses strides other than the plan's)."""
     with compat.plain_parameters():
         return _torch_residents(model)
 
@@ -338,11 +353,12 @@ def _torch_residents(model: Any) -> dict[str, dict[str, Any]]:
     for vllm_name, parameter in model.named_parameters():
         name = compat.resident_name(vllm_name)
         data = parameter.data
-        if not data.is_contiguous():
-            raise Failure("DIRECT_UNSUPPORTED", f"vLLM's parameter {vllm_name} is not contiguous; load = \"native\" "
-                          "serves this model", fatal=True)
+        if not data.is_contiguous() and not (data.dim() == 2 and data.t().is_contiguous()):
+            raise Failure("DIRECT_UNSUPPORTED", f"vLLM's parameter {vllm_name} is neither contiguous nor the "
+                          "transpose of contiguous storage; load = \"native\" serves this model", fatal=True)
         found[name] = {"pointer": data.data_ptr(), "size": data.numel() * data.element_size(),
-                       "dtype": str(data.dtype).split(".")[-1], "shape": list(data.shape)}
+                       "dtype": str(data.dtype).split(".")[-1], "shape": list(data.shape),
+                       "stride": list(data.stride())}
     return found
 
 
