@@ -326,8 +326,8 @@ describe("schedule.check", function()
       assert.are.equal(C + 4 * P, by_step["bootstrap[1]"].trainer_bytes)
       assert.are.equal(C + ASLEEP, by_step["bootstrap[1]"].rollout_bytes) -- asleep: weights to the host
       assert.are.equal(C + ASLEEP + R, by_step["schedule[2]"].rollout_bytes) -- its weights alone awake
-      assert.are.equal(C + RESERVED, by_step["schedule[5]"].rollout_bytes) -- the KV cache too: all it reserved
-      assert.are.equal(C + B + C + RESERVED, by_step["schedule[5]"].bytes)
+      assert.are.equal(RESERVED, by_step["schedule[5]"].rollout_bytes) -- the KV cache too: all it reserved
+      assert.are.equal(C + B + RESERVED, by_step["schedule[5]"].bytes)
       assert.are.equal(C + ASLEEP, by_step["schedule[6]"].rollout_bytes)
     end)
 
@@ -335,20 +335,21 @@ describe("schedule.check", function()
       local report = check({ "offload_optimizer", "publish", "onload_optimizer" }, { bootstrap = {}, engine = VLLM,
         device_bytes = DEVICE })
       for _, entry in ipairs(report.steps) do
-        assert.are.equal(C + RESERVED, entry.rollout_bytes)
+        assert.are.equal(RESERVED, entry.rollout_bytes)
       end
-      assert.are.equal(C + 4 * P + B + C + RESERVED, report.peak)
+      assert.are.equal(C + 4 * P + B + RESERVED, report.peak)
     end)
 
     it("predicts what the H200 measured of vLLM 0.26 within 5% or 1 GiB (tests/bench/logs/h200-2026-12-03)",
       function()
         -- vllm_memory.log: a 1.41 GiB model at gpu_memory_utilization 0.3 of
-        -- CUDA's 139.8 GiB; the EngineCore process's memory per state.
-        local measured = { awake = 42.490, asleep = 1.076, weights = 2.500 }
+        -- CUDA's 139.8 GiB; the EngineCore process's memory per state (awake:
+        -- at its start, 42.49, and woken again, 42.06).
+        local measured = { awake = 42.490, woken = 42.06, asleep = 1.076, weights = 2.500 }
         local sizes = schedule.sizes(PLAN, TOPOLOGY, {}, { kind = "vllm", utilization = 0.3, cuda = true },
           139.8 * GIB)
         local weights = 1.41 * GIB
-        local predicted = { awake = sizes.context + sizes.reservation, asleep = sizes.context + sizes.asleep,
+        local predicted = { awake = sizes.reservation, woken = sizes.reservation, asleep = sizes.context + sizes.asleep,
           weights = sizes.context + sizes.asleep + weights }
         for state, gib in pairs(measured) do
           local off = math.abs(predicted[state] - gib * GIB)
@@ -377,11 +378,11 @@ describe("schedule.check", function()
         -- the first step makes 2P of optimizer state beside the sleeping vLLM.)
         assert.are.same({ bytes = C + 4 * P + C + ASLEEP, trainer_bytes = C + 4 * P, rollout_bytes = C + ASLEEP },
           report.first_step)
-        assert.are.equal(C + 2 * P + C + RESERVED, report.peak) -- (the start: the actor beside all vLLM reserved)
+        assert.are.equal(C + 2 * P + RESERVED, report.peak) -- (the start: the actor beside all vLLM reserved)
         -- Without the bootstrap's sleep, the first step's optimizer state
         -- meets vLLM's whole reservation: refused, naming the field.
         local err = refusal(USUAL, { bootstrap = {}, memory = memory, engine = VLLM, device_bytes = DEVICE,
-          budget = C + 2 * P + C + RESERVED + P })
+          budget = C + 2 * P + RESERVED + P })
         assert.are.equal("memory.optimizer_at_start", err.field)
         assert.matches("the first train_step (it makes the optimizer's state) needs ", err.message, 1, true)
         assert.matches(": " .. string.format("%d", P) .. " bytes %([%d.]+ KiB%) over$", err.message)
@@ -399,11 +400,12 @@ describe("schedule.check", function()
       local memory = { optimizer_factor = 0.8 * DEVICE / P, kv_bytes = K }
       local err = refusal(USUAL, { engine = VLLM, device_bytes = DEVICE, budget = DEVICE, memory = memory })
       assert.are.equal("memory.device_bytes", err.field)
-      -- (Over: two contexts, the actor, 80 GiB of optimizer state and 25 GiB
-      -- reserved, less the 100 GiB: 6 GiB and the actor's 0.39 MiB.)
-      local over = 2 * C + 2 * P + 0.8 * DEVICE + RESERVED - DEVICE
+      -- (Over: the trainer's context, the actor, 80 GiB of optimizer state and
+      -- 25 GiB reserved (vLLM's context in it), less the 100 GiB: 5.5 GiB and
+      -- the actor's 0.39 MiB.)
+      local over = C + 2 * P + 0.8 * DEVICE + RESERVED - DEVICE
       assert.matches("start (trainer and rollout weights resident) needs ", err.message, 1, true)
-      assert.matches(string.format("the budget is %d bytes (100.00 GiB): %d bytes (6.00 GiB) over", DEVICE, over),
+      assert.matches(string.format("the budget is %d bytes (100.00 GiB): %d bytes (5.50 GiB) over", DEVICE, over),
         err.message, 1, true)
     end)
   end)

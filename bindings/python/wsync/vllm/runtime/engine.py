@@ -185,6 +185,9 @@ class VllmEngine:
 
     def sleep(self, level: int) -> None:
         self._watched("sleep", lambda: self.llm.sleep(level=level))
+        # (vLLM's sleep frees its pools; what torch's allocator keeps cached in each worker
+        # goes back to the driver too, for the trainer that runs next.)
+        self._watched("sleep", lambda: self.llm.collective_rpc("wsync_release_cache"))
         offloaded = level == 1 and self._state["weights"] == "awake"
         self._state = {"weights": "offloaded" if offloaded else "discarded", "kv_cache": "free"}
 

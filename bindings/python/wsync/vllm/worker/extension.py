@@ -293,6 +293,8 @@ class CheckedDirectLoader(DirectLoader):
         if self.checking:
             self.checked = True
             result["checked_against_vllm"] = True
+            import torch
+            torch.cuda.empty_cache()  # (the check's copies, out of torch's cache: the model of memory has none)
         return result
 
     def _check_chunk(self, chunk: int, slot: int) -> None:
@@ -411,6 +413,17 @@ class WorkerExtension:
             "device": {"backend": "cuda", "index": index, "uuid": str(torch.cuda.get_device_properties(index).uuid)},
             "resident_tensors": sum(1 for _ in compat.worker_model(self).named_parameters()),
         }
+
+    def wsync_release_cache(self) -> int:
+        """Returns to the driver what torch's allocator keeps free in this worker (vLLM's
+        sleep frees its own pools, not torch's cache: what its activations and a direct
+        load's check left there); the bytes it held."""
+        import torch
+        device = compat.worker_device(self)
+        torch.cuda.synchronize(device)
+        held = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        torch.cuda.empty_cache()
+        return int(held)
 
     def wsync_channel(self, directory: str) -> str:
         """Opens this worker's channel (wsync.vllm.worker.channel) in ``directory``: a thread of its
