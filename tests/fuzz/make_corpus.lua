@@ -37,7 +37,9 @@ local examples = {
     memory = { free_bytes = 1024, total_bytes = 4096 },
     callback = {},
     process_memory = { lua_heap_bytes = 1024, rss_bytes = 65536, pid = 4242 },
+    nccl_id = { id = string.rep("0a", 64) },
     abort = {},
+    values_sums = { workers = { { ["model.norm.weight"] = "0123456789abcdef" } } },
   },
   from_host = {
     hello = {},
@@ -54,6 +56,8 @@ local examples = {
     memory = {},
     callback = { name = "offload_optimizer" },
     process_memory = {},
+    nccl_id = {},
+    values_sums = { family = "qwen3_moe", config = { hidden_size = 64 }, tp = 2 },
     abort = { code = "PEER_LOST", message = "rank 1 closed the connection", phase = "publish", rank = 1 },
   },
   from_runtime = {
@@ -67,6 +71,7 @@ local examples = {
     load_chunk = { bytes = 4096 },
     finish_update = { model_version = 1, receipts = { { rank = 0, manifest = MANIFEST } }, prefix_cache_reset = true },
     resident_checksums = { workers = { { rank = 0, tensors = { ["model.norm.weight"] = "abcd" } } } },
+    resident_values = { workers = { { rank = 0, tensors = { ["model.norm.weight"] = "0123456789abcdef" } } } },
   },
 }
 
@@ -195,11 +200,13 @@ for _, folder in ipairs({ "recipes", "tests/fixtures/recipes" }) do
   scanner = uv.fs_scandir(folder)
   local names = {}
   while scanner do
-    local name = uv.fs_scandir_next(scanner)
+    local name, kind = uv.fs_scandir_next(scanner)
     if not name then
       break
     end
-    names[#names + 1] = name
+    if kind == "file" and name:match("%.lua$") then -- (not recipes/models/)
+      names[#names + 1] = name
+    end
   end
   table.sort(names)
   for _, name in ipairs(names) do
