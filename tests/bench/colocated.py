@@ -12,10 +12,10 @@ reserves 0.85 of the device, 119 GiB: together 1.26 times the device. Before the
 starts the trainer makes its optimizer state and moves it to pinned host memory
 (wsync.OptimizerOffload(params=True)); the recipe's schedule then gives the device to each
 in turn, and each RL step is one publish call that is the whole switch
-(``Agent.publish(generate=...)``): offload_optimizer, wake weights, publish, offload_actor,
-wake kv_cache, generate (the step's rollouts, with the weights just published), sleep 2,
-onload_actor, onload_optimizer; then the trainer trains on the rollouts (GRPO as in
-bindings/python/examples/grpo.py).
+(``Agent.publish(generate=...)``): offload_optimizer, wake weights, publish, offload_actor
+and wake kv_cache at once (a together step), generate (the step's rollouts, with the weights
+just published), onload_actor and sleep 2 at once, onload_optimizer; then the trainer trains on
+the rollouts (GRPO as in bindings/python/examples/grpo.py).
 
 Checked: every rollout comes from the version just published; the train/inference
 mismatch of the sampled tokens stays at bfloat16's noise (GPU); every schedule step's
@@ -62,9 +62,8 @@ import wsync  # noqa: E402
 RECIPES = {"cuda": "tests/fixtures/recipes/colocated_4b.lua", "cpu": "tests/fixtures/recipes/colocated_cpu.lua"}
 MODELS = {"cuda": ROOT / "tests" / "fixtures" / "models" / "qwen3_moe_4b",
           "cpu": ROOT / "recipes" / "models" / "qwen3-moe-small"}
-#: The schedule's steps each way of the switch.
-TO_GENERATION = ("offload_optimizer", "wake weights", "publish", "offload_actor", "wake kv_cache")
-TO_TRAINING = ("sleep 2", "onload_actor", "onload_optimizer")
+#: Steps of a round that are no part of the switch (the waits for the trainer).
+WAITS = ("train_step", "publish_wait")
 #: Copies to the host and back, by step; the publication is a device copy.
 HOST_COPIES = {"offload_optimizer": "to_host", "offload_actor": "to_host", "onload_actor": "to_device",
                "onload_optimizer": "to_device"}
@@ -244,7 +243,9 @@ def main() -> int:
             row = {"step": step, "version": publication.model_version, "call": call,
                    "publication": publication.seconds,
                    "steps": {name: {"seconds": entry["seconds"], "bytes": entry.get("bytes"),
-                                    "memory": memory_off(entry)} for name, entry in steps.items()}}
+                                    "parts": entry.get("parts"), "memory": memory_off(entry)}
+                             for name, entry in steps.items()},
+                   "order": [entry["name"] for entry in publication.report.get("steps", [])]}
             if step < args.steps:
                 rewards = examples.rewards_of(outputs, below)
                 started = time.perf_counter()
@@ -277,30 +278,47 @@ def main() -> int:
     elif device == "cuda":
         failures.append("no step's device memory was sampled")
 
-    # The switch against its floor, steps 2 on.
+    # The switch against its floor, steps 2 on: the steps before "generate" and after it,
+    # in the round's order; a together step's two parts run at once, so its floor is the
+    # larger of theirs.
     summary: dict[str, Any] = {"rows": rows, "bandwidths": floors}
     if floors and len(rows) > 2:
-        def median_step(name: str) -> tuple[float, float]:
+        def floor_of(name: str, moved: float) -> float:
+            if name in HOST_COPIES:
+                return moved / floors[HOST_COPIES[name]]
+            if name == "publish":
+                return moved / floors["device"]
+            return 0.0  # (vLLM's sleep and wake map and free memory: no copy floor)
+
+        def median_step(name: str) -> tuple[float, float, list[tuple[str, float, float]]]:
             entries = [row["steps"][name] for row in rows[2:] if name in row["steps"]]
             seconds = statistics.median(entry["seconds"] for entry in entries)
-            moved = statistics.median((entry["bytes"] or 0) for entry in entries)
-            return seconds, moved
-        total, floor_total = 0.0, 0.0
-        for direction, names in (("to generation", TO_GENERATION), ("to training", TO_TRAINING)):
             parts = []
+            for index, part in enumerate(entries[0].get("parts") or []):
+                part_seconds = statistics.median(entry["parts"][index]["seconds"] for entry in entries)
+                part_bytes = statistics.median((entry["parts"][index].get("bytes") or 0) for entry in entries)
+                parts.append((part["name"], part_seconds, floor_of(part["name"], part_bytes)))
+            if parts:
+                return seconds, max(floor for _, _, floor in parts), parts
+            moved = statistics.median((entry["bytes"] or 0) for entry in entries)
+            return seconds, floor_of(name, moved), []
+
+        order = [name for name in rows[-1]["order"] if name not in WAITS]
+        split = order.index("generate")
+        total, floor_total = 0.0, 0.0
+        for direction, names in (("to generation", order[:split]), ("to training", order[split + 1:])):
+            described = []
             for name in names:
-                seconds, moved = median_step(name)
-                if name in HOST_COPIES:
-                    floor = moved / floors[HOST_COPIES[name]]
-                elif name == "publish":
-                    floor = rows[-1]["steps"]["publish"]["bytes"] / floors["device"] if rows[-1]["steps"][
-                        "publish"].get("bytes") else 0.0
-                else:
-                    floor = 0.0  # (vLLM's sleep and wake map and free memory: no copy floor)
+                seconds, floor, parts = median_step(name)
                 total, floor_total = total + seconds, floor_total + floor
-                parts.append(f"{name} {seconds * 1e3:.0f} ms" + (f" (floor {floor * 1e3:.0f} ms, "
-                                                                   f"{seconds / floor:.2f} x)" if floor else ""))
-            print(f"colocated: switch {direction}: " + ", ".join(parts), flush=True)
+                text = f"{name} {seconds * 1e3:.0f} ms" + (f" (floor {floor * 1e3:.0f} ms, {seconds / floor:.2f} x)"
+                                                            if floor else "")
+                if parts:
+                    text += " [at once: " + ", ".join(f"{part} {part_seconds * 1e3:.0f} ms" + (
+                        f" (floor {part_floor * 1e3:.0f} ms, {part_seconds / part_floor:.2f} x)" if part_floor else "")
+                        for part, part_seconds, part_floor in parts) + "]"
+                described.append(text)
+            print(f"colocated: switch {direction}: " + ", ".join(described), flush=True)
         ratio = total / floor_total if floor_total else float("inf")
         print(f"schedule switch: {total:.2f} s = {ratio:.2f} x its floor ({floor_total:.2f} s)", flush=True)
         summary["switch"] = {"seconds": total, "floor": floor_total, "ratio": ratio}

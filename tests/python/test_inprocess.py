@@ -220,8 +220,9 @@ def test_a_publication_and_host_reports_account_for_the_round_failed_ones_includ
         "train_step", "publish_wait", "offload_optimizer", "wake weights", "publish", "resident_check",
         "offload_actor", "wake kv_cache", "sleep 2", "onload_actor", "onload_optimizer"], report["steps"]
     assert all(set(step) == {"name", "kind", "where", "seconds", "bytes", "device_memory", "predicted_bytes",
-                                "outcome"}
+                                "outcome", "parts"}
                for step in report["steps"])
+    assert all(step["parts"] is None for step in report["steps"])  # (no together step in this schedule)
     assert all(step["device_memory"] is None and step["outcome"] == "ok" for step in report["steps"])
     assert next(step for step in report["steps"] if step["name"] == "publish")["bytes"] == 405248
     moved = {step["name"]: step["bytes"] for step in report["steps"] if step["kind"] == "trainer"}

@@ -341,8 +341,10 @@ local function check(args)
     end
     io.stdout:write("  schedule (predicted bytes per device after each step = trainer rank + TP worker):\n")
     for _, step in ipairs(memory.steps) do
-      io.stdout:write(string.format("    %-14s %-20s %d (%s) = %s + %s\n", step.where, step.step, step.bytes,
-        format_bytes(step.bytes), format_bytes(step.trainer_bytes), format_bytes(step.rollout_bytes)))
+      local after = step.after_bytes or step.bytes
+      io.stdout:write(string.format("    %-14s %-20s %d (%s) = %s + %s%s\n", step.where, step.step, after,
+        format_bytes(after), format_bytes(step.trainer_bytes), format_bytes(step.rollout_bytes),
+        step.after_bytes and string.format("; %s while both run", format_bytes(step.bytes)) or ""))
     end
   end
   return 0

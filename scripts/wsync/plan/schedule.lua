@@ -4,7 +4,10 @@
 --- A step is a trainer callback name ("offload_optimizer"), a rollout step
 --- (`{sleep = 1|2}`, `{wake = {"weights", "kv_cache"}}`, `{pause = "abort" |
 --- "wait" | "keep", kv = "recompute" | "keep"}`, "resume"), "publish" or
---- "generate". Publishing while generation can run (the KV cache awake and no
+--- "generate", or `{together = {TRAINER_STEP, ROLLOUT_STEP}}`: a trainer
+--- callback and a rollout step (sleep, wake, pause, resume) at once, where the
+--- model shows that the device holds what either order of the two leaves
+--- between them. Publishing while generation can run (the KV cache awake and no
 --- pause) is refused. The usual per-publication schedule: offload_optimizer, wake
 --- weights, publish, offload_actor, wake kv_cache, generate, sleep 2,
 --- onload_actor, onload_optimizer. `bootstrap` runs once first: sleep level 1
@@ -77,6 +80,8 @@ end
 function M.normalize(step, where)
   if step == "publish" or step == "generate" or step == "resume" then
     return { kind = step, where = where }
+  elseif type(step) == "table" and step.together ~= nil then
+    return M.normalize_together(step, where)
   elseif type(step) == "table" and step.pause ~= nil then
     for key in pairs(step) do
       if key ~= "pause" and key ~= "kv" then
@@ -122,8 +127,42 @@ function M.normalize(step, where)
     .. "{wake = {...}}", where), { field = where })
 end
 
-local function describe(step)
-  if step.kind == "trainer" then
+-- The kinds of step that the rollout runtime runs (a together step's second).
+local ROLLOUT_KINDS = { sleep = true, wake = true, pause = true, resume = true }
+
+--- Normalizes `{together = {TRAINER_STEP, ROLLOUT_STEP}}` (in either order):
+--- {kind = "together", parts = {trainer step, rollout step}}; raises
+--- SCHEDULE_INVALID naming the step.
+---@param step table
+---@param where string
+function M.normalize_together(step, where)
+  local parts = step.together
+  if next(step, next(step)) ~= nil or type(parts) ~= "table" or #parts ~= 2 then
+    invalid(string.format("%s: a together step is {together = {TRAINER_STEP, ROLLOUT_STEP}}: a trainer callback "
+      .. "and a sleep, wake, pause or resume, run at once", where), { field = where })
+  end
+  local trainer, rollout
+  for i, part in ipairs(parts) do
+    local normalized = M.normalize(part, string.format("%s.together[%d]", where, i))
+    if normalized.kind == "trainer" and not trainer then
+      trainer = normalized
+    elseif ROLLOUT_KINDS[normalized.kind] and not rollout then
+      rollout = normalized
+    else
+      invalid(string.format("%s: together runs one trainer callback beside one rollout step (sleep, wake, pause, "
+        .. "resume); together[%d] is %s", where, i, normalized.kind == "trainer" and "a second trainer callback"
+        or normalized.kind == "together" and "a together step" or ("a " .. normalized.kind .. " step")),
+        { field = where })
+    end
+  end
+  return { kind = "together", parts = { trainer, rollout }, where = where }
+end
+
+local describe
+function describe(step)
+  if step.kind == "together" then
+    return describe(step.parts[1]) .. " + " .. describe(step.parts[2])
+  elseif step.kind == "trainer" then
     return step.name
   elseif step.kind == "sleep" then
     return "sleep " .. step.level
@@ -240,7 +279,22 @@ local function usage(state, sizes)
 end
 
 -- Applies one step to the modelled state; returns the peak during the step.
-local function apply(state, step, sizes, callbacks)
+local apply
+function apply(state, step, sizes, callbacks)
+  if step.kind == "together" then
+    -- (Either part may end first: the peak is the most that either order
+    -- holds between the two.)
+    local peak = 0
+    for _, order in ipairs({ { 1, 2 }, { 2, 1 } }) do
+      local trial = require("wsync.util").merged(state)
+      for _, index in ipairs(order) do
+        peak = math.max(peak, apply(trial, step.parts[index], sizes, callbacks))
+      end
+    end
+    apply(state, step.parts[1], sizes, callbacks)
+    apply(state, step.parts[2], sizes, callbacks)
+    return peak
+  end
   local function refuse(message)
     invalid(string.format("%s (%s): %s", step.where, describe(step), message), { field = step.where })
   end
@@ -336,10 +390,10 @@ function M.check(options)
   local bootstrap, steps = {}, {}
   for i, step in ipairs(options.bootstrap or {}) do
     bootstrap[i] = M.normalize(step, string.format("bootstrap[%d]", i))
-    if bootstrap[i].kind == "publish" or bootstrap[i].kind == "generate" or bootstrap[i].kind == "pause"
-        or bootstrap[i].kind == "resume" then
+    local kind = bootstrap[i].kind == "together" and bootstrap[i].parts[2].kind or bootstrap[i].kind
+    if kind == "publish" or kind == "generate" or kind == "pause" or kind == "resume" then
       invalid(string.format("bootstrap[%d]: %s belongs in the schedule; the bootstrap only moves memory (trainer "
-        .. "callbacks, sleep, wake)", i, bootstrap[i].kind), { field = bootstrap[i].where })
+        .. "callbacks, sleep, wake)", i, kind), { field = bootstrap[i].where })
     end
   end
   for i, step in ipairs(options.schedule or {}) do
@@ -389,8 +443,10 @@ function M.check(options)
       local bytes = apply(state, step, sizes, options.callbacks)
       local trainer, rollout = parts(state, sizes)
       local into = pass == 1 and report.steps or report.steady_steps
+      -- (after_bytes: a together step's peak is while its two parts run;
+      -- after them the device holds what they leave.)
       into[#into + 1] = { where = step.where, step = describe(step), bytes = bytes, trainer_bytes = trainer,
-        rollout_bytes = rollout }
+        rollout_bytes = rollout, after_bytes = step.kind == "together" and trainer + rollout or nil }
       if bytes > report.peak then
         report.peak, report.peak_step = bytes, step.where .. " (" .. describe(step) .. ")"
       end
@@ -425,8 +481,9 @@ function M.check(options)
 end
 
 --- The bytes `report` (M.check's) predicts on a device after the step at
---- `where` ("bootstrap[1]", "schedule[3]"): the first round's, or with
---- `steady` the later rounds'; nil for a step it does not know.
+--- `where` ("bootstrap[1]", "schedule[3]"; a together step's after both its
+--- parts, not its peak): the first round's, or with `steady` the later
+--- rounds'; nil for a step it does not know.
 ---@param report table
 ---@param where string
 ---@param steady boolean?
@@ -435,7 +492,7 @@ function M.predicted_bytes(report, where, steady)
   local list = steady and where:match("^schedule") and report.steady_steps or report.steps
   for _, entry in ipairs(list) do
     if entry.where == where then
-      return entry.bytes
+      return entry.after_bytes or entry.bytes
     end
   end
   return nil

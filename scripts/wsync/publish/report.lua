@@ -250,10 +250,23 @@ local function memory_json(sample)
   return out
 end
 
+-- A together step's parts (wsync.publish.steps): each one's name, kind,
+-- seconds and bytes.
+local function parts_json(parts)
+  if not parts then
+    return null
+  end
+  local out = util.json_array({})
+  for index, part in ipairs(parts) do
+    out[index] = { name = part.name, kind = part.kind, seconds = part.seconds, bytes = part.bytes or null }
+  end
+  return out
+end
+
 local function step_json(step)
   return { name = step.name, kind = step.kind, where = step.where or null, seconds = step.seconds,
     bytes = step.bytes or null, device_memory = memory_json(step.device_memory),
-    predicted_bytes = step.predicted_bytes or null, outcome = step.outcome }
+    predicted_bytes = step.predicted_bytes or null, outcome = step.outcome, parts = parts_json(step.parts) }
 end
 
 local function steps_json(steps)

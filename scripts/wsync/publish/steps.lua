@@ -6,7 +6,9 @@
 --- the optimizer's memory, offloaded or back), so that a failed round can
 --- give back what it had offloaded (Steps:onloads). The "publish" step is
 --- the session's own (wsync.publish.publication).
+local loop = require("wsync.loop")
 local report_module = require("wsync.publish.report")
+local uv = require("luv")
 local schedule_module = require("wsync.plan.schedule")
 
 local M = {}
@@ -42,6 +44,43 @@ function Steps:generate_for(generation)
   self.generation = generation
 end
 
+-- Runs one step that is not "together"; returns the bytes the trainer
+-- ranks' callbacks said they moved (nil where none said).
+function Steps:_part(step, ranks, rollout)
+  local moved
+  if step.kind == "trainer" then
+    -- (bytes: what each rank's callback said it moved, added up; nil where
+    -- none said.)
+    for _, answer in ipairs(ranks:all("callback", function()
+      return { name = step.name }
+    end, self.callback_timeout)) do
+      moved = answer.bytes and (moved or 0) + answer.bytes or moved
+    end
+    local effect = schedule_module.TRAINER_EFFECTS[step.name]
+    if effect then
+      self.resident[effect.part] = effect.to
+    end
+  elseif step.kind == "sleep" then
+    rollout:request("sleep", { level = step.level })
+  elseif step.kind == "wake" then
+    rollout:request("wake", { tags = step.tags })
+  elseif step.kind == "generate" then
+    -- (What the ranks asked their publish to generate, when they asked:
+    -- Steps:generate_for; its answer is kept for their answers.)
+    local asked = self.generation
+    local answer = rollout:request("generate", asked and asked.request or {})
+    if asked then
+      asked.answer = answer
+    end
+  elseif step.kind == "pause" then
+    -- (With several replicas, a two-phase pause: wsync.publish.rollout.)
+    rollout:pause({ mode = step.mode, kv = step.kv })
+  elseif step.kind == "resume" then
+    rollout:request("resume", {})
+  end
+  return moved
+end
+
 --- Runs schedule step `step` (not "publish") on `ranks` (wsync.Ranks: a
 --- trainer callback) or `rollout` (wsync.Rollout or ReplicaSet: the rest),
 --- timed into `target` (a round of wsync.publish.report, or its opening) as
@@ -51,41 +90,30 @@ end
 ---@param ranks wsync.Ranks?
 ---@param rollout table?
 function Steps:run(step, target, ranks, rollout)
-  local moved
+  local moved, parts
   report_module.timed(target, schedule_module.describe(step), step.kind, function()
-    if step.kind == "trainer" then
-      -- (bytes: what each rank's callback said it moved, added up; nil where
-      -- none said.)
-      for _, answer in ipairs(ranks:all("callback", function()
-        return { name = step.name }
-      end, self.callback_timeout)) do
-        moved = answer.bytes and (moved or 0) + answer.bytes or moved
+    if step.kind == "together" then
+      -- (Both at once; each part's own time and bytes are kept in the entry.)
+      local results, failed, err = loop.all(#step.parts, function(index)
+        local part = step.parts[index]
+        local started = uv.hrtime()
+        local bytes = self:_part(part, ranks, rollout)
+        return { name = schedule_module.describe(part), kind = part.kind, seconds = (uv.hrtime() - started) / 1e9,
+          bytes = bytes }
+      end)
+      if failed then
+        error(err, 0)
       end
-      local effect = schedule_module.TRAINER_EFFECTS[step.name]
-      if effect then
-        self.resident[effect.part] = effect.to
+      parts = results
+      for _, part in ipairs(parts) do
+        moved = part.bytes and (moved or 0) + part.bytes or moved
       end
-    elseif step.kind == "sleep" then
-      rollout:request("sleep", { level = step.level })
-    elseif step.kind == "wake" then
-      rollout:request("wake", { tags = step.tags })
-    elseif step.kind == "generate" then
-      -- (What the ranks asked their publish to generate, when they asked:
-      -- Steps:generate_for; its answer is kept for their answers.)
-      local asked = self.generation
-      local answer = rollout:request("generate", asked and asked.request or {})
-      if asked then
-        asked.answer = answer
-      end
-    elseif step.kind == "pause" then
-      -- (With several replicas, a two-phase pause: wsync.publish.rollout.)
-      rollout:pause({ mode = step.mode, kv = step.kv })
-    elseif step.kind == "resume" then
-      rollout:request("resume", {})
+    else
+      moved = self:_part(step, ranks, rollout)
     end
   end, { where = step.where })
   local entry = target.steps[#target.steps]
-  entry.bytes = moved
+  entry.bytes, entry.parts = moved, parts
   if self.sample then
     entry.device_memory, entry.predicted_bytes = self.sample(entry.where)
   end

@@ -125,6 +125,37 @@ describe("wsync run --report", function()
         .. "FAILED in chunks\n", result.stdout)
     end)
 
+  it("together steps: one entry each, with the time and bytes of each of its two parts; a failure in one fails "
+    .. "the round in that step", function()
+    local schedule = 'schedule={ "offload_optimizer", { wake = { "weights" } }, "publish", { together = { '
+      .. '"offload_actor", { wake = { "kv_cache" } } } }, { together = { { sleep = 2 }, "onload_actor" } }, '
+      .. '"onload_optimizer" }'
+    local path, read = report_path()
+    local result = leftovers.run({ "run", "recipes/demo.lua", schedule, "--report", path })
+    leftovers.assert_clean(result)
+    local _, report = read()
+    assert.are.equal(0, result.code, result.stderr)
+    for _, round in ipairs(report.rounds) do
+      assert.are.same({ "train_step", "publish_wait", "offload_optimizer", "wake weights", "publish", "resident_check",
+        "offload_actor + wake kv_cache", "onload_actor + sleep 2", "onload_optimizer" }, names(round.steps))
+      local together = round.steps[7]
+      assert.are.same({ "together", "schedule[4]", "ok" }, { together.kind, together.where, together.outcome })
+      assert.are.same({ "offload_actor", "wake kv_cache" }, names(together.parts))
+      assert.are.same({ "trainer", "wake" }, { together.parts[1].kind, together.parts[2].kind })
+      for _, part in ipairs(together.parts) do
+        assert.is_true(part.seconds > 0 and part.seconds <= together.seconds)
+      end
+      assert.are.equal(cjson.null, round.steps[5].parts)
+    end
+    -- A rank that dies in the callback of a together step.
+    local failing = leftovers.run({ "run", "recipes/demo.lua", schedule },
+      { env = { "WSYNC_TRAINER_FAULT=rank1:die@callback#2" } })
+    leftovers.assert_clean(failing)
+    assert.are.equal(1, failing.code)
+    assert.matches("wsync: verdict: FAILED: [phase callback, rank 1] trainer rank 1: ", failing.stdout, 1, true)
+    assert.matches("offload_actor + wake kv_cache", failing.stdout, 1, true)
+  end)
+
   it("a run stopped by SIGINT: the round in flight is in it, interrupted", function()
     local path, read = report_path()
     -- (Sent once the host says it waits for the hung load: the round is in

@@ -410,3 +410,87 @@ describe("schedule.check", function()
     end)
   end)
 end)
+
+describe("together steps (a trainer callback beside a rollout step)", function()
+  local TOGETHER = {
+    "offload_optimizer",
+    { wake = { "weights" } },
+    "publish",
+    { together = { { wake = { "kv_cache" } }, "offload_actor" } },
+    { together = { "onload_actor", { sleep = 2 } } },
+    "onload_optimizer",
+  }
+
+  it("reads the trainer callback first, whatever the order written, and names both", function()
+    local step = schedule.normalize({ together = { { wake = { "kv_cache" } }, "offload_actor" } }, "s[4]")
+    assert.are.equal("together", step.kind)
+    assert.are.same({ kind = "trainer", name = "offload_actor", where = "s[4].together[2]" }, step.parts[1])
+    assert.are.equal("wake", step.parts[2].kind)
+    assert.are.equal("offload_actor + wake kv_cache", schedule.describe(step))
+  end)
+
+  it("refuses anything but one trainer callback and one sleep, wake, pause or resume, naming the step", function()
+    for _, case in ipairs({
+      { step = { together = { "offload_actor", "onload_optimizer" } }, says = "together[2] is a second trainer" },
+      { step = { together = { "offload_actor", "publish" } }, says = "together[2] is a publish step" },
+      { step = { together = { "generate", { sleep = 2 } } }, says = "together[1] is a generate step" },
+      { step = { together = { "offload_actor" } }, says = "a together step is {together = " },
+      { step = { together = { "offload_actor", { sleep = 2 } }, sleep = 1 }, says = "a together step is" },
+      { step = { together = { { together = { "a", { sleep = 1 } } }, { sleep = 2 } } },
+        says = "together[1] is a together step" },
+    }) do
+      local err = error_of(schedule.normalize, case.step, "schedule[2]")
+      assert.are.equal("SCHEDULE_INVALID", err.code)
+      assert.are.equal("schedule[2]", err.field)
+      assert.matches(case.says, err.message, 1, true)
+    end
+  end)
+
+  it("ends where the two steps one after the other end, and peaks at the most either order holds between them",
+    function()
+      local apart = check(USUAL)
+      local report = check(TOGETHER)
+      local by_where = {}
+      for _, entry in ipairs(report.steps) do
+        by_where[entry.where] = entry
+      end
+      -- (offload_actor beside wake kv_cache: the KV arena woken while the
+      -- actor (parameters and gradients, 2P) is still resident is the peak;
+      -- after both, as after the two apart.)
+      local after_wake = apart.steps[6] -- (bootstrap[1], then schedule[5]: wake kv_cache)
+      assert.are.equal("schedule[5]", after_wake.where)
+      assert.are.equal(after_wake.bytes + 2 * P, by_where["schedule[4]"].bytes)
+      assert.are.equal(after_wake.trainer_bytes, by_where["schedule[4]"].trainer_bytes)
+      assert.are.equal(after_wake.rollout_bytes, by_where["schedule[4]"].rollout_bytes)
+      -- (onload_actor beside sleep 2: the actor back while the KV arena is
+      -- still awake.)
+      assert.are.equal(after_wake.bytes + 2 * P, by_where["schedule[5]"].bytes)
+      assert.are.equal(math.max(apart.peak, after_wake.bytes + 2 * P), report.peak)
+    end)
+
+  it("refuses a together step that does not fit in either order, naming it and the bytes over", function()
+    local fits = check(TOGETHER)
+    local err = refusal(TOGETHER, { budget = fits.steps[5].bytes - 1 })
+    assert.are.equal("schedule[4]", err.field)
+    assert.matches("schedule[4] (offload_actor + wake kv_cache) needs ", err.message, 1, true)
+    assert.matches(": 1 bytes %(1 B%) over$", err.message)
+  end)
+
+  it("keeps a pause or resume out of the bootstrap inside a together step too", function()
+    local err = refusal(USUAL, { bootstrap = { { together = { "offload_actor", { pause = "keep" } } } } })
+    assert.matches("bootstrap[1]: pause belongs in the schedule", err.message, 1, true)
+  end)
+end)
+
+describe("schedule.predicted_bytes", function()
+  it("predicts a together step's memory after both parts, not its peak while they run", function()
+    local report = check({ "offload_optimizer", { wake = { "weights" } }, "publish",
+      { together = { "offload_actor", { wake = { "kv_cache" } } } }, { together = { "onload_actor", { sleep = 2 } } },
+      "onload_optimizer" })
+    local entry = report.steps[5]
+    assert.are.equal("schedule[4]", entry.where)
+    assert.are.equal(entry.trainer_bytes + entry.rollout_bytes, schedule.predicted_bytes(report, "schedule[4]"))
+    assert.is_true(entry.bytes > schedule.predicted_bytes(report, "schedule[4]"))
+    assert.are.equal(report.steps[4].bytes, schedule.predicted_bytes(report, "schedule[3]")) -- (publish: its peak)
+  end)
+end)
