@@ -166,3 +166,14 @@ def test_a_module_the_publication_leaves_partly_out_is_counted_unchecked(monkeyp
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     assert loader.finish_update({}) == {"checked_against_vllm": True, "unchecked_tensors": 2}
     assert loader.waiting == {}
+
+
+def test_a_bounded_group_holds_whole_modules(monkeypatch):
+    # (w13 and w2 are one module's: with a bound below any parameter each module goes alone,
+    # never the experts' w13 without their w2)
+    engine = Engine(monkeypatch)
+    monkeypatch.setattr(extension, "CHECK_GROUP_BYTES", 1)
+    loader, _, chunks = engine.loader([["gate", "up", "down", "q", "k", "v", "norm"]])
+    loader.load_chunk({"chunk": 1, "buffer": 1, "tensors": chunks[0]})
+    assert engine.calls == ["start", ["gate", "up", "down"], "finish", "start", ["q", "k", "v"], "finish",
+                            "start", ["norm"], "finish"]

@@ -374,21 +374,25 @@ class CheckedDirectLoader(DirectLoader):
         for tensor in tensors:
             self.waiting[tensor["name"]] = self._view(tensor, memories, slot)
         order = {name: at for at, name in enumerate(self.waiting)}
-        ready: list[str] = []  # (the tensors of the modules complete now, in the order they came)
+        ready: dict[str, list[str]] = {}  # (the units complete now, by their first tensor, in the order they came)
         for tensor in tensors:
             unit = self.units[tensor["name"]]
-            if tensor["name"] not in ready and unit <= order.keys():
-                ready.extend(sorted(unit, key=order.__getitem__))
+            if unit <= order.keys():
+                names = sorted(unit, key=order.__getitem__)
+                ready[names[0]] = names
         if ready:
             model = compat.worker_model(self.worker)
             parameters = {compat.resident_name(name): parameter for name, parameter in model.named_parameters()}
 
             def size(name: str) -> int:
                 return parameters[name].data.numel() * parameters[name].data.element_size()
-            for group, residents in check_groups([{"name": name} for name in ready], self.plan.writes, size,
+            # (Grouped a unit at a time: a group never holds part of a module.)
+            writes = {first: sorted({resident for name in names for resident in self.plan.writes[name]})
+                      for first, names in ready.items()}
+            for group, residents in check_groups([{"name": first} for first in ready], writes, size,
                                                  CHECK_GROUP_BYTES):
-                self._reload_and_compare(chunk, [(tensor["name"], self.waiting.pop(tensor["name"]))
-                                                 for tensor in group], residents, model)
+                self._reload_and_compare(chunk, [(name, self.waiting.pop(name)) for unit in group
+                                                 for name in ready[unit["name"]]], residents, model)
         for tensor in tensors:  # (what waits past this chunk cannot stay in its buffer)
             if tensor["name"] in self.waiting:
                 self.waiting[tensor["name"]] = self.waiting[tensor["name"]].clone()
