@@ -24,11 +24,19 @@ experts) as views of one allocation; the same tensors go four ways, in this orde
    collective_rpc (tests/fixtures/recipes/vllm_30b_bench_socket.lua);
 8. direct as 6. over that socket (tests/fixtures/recipes/vllm_30b_bench_storage_socket.lua);
 9. direct through one 8 GiB buffer with the chunks ordered on the device (buffers.order =
-   "device": tests/fixtures/recipes/vllm_30b_bench_ordered.lua).
+   "device": tests/fixtures/recipes/vllm_30b_bench_ordered.lua);
+10. FP8 rollout (issue 24, item 5): vLLM holding its online per-tensor FP8 of the same bfloat16
+   (runtime.vllm.quantization = "fp8"), "fp8 direct" (wsync's direct loader quantizing as it
+   copies, tests/fixtures/recipes/vllm_30b_bench_fp8.lua; its first publication checked
+   against vLLM's own FP8 loader) and "fp8 native" (vLLM's loader quantizing,
+   tests/fixtures/recipes/vllm_30b_bench_native_fp8.lua); with either, vLLM's own update runs
+   into an FP8 engine too, and their ratios are to it. With "fp8 direct" one line sums it up:
+   ``fp8 publish 30B-A3B direct: X ms = R x the bf16 floor (F ms), S x faster than vLLM's own
+   (V ms)`` (the floor is the bfloat16 flat copy of 1.; V is vLLM's own FP8 update).
 
     python3 tests/bench/vllm_publish.py [REPEATS] [WAY,WAY,...]
 WAYS: of native, direct, "direct 2x4GiB", "direct storage", "direct socket", "direct storage socket",
-"direct ordered" (default all); the floor and vLLM's own always run.
+"direct ordered", "fp8 direct", "fp8 native" (default all); the floor and vLLM's own always run.
 
 A way that fails is reported and the others still run. With native among the ways, vLLM's own
 runs again after them (its time moves by a second from one engine to the next: 4.2-6.1 s on the
@@ -64,7 +72,9 @@ RECIPES = {"native": "tests/fixtures/recipes/vllm_30b_bench_native.lua",
            "direct storage": "tests/fixtures/recipes/vllm_30b_bench_storage.lua",
            "direct socket": "tests/fixtures/recipes/vllm_30b_bench_socket.lua",
            "direct storage socket": "tests/fixtures/recipes/vllm_30b_bench_storage_socket.lua",
-           "direct ordered": "tests/fixtures/recipes/vllm_30b_bench_ordered.lua"}
+           "direct ordered": "tests/fixtures/recipes/vllm_30b_bench_ordered.lua",
+           "fp8 direct": "tests/fixtures/recipes/vllm_30b_bench_fp8.lua",
+           "fp8 native": "tests/fixtures/recipes/vllm_30b_bench_native_fp8.lua"}
 GiB = 1024 ** 3
 
 
@@ -118,13 +128,15 @@ def timed(run, repeats: int) -> list[float]:
     return seconds
 
 
-def vllm_own(stream: list[tuple[str, torch.Tensor]], repeats: int) -> list[float]:
+def vllm_own(stream: list[tuple[str, torch.Tensor]], repeats: int, **engine: str) -> list[float]:
+    """vLLM's own packed IPC update of ``stream`` (bfloat16) into an LLM of ``engine``'s
+    arguments beside the fixed ones (``quantization="fp8"``: vLLM quantizes as it loads)."""
     from vllm import LLM
     from vllm.config import WeightTransferConfig
     from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerSendWeightsArgs, IPCWeightTransferEngine
     llm = LLM(model=str(MODEL), load_format="dummy", enforce_eager=True, skip_tokenizer_init=True,
               gpu_memory_utilization=0.47, max_model_len=1024,
-              weight_transfer_config=WeightTransferConfig(backend="ipc"))
+              weight_transfer_config=WeightTransferConfig(backend="ipc"), **engine)
     llm.init_weight_transfer_engine({"init_info": {}})
 
     def send(info) -> None:
@@ -200,11 +212,16 @@ def main() -> int:
         again = vllm_own(stream, repeats)
         say(f"vLLM's own packed IPC update, again: {min(again) * 1e3:.1f} ms (of "
             f"{', '.join(f'{s * 1e3:.0f}' for s in again)})")
+    own_fp8 = []
+    if any(way.startswith("fp8") for way in ways):
+        own_fp8 = vllm_own(stream, repeats, quantization="fp8")
+        say(f"vLLM's own packed IPC update into FP8: {min(own_fp8) * 1e3:.1f} ms (of "
+            f"{', '.join(f'{s * 1e3:.0f}' for s in own_fp8)})")
     best_floor, best_own = min(floor), min(own + again)
     print(f"\n{'way':<28} best ms   fill ms   load ms  (copies)  finish ms  control ms  start ms   x floor   "
           "vs vLLM's own")
     print(f"{'floor (flat copy)':<28} {best_floor * 1e3:7.1f}")
-    for label, times in (("vLLM's own", own), ("vLLM's own, again", again)):
+    for label, times in (("vLLM's own", own), ("vLLM's own, again", again), ("vLLM's own into FP8", own_fp8)):
         if times:
             print(f"{label:<28} {min(times) * 1e3:7.1f}                                              "
                   f"{min(times) / best_floor:7.1f}x")
@@ -213,14 +230,23 @@ def main() -> int:
         best = min(steady, key=lambda r: r["timings"]["total"])
         t = best["timings"]
         control = t["load"] - t["load_copy"] + t["finish"]
+        theirs = min(own_fp8) if way.startswith("fp8") else best_own  # (vLLM's own into the same engine)
         print(f"wsync {way:<22} {t['total'] * 1e3:7.1f}  {t['fill'] * 1e3:8.1f}  {t['load'] * 1e3:8.1f}  "
               f"{t['load_copy'] * 1e3:8.1f}  {t['finish'] * 1e3:9.1f}  {control * 1e3:10.1f}  "
               f"{t.get('start', 0) * 1e3:8.1f}  "
-              f"{t['total'] / best_floor:7.2f}x  {best_own / t['total']:7.1f}x faster")
+              f"{t['total'] / best_floor:7.2f}x  {theirs / t['total']:7.1f}x faster")
     if "direct" in rows:
         checked = rows["direct"][0]["timings"]["total"]
         print(f"(wsync direct's first publication, with init and the check against vLLM's loader: {checked * 1e3:.0f} "
               "ms)")
+    if "fp8 direct" in rows:
+        total = min(r["timings"]["total"] for r in rows["fp8 direct"][1:])
+        print(f"fp8 publish 30B-A3B direct: {total * 1e3:.1f} ms = {total / best_floor:.2f} x the bf16 floor "
+              f"({best_floor * 1e3:.1f} ms), {min(own_fp8) / total:.0f} x faster than vLLM's own "
+              f"({min(own_fp8) * 1e3:.0f} ms)")
+        checked = rows["fp8 direct"][0]["timings"]["total"]
+        print(f"(wsync fp8 direct's first publication, with init and the check against vLLM's own FP8 loader: "
+              f"{checked * 1e3:.0f} ms)")
     return 0 if len(rows) == len(ways) else 1
 
 

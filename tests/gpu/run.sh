@@ -7,7 +7,7 @@
 # as build/bundle or build/bundle.tar.xz), writing every log under $OUT (default
 # ./gpu-out) and a summary.
 #
-#   [STAGES="tier fsdp2 copy shapes publish host-time offload vllm vllm-faults vllm-memory colocated example vllm-bench rl-step"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
+#   [STAGES="tier fsdp2 copy shapes publish host-time offload vllm vllm-fp8 vllm-faults vllm-memory colocated example vllm-bench rl-step"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
 #     STAGES: which to run (default all; one device call has 10 minutes)
 #     VLLM_WAYS: the benchmark's ways beside vLLM's own (tests/bench/vllm_publish.py;
 #       default "direct storage,direct 2x4GiB,native")
@@ -21,6 +21,8 @@
 #     host-time: the host's time outside copies per publication at the 30B-A3B's and the
 #       235B's tensor counts (tests/bench/publish_bandwidth.lua layout)
 #     offload: the schedule's torch offloads against the pinned copy (tests/bench/offload.py)
+#     vllm-fp8: vllm_spec's FP8 rollout cases (#fp8: vllm_e2e.py --load direct-fp8 and
+#       native-fp8), a device call of their own
 #     vllm-memory: vLLM's device memory in each sleep/wake state (tests/gpu/vllm_memory.py),
 #       the memory model's calibration
 #     colocated: a 4.4 B Qwen3-MoE that fits beside vLLM only by the schedule, 10 RL steps,
@@ -31,7 +33,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 out=${OUT:-./gpu-out}
 mkdir -p "$out"
 scale=${1:-1}
-stages=" ${STAGES:-tier fsdp2 copy shapes publish host-time offload vllm vllm-faults vllm-memory colocated example vllm-bench rl-step} "
+stages=" ${STAGES:-tier fsdp2 copy shapes publish host-time offload vllm vllm-fp8 vllm-faults vllm-memory colocated example vllm-bench rl-step} "
 # The bundle, or its archive (carried beside the vLLM bundle: both must fit in one
 # run's 64 MiB).
 if [ ! -f build/bundle/env.sh ] && [ -f build/bundle.tar.xz ]; then
@@ -87,7 +89,7 @@ if stage offload; then
   timeout 150 python3 tests/bench/offload.py --gb 8 --json "$out/offload.json" >"$out/offload.log" 2>&1 || status=1
   grep -E "^offload:" "$out/offload.log" | tail -n 8 | tee -a "$out/summary.txt"
 fi
-if stage vllm || stage vllm-faults || stage vllm-memory || stage colocated || stage example || stage vllm-bench || stage rl-step; then
+if stage vllm || stage vllm-fp8 || stage vllm-faults || stage vllm-memory || stage colocated || stage example || stage vllm-bench || stage rl-step; then
   if [ -f .vllm/activate.sh ]; then
     # (Only now: the tier above runs without vLLM, its vLLM spec pending.)
     # shellcheck source=/dev/null
@@ -95,10 +97,16 @@ if stage vllm || stage vllm-faults || stage vllm-memory || stage colocated || st
     if stage vllm; then
       echo "== vLLM specs (tests/gpu/vllm_spec.lua: vllm_e2e.py direct and native, vllm_faults.py)" \
         | tee -a "$out/summary.txt"
-      timeout 540 wsync test tests/gpu/vllm_spec.lua --exclude-tags=faults -o utfTerminal >"$out/vllm_spec.log" 2>&1 \
-        || status=1
+      timeout 540 wsync test tests/gpu/vllm_spec.lua --exclude-tags=faults,fp8 -o utfTerminal >"$out/vllm_spec.log" \
+        2>&1 || status=1
       grep -E "^vllm_e2e|^vllm_keep|successes|^(Failure|Error) ->" "$out/vllm_spec.log" | tail -n 40 \
         | tee -a "$out/summary.txt"
+    fi
+    if stage vllm-fp8; then
+      echo "== vLLM FP8 rollout (tests/gpu/vllm_spec.lua #fp8: vllm_e2e.py direct-fp8 and native-fp8)" \
+        | tee -a "$out/summary.txt"
+      timeout 540 wsync test tests/gpu/vllm_spec.lua --tags=fp8 -o utfTerminal >"$out/vllm_fp8.log" 2>&1 || status=1
+      grep -E "^vllm_e2e|successes|^(Failure|Error) ->" "$out/vllm_fp8.log" | tail -n 40 | tee -a "$out/summary.txt"
     fi
     if stage vllm-faults; then
       echo "== vLLM faults (tests/gpu/vllm_faults.py: kills and stops of the trainer, the runtime, EngineCore)" \
@@ -129,10 +137,11 @@ if stage vllm || stage vllm-faults || stage vllm-memory || stage colocated || st
     if stage vllm-bench; then
       echo "== vLLM: wsync native and direct against vLLM's own weight sync (tests/bench/vllm_publish.py)" \
         | tee -a "$out/summary.txt"
-      # (The ways that fit one call beside vLLM's own twice; VLLM_WAYS names others.)
+      # (The ways that fit one call beside vLLM's own twice; VLLM_WAYS names others: "fp8
+      # direct,fp8 native" for issue 24's FP8 line, with vLLM's own into FP8.)
       timeout 540 python3 tests/bench/vllm_publish.py 3 "${VLLM_WAYS:-direct storage,direct 2x4GiB,native}" \
         >"$out/vllm_publish.log" 2>&1 || status=1
-      grep -E "^vllm_publish|^way|^floor|^vLLM|^wsync|^\(wsync|Error" "$out/vllm_publish.log" | tail -n 30 \
+      grep -E "^vllm_publish|^way|^floor|^vLLM|^wsync|^\(wsync|^fp8 publish|Error" "$out/vllm_publish.log" | tail -n 30 \
         | tee -a "$out/summary.txt"
     fi
     if stage rl-step; then

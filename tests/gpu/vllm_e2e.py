@@ -25,7 +25,21 @@ the prefix cache: the sequence generated twice before a publication reads its fu
 from the cache the second time, and generated after it reads none (no block computed under
 the old weights is served).
 
-    python3 tests/gpu/vllm_e2e.py [--load direct|native|direct-sleep]
+FP8 rollout (``--load direct-fp8`` and ``native-fp8``: vLLM's online per-tensor FP8 of the
+trainer's bfloat16, runtime.vllm.quantization = "fp8"). FP8 weights are further from the
+float32 reference than bfloat16, so the bound above cannot hold; the rollout's distance is
+bounded instead by what FP8 weights alone explain: the same float32 reference with each
+weight vLLM quantizes (every matrix but the embeddings and the head) rounded per tensor (per
+expert for the experts' tensors) to float8_e4m3fn and back, as vLLM's scale amax/448 does.
+vLLM's distance from float32 must be within NOISE_FACTOR x the trainer's bfloat16 distance
+plus FP8_FACTOR x that FP8 distance, plus the slacks (FP8_FACTOR leaves room for what the
+weights alone do not model: vLLM also quantizes activations per token). The mismatch against
+the bfloat16 trainer is printed beside the bfloat16 figure. direct-fp8 checks every
+publication against vLLM's own FP8 loader (check = "every"): vLLM reloads the same bfloat16
+and the resident bytes must be equal, so its log-probabilities are the ones vLLM's own FP8
+path gives on the same weights; the test fails unless every publication was checked whole.
+
+    python3 tests/gpu/vllm_e2e.py [--load direct|native|direct-sleep|direct-fp8|native-fp8]
 (direct-sleep: vLLM sleeps at level 1 at bootstrap and at level 2 before each publication,
 then wakes its weights for it and its KV cache after it.)
 Prints one line per step and "vllm_e2e: ok"; exits non-zero on any failure.
@@ -43,12 +57,18 @@ import wsync
 
 RECIPES = {"direct": "tests/fixtures/recipes/vllm_tiny_cuda.lua",
            "native": "tests/fixtures/recipes/vllm_tiny_cuda_native.lua",
-           "direct-sleep": "tests/fixtures/recipes/vllm_tiny_cuda_sleep.lua"}
+           "direct-sleep": "tests/fixtures/recipes/vllm_tiny_cuda_sleep.lua",
+           "direct-fp8": "tests/fixtures/recipes/vllm_tiny_cuda_fp8.lua",
+           "native-fp8": "tests/fixtures/recipes/vllm_tiny_cuda_native_fp8.lua"}
 STEPS = 3
 #: vLLM's distance from the float32 reference: at most NOISE_FACTOR x the trainer's own, plus
 #: these (nat, mean and max over the sequence); BEFORE_DELTA: the least mean distance of
 #: vLLM's dummy weights from the trainer.
 NOISE_FACTOR, MEAN_SLACK, MAX_SLACK, BEFORE_DELTA = 4.0, 0.005, 0.02, 0.2
+#: FP8 rollouts: the factor on the distance that FP8 weights alone give (see the module's doc).
+FP8_FACTOR = 4.0
+#: The largest magnitude of float8_e4m3fn.
+FP8_MAX = 448.0
 
 
 def trainer_logprobs(model: torch.nn.Module, tokens: list[int]) -> list[float]:
@@ -85,6 +105,22 @@ def float32_copy(model: torch.nn.Module, reference: torch.nn.Module) -> torch.nn
     return reference
 
 
+def fp8_rounded(reference: torch.nn.Module) -> torch.nn.Module:
+    """``reference`` with each weight vLLM's online FP8 quantizes (every matrix but the
+    embeddings and the head) rounded to float8_e4m3fn and back under vLLM's per-tensor scale
+    amax/448, one scale per expert for the experts' stacked tensors."""
+    with torch.no_grad():
+        for name, parameter in reference.named_parameters():
+            if parameter.dim() < 2 or "embed_tokens" in name or name.startswith("lm_head"):
+                continue
+            pieces = parameter.data if parameter.dim() > 2 else parameter.data[None]
+            for piece in pieces:
+                scale = piece.abs().amax() / FP8_MAX
+                if scale > 0:
+                    piece.copy_((piece / scale).to(torch.float8_e4m3fn).float() * scale)
+    return reference
+
+
 def deltas(a: list[float], b: list[float]) -> tuple[float, float]:
     if len(a) != len(b):
         raise AssertionError(f"{len(a)} log-probabilities against {len(b)}")
@@ -97,6 +133,7 @@ def main() -> int:
     parser.add_argument("--load", choices=sorted(RECIPES), default="direct")
     load = parser.parse_args().load
     recipe = RECIPES[load]
+    fp8 = load.endswith("-fp8")
 
     def scaled(model: torch.nn.Module) -> None:  # a distribution far from uniform (see the module's doc)
         model.model.embed_tokens.weight.mul_(40)
@@ -139,23 +176,36 @@ def main() -> int:
             worst, mean = deltas(got, exact)
             noise_worst, noise_mean = deltas(ours, exact)
             apart_worst, apart_mean = deltas(got, ours)
+            fp8_worst = fp8_mean = 0.0
+            if fp8:
+                fp8_worst, fp8_mean = deltas(trainer_logprobs(fp8_rounded(reference), sequence), exact)
+                print(f"vllm_e2e: step {step}: FP8 rollout against the bfloat16 trainer, mean/max |delta| "
+                      f"{apart_mean:.4f}/{apart_worst:.4f}; from float32: FP8 rollout {mean:.4f}/{worst:.4f}, "
+                      f"bfloat16 trainer {noise_mean:.4f}/{noise_worst:.4f}, FP8 weights alone {fp8_mean:.4f}/"
+                      f"{fp8_worst:.4f}", flush=True)
             print(f"vllm_e2e: step {step}: loss {loss:.4f}, model version {publication.model_version} "
                   f"(generation stamped {version}); |delta| from float32, mean/max: vLLM {mean:.4f}/{worst:.4f}, "
                   f"trainer (bfloat16) {noise_mean:.4f}/{noise_worst:.4f}; vLLM from trainer {apart_mean:.4f}/"
                   f"{apart_worst:.4f}", flush=True)
             if version != publication.model_version:
                 failures.append(f"step {step}: generation stamped {version}, published {publication.model_version}")
-            mean_bound, max_bound = NOISE_FACTOR * noise_mean + MEAN_SLACK, NOISE_FACTOR * noise_worst + MAX_SLACK
+            mean_bound = NOISE_FACTOR * noise_mean + FP8_FACTOR * fp8_mean + MEAN_SLACK
+            max_bound = NOISE_FACTOR * noise_worst + FP8_FACTOR * fp8_worst + MAX_SLACK
             if mean > mean_bound or worst > max_bound:
                 failures.append(f"step {step}: vLLM's |delta| from float32, mean {mean:.4f} max {worst:.4f}, beyond "
-                                f"{mean_bound:.4f} / {max_bound:.4f} ({NOISE_FACTOR}x the trainer's own, plus "
-                                f"{MEAN_SLACK} / {MAX_SLACK})")
+                                f"{mean_bound:.4f} / {max_bound:.4f} ({NOISE_FACTOR}x the trainer's own"
+                                + (f" and {FP8_FACTOR}x FP8 weights' alone" if fp8 else "")
+                                + f", plus {MEAN_SLACK} / {MAX_SLACK})")
         reports = host.reports()
-        if load.startswith("direct"):  # (the first publication's check against vLLM's loader, and only the first)
-            checked = [[bool(receipt.get("checked_against_vllm")) for receipt in report["receipts"]]
-                       for report in reports]
+        if load.startswith("direct"):  # (the first publication's check against vLLM's loader, and only the first;
+            # under FP8 every publication's, each whole)
+            checked = [[bool(receipt.get("checked_against_vllm")) and not receipt.get("unchecked_tensors")
+                        for receipt in report["receipts"]] for report in reports]
             print(f"vllm_e2e: checked against vLLM's own loader, by publication and TP rank: {checked}", flush=True)
-            if checked != [[True]] + [[False]] * (len(reports) - 1):
+            if fp8 and checked != [[True]] * len(reports):
+                failures.append(f"the direct FP8 loader's check against vLLM's own FP8 loader ran whole in {checked}, "
+                                "not in every publication")
+            elif not fp8 and checked != [[True]] + [[False]] * (len(reports) - 1):
                 failures.append(f"the direct loader's check against vLLM's own loader ran in {checked}, not in the "
                                 "first publication alone")
         for report in reports:

@@ -80,10 +80,16 @@ describe("the vllm runtime with vLLM #vllm", function()
     return result
   end
 
-  -- (direct-sleep: level 1 at bootstrap, level 2 before each publication.)
-  for _, load in ipairs({ "direct", "native", "direct-sleep" }) do
-    it("publishes a trainer's steps into vLLM whose log-probabilities then follow the trainer's (" .. load .. ")",
-      function()
+  -- (direct-sleep: level 1 at bootstrap, level 2 before each publication. The FP8
+  -- rollouts, vLLM's online FP8 of the trainer's bfloat16 quantized by wsync's direct
+  -- loader, checked against vLLM's own in every publication, or by vLLM's own loader, are
+  -- #fp8: about three minutes more, which the vllm stage's device call has not left;
+  -- tests/gpu/run.sh runs them as the vllm-fp8 stage.)
+  for _, load in ipairs({ "direct", "native", "direct-sleep", "direct-fp8", "native-fp8" }) do
+    local fp8 = load:find("fp8", 1, true) ~= nil
+    it(fp8 and "publishes into vLLM in FP8, its log-probabilities within what FP8 weights explain (" .. load
+      .. ") #fp8" or "publishes a trainer's steps into vLLM whose log-probabilities then follow the trainer's ("
+      .. load .. ")", function()
         local result = script({ "tests/gpu/vllm_e2e.py", "--load", load }, 420000)
         assert.are.equal(0, result.code, result.stderr)
         assert.matches("vllm_e2e: ok (" .. load, result.stdout, 1, true)

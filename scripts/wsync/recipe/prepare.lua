@@ -34,7 +34,8 @@ end
 --- Refuses a vllm recipe's `runtime.vllm.quantization` that wsync cannot
 --- plan: it plans bfloat16 and "fp8" (vLLM's own loader quantizes with load
 --- = "native"; wsync's direct loader quantizes while it copies, under the
---- loader plan's groups). Refuses too the values check of a quantized
+--- loader plan's groups, and its check reloads the same bfloat16 through
+--- vLLM's own FP8 loader). Refuses too the values check of a quantized
 --- rollout: its sums are of the trainer's bfloat16 values, which FP8
 --- residents do not hold.
 ---@param recipe table
@@ -45,13 +46,6 @@ function M.check_quantization(recipe)
     errors.raise("INVALID_ARGUMENT", string.format("quantization %s: wsync plans bfloat16 rollouts and \"fp8\" "
       .. "(vLLM's online per-tensor FP8 of a bfloat16 checkpoint)", tostring(quantization)),
       { field = runtime.kind == "vllm" and "runtime.vllm.quantization" or "runtime.quantization" })
-  end
-  if quantization ~= nil and runtime.kind == "vllm" and (runtime.load or "direct") == "direct"
-      and (runtime.check or "first") ~= "never" then
-    errors.raise("INVALID_ARGUMENT", string.format("check = \"%s\" with quantization %s and load = \"direct\": the "
-      .. "check of wsync's direct loader against vLLM's own FP8 loader is not built yet (it needs vLLM's layerwise "
-      .. "reload of whole layers: bindings/python/wsync/vllm/FP8.md, section 7); check = \"never\", or load = "
-      .. "\"native\"", runtime.check or "first", quantization), { field = "runtime.check" })
   end
   if quantization ~= nil and recipe.verify == "values" then
     errors.raise("INVALID_ARGUMENT", string.format("verify = \"values\" sums the trainer's bfloat16 values, and "

@@ -320,6 +320,58 @@ def load_weights(model: Any, weights: list[tuple[str, Any]]) -> None:
     _member(model, "load_weights", "the vLLM model's load_weights")(weights)
 
 
+def quiet_layerwise_reload() -> Any:
+    """A context in which vLLM's layerwise reload logs only its errors: its finalize warns
+    "Failed to load weights" for every module that got no weights
+    (``finalize_layerwise_processing``, model_executor/model_loader/reload/layerwise.py:257-269
+    of vLLM 0.26), and the direct loader's FP8 check reloads a few modules at a time, leaving
+    out the others by design. The reload logs through its module's logger (``init_logger(__name__)``,
+    layerwise.py:32)."""
+    import logging
+    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+
+    @contextlib.contextmanager
+    def quiet() -> Any:
+        level = logger.level
+        logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            logger.setLevel(level)
+    return quiet()
+
+
+def repoint_moe_scales(model: Any) -> int:
+    """Points each online-FP8 MoE layer's kernel configuration back at the layer's own scale
+    Parameters, after a vLLM layerwise reload (FP8.md, hazard H1); the number of layers
+    re-pointed. The reload runs the quant method's ``_setup_kernel`` on temporary tensors,
+    which builds ``quant_method.moe_quant_config`` over the temporary scales
+    (model_executor/layers/quantization/online/fp8.py:447-462), then copies the result into
+    the layer's original Parameters and registers those again (reload/layerwise.py:395-411);
+    the experts read ``w1_scale``/``w2_scale`` from that config (fused_moe/config.py:334-359,
+    fused_moe/modular_kernel.py:715-720; the kernel's experts hold the same config object,
+    fused_moe/oracle/fp8.py:671-709), so later in-place writes to the layer's scales would
+    miss the eager path. Sets ``moe_quant_config._w1.scale`` and ``._w2.scale`` (dataclass
+    fields, config.py:174-252) to ``layer.w13_<weight_scale_name>`` and
+    ``layer.w2_<weight_scale_name>`` (``_Fp8OnlineMoEBase.weight_scale_name``, online/fp8.py:396;
+    read from vLLM 0.26)."""
+    repointed = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        config = getattr(method, "moe_quant_config", None)
+        scale_name = getattr(method, "weight_scale_name", None)
+        if config is None or scale_name is None:
+            continue
+        w13_scale = getattr(module, f"w13_{scale_name}", None)
+        w2_scale = getattr(module, f"w2_{scale_name}", None)
+        if w13_scale is None or w2_scale is None:
+            continue
+        _member(config, "_w1", "FusedMoEQuantConfig._w1").scale = w13_scale
+        _member(config, "_w2", "FusedMoEQuantConfig._w2").scale = w2_scale
+        repointed += 1
+    return repointed
+
+
 def resident_name(vllm_name: str) -> str:
     """The loader plan's name for vLLM's parameter ``vllm_name`` (VLLM_NAME_INFIXES)."""
     for theirs, ours in VLLM_NAME_INFIXES:

@@ -234,6 +234,32 @@ def check_groups(tensors: list[dict[str, Any]], writes: dict[str, list[str]], si
     return groups
 
 
+def reload_units(writes: dict[str, list[str]]) -> dict[str, set[str]]:
+    """The canonical tensors of a quantized loader plan (``writes``: each tensor's resident
+    parameters) in the units the check against vLLM's FP8 loader reloads, each unit by
+    every one of its tensors: the tensors that fill parameters of one module (a resident's
+    name up to its last dot), joined through any tensor that fills two. vLLM's layerwise
+    reload quantizes a module only once all of it is loaded, and fills what a module did
+    not get with uninitialized memory (FP8.md, section 7), so the check reloads whole
+    modules. A tensor that fills nothing on this rank belongs to no unit."""
+    owner: dict[str, str] = {}  # (a module's representative, toward the root)
+
+    def root(module: str) -> str:
+        while owner.setdefault(module, module) != module:
+            owner[module] = owner[owner[module]]
+            module = owner[module]
+        return module
+    for residents in writes.values():
+        modules = [root(name.rsplit(".", 1)[0]) for name in residents]
+        for module in modules[1:]:
+            owner[root(module)] = root(modules[0])
+    units: dict[str, set[str]] = {}
+    for tensor, residents in writes.items():
+        if residents:
+            units.setdefault(root(residents[0].rsplit(".", 1)[0]), set()).add(tensor)
+    return {tensor: unit for unit in units.values() for tensor in unit}
+
+
 class _CudaBytes:
     """Device bytes as torch.as_tensor takes them (``__cuda_array_interface__``)."""
 
@@ -249,7 +275,14 @@ class CheckedDirectLoader(DirectLoader):
     the same bytes of the packed buffer, and every parameter the chunk touched must then be
     bitwise what the direct loader wrote. Any difference fails the publication (fatal),
     naming the parameter and where it first differs: ``load = "native"`` serves such a
-    model."""
+    model.
+
+    Under a quantization (FP8), vLLM's own path from bfloat16 is its layerwise reload, which
+    quantizes a module once all of it is loaded: each module's tensors wait (views of the
+    packed buffer, cloned when the chunk ends before the module does) until the last of them
+    arrives, and then the module is reloaded by vLLM alone, between its
+    ``start_weight_update`` and ``finish_weight_update``, a bounded group of modules at a
+    time (FP8.md, section 7)."""
 
     def __init__(self, worker: Any, identity: dict[str, Any], host: Any) -> None:
         super().__init__(identity, host, lambda: torch_residents(compat.worker_model(worker)),
@@ -257,25 +290,21 @@ class CheckedDirectLoader(DirectLoader):
         self.worker = worker
         self.check, self.checked, self.checking = "first", False, False
         self.chunks: dict[int, list[dict[str, Any]]] = {}
+        self.units: Optional[dict[str, set[str]]] = None  # (under a quantization: reload_units)
+        self.waiting: dict[str, Any] = {}  # (a quantized check's tensors whose modules are not all here yet)
 
     def init_weights(self, payload: dict[str, Any]) -> dict[str, Any]:
-        check = payload.get("check", "first")
-        if payload.get("quantization") is not None and check != "never":
-            # (vLLM's own path for a bfloat16 reload into an FP8 model is its layerwise reload
-            # of whole layers: FP8.md, section 7, says how the check will run it.)
-            raise Failure("DIRECT_UNSUPPORTED", f"check = {check!r} under quantization "
-                          f"{payload['quantization']!r}: the check of the direct loader against vLLM's own FP8 "
-                          "loader is not built yet; check = \"never\", or load = \"native\"", fatal=True,
-                          rank=self.identity["rank"])
         result = super().init_weights(payload)
-        self.check = check
+        self.check = payload.get("check", "first")
         self.plan = LoaderPlan(self.host, payload["family"], payload["config"], payload["tp"], self.identity["rank"],
                                payload.get("quantization"))
-        self.chunks, self.checked = {}, False
+        self.units = reload_units(self.plan.writes) if payload.get("quantization") is not None else None
+        self.chunks, self.checked, self.waiting = {}, False, {}
         return result
 
     def start_update(self, payload: dict[str, Any]) -> dict[str, Any]:
         self.checking = self.check == "every" or (self.check == "first" and not self.checked)
+        self.waiting = {}
         return super().start_update(payload)
 
     def load_chunk(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -284,7 +313,10 @@ class CheckedDirectLoader(DirectLoader):
         result = super().load_chunk(payload)
         if self.checking:
             started = time.perf_counter()
-            self._check_chunk(payload["chunk"], payload["buffer"])
+            if self.units is None:
+                self._check_chunk(payload["chunk"], payload["buffer"])
+            else:
+                self._check_quantized_chunk(payload["chunk"], payload["buffer"])
             result["check_seconds"] = time.perf_counter() - started
         return result
 
@@ -293,16 +325,19 @@ class CheckedDirectLoader(DirectLoader):
         if self.checking:
             self.checked = True
             result["checked_against_vllm"] = True
+            if self.waiting:
+                # (A publication that left out part of a module: vLLM cannot reload it alone.)
+                result["unchecked_tensors"] = len(self.waiting)
+            self.waiting = {}
             import torch
             torch.cuda.empty_cache()  # (the check's copies, out of torch's cache: the model of memory has none)
         return result
 
-    def _check_chunk(self, chunk: int, slot: int) -> None:
+    def _memories(self, tensors: list[dict[str, Any]], slot: int) -> dict[int, Any]:
+        """The packed buffers (or, on the direct path from the trainer's own storage, the
+        memories each tensor names) a chunk's tensors lie in, as byte tensors."""
         import torch
-        tensors = self.chunks[chunk]
         device = compat.worker_device(self.worker)
-        # (A chunk lies in one packed buffer; on the direct path from the trainer's own
-        # storage each tensor names the memory it lies in.)
         memories: dict[int, Any] = {}
         for tensor in tensors:
             where = int(tensor.get("buffer", slot))
@@ -310,34 +345,91 @@ class CheckedDirectLoader(DirectLoader):
                 region = self._call("mapped", {"buffer": where})
                 memories[where] = torch.as_tensor(_CudaBytes(int(region["pointer"]), int(region["size"])),
                                                   device=device)
+        return memories
+
+    @staticmethod
+    def _view(tensor: dict[str, Any], memories: dict[int, Any], slot: int) -> Any:
+        import torch
+        memory = memories[int(tensor.get("buffer", slot))]
+        return memory[tensor["offset"]:tensor["offset"] + tensor["bytes"]].view(getattr(torch, tensor["dtype"])) \
+            .view(tensor["shape"])
+
+    def _check_chunk(self, chunk: int, slot: int) -> None:
+        tensors = self.chunks[chunk]
+        memories = self._memories(tensors, slot)
         model = compat.worker_model(self.worker)
         parameters = {compat.resident_name(name): parameter for name, parameter in model.named_parameters()}
 
         def size(name: str) -> int:
             return parameters[name].data.numel() * parameters[name].data.element_size()
         for group, residents in check_groups(tensors, self.plan.writes, size, CHECK_GROUP_BYTES):
-            self._check_group(chunk, slot, group, residents, memories, parameters, model)
+            direct = {name: parameters[name].data.clone() for name in residents}
+            compat.load_weights(model, [(tensor["name"], self._view(tensor, memories, slot)) for tensor in group])
+            self._compare(chunk, direct, parameters, "vLLM's own loader")
 
-    def _check_group(self, chunk: int, slot: int, tensors: list[dict[str, Any]], residents: set[str],
-                     memories: dict[int, Any], parameters: dict[str, Any], model: Any) -> None:
+    def _check_quantized_chunk(self, chunk: int, slot: int) -> None:
+        assert self.units is not None
+        tensors = [tensor for tensor in self.chunks[chunk] if tensor["name"] in self.units]
+        memories = self._memories(tensors, slot)
+        for tensor in tensors:
+            self.waiting[tensor["name"]] = self._view(tensor, memories, slot)
+        order = {name: at for at, name in enumerate(self.waiting)}
+        ready: dict[str, list[str]] = {}  # (the units complete now, by their first tensor, in the order they came)
+        for tensor in tensors:
+            unit = self.units[tensor["name"]]
+            if unit <= order.keys():
+                names = sorted(unit, key=order.__getitem__)
+                ready[names[0]] = names
+        if ready:
+            model = compat.worker_model(self.worker)
+            parameters = {compat.resident_name(name): parameter for name, parameter in model.named_parameters()}
+
+            def size(name: str) -> int:
+                return parameters[name].data.numel() * parameters[name].data.element_size()
+            # (Grouped a unit at a time: a group never holds part of a module.)
+            writes = {first: sorted({resident for name in names for resident in self.plan.writes[name]})
+                      for first, names in ready.items()}
+            for group, residents in check_groups([{"name": first} for first in ready], writes, size,
+                                                 CHECK_GROUP_BYTES):
+                self._reload_and_compare(chunk, [(name, self.waiting.pop(name)) for unit in group
+                                                 for name in ready[unit["name"]]], residents, model)
+        for tensor in tensors:  # (what waits past this chunk cannot stay in its buffer)
+            if tensor["name"] in self.waiting:
+                self.waiting[tensor["name"]] = self.waiting[tensor["name"]].clone()
+
+    def _reload_and_compare(self, chunk: int, weights: list[tuple[str, Any]], residents: set[str],
+                            model: Any) -> None:
+        """Reloads whole modules' bfloat16 ``weights`` through vLLM's layerwise reload (which
+        quantizes them and copies the result into the live parameters, putting every module
+        that got no weights back as it was, reload/layerwise.py:257-269), then compares
+        ``residents`` with what the direct loader wrote there."""
+        parameters = {compat.resident_name(name): parameter for name, parameter in model.named_parameters()}
+        direct = {name: parameters[name].data.clone() for name in residents}
+        with compat.quiet_layerwise_reload():
+            compat.start_weight_update(self.worker)
+            try:
+                compat.load_weights(model, weights)
+            finally:
+                compat.finish_weight_update(self.worker)
+        compat.repoint_moe_scales(model)
+        parameters = {compat.resident_name(name): parameter for name, parameter in model.named_parameters()}
+        self._compare(chunk, direct, parameters, "vLLM's own FP8 loader (its layerwise reload)")
+
+    def _compare(self, chunk: int, direct: dict[str, Any], parameters: dict[str, Any], whose: str) -> None:
+        """Fails DIRECT_PLAN_MISMATCH at the first parameter of ``direct`` (the direct
+        loader's bytes, cloned) that ``parameters`` do not hold bitwise."""
         import torch
-        touched = sorted(residents)
-        direct = {name: parameters[name].data.clone() for name in touched}
-        weights = [(tensor["name"], memories[int(tensor.get("buffer", slot))][tensor["offset"]:tensor["offset"]
-                                                                              + tensor["bytes"]]
-                    .view(getattr(torch, tensor["dtype"])).view(tensor["shape"])) for tensor in tensors]
-        compat.load_weights(model, weights)
-        torch.cuda.synchronize(compat.worker_device(self.worker))
-        for name in touched:
+        device = compat.worker_device(self.worker)
+        if getattr(device, "type", None) == "cuda":
+            torch.cuda.synchronize(device)
+        for name in sorted(direct):
             own = parameters[name].data.reshape(-1).view(torch.uint8)
             ours = direct[name].reshape(-1).view(torch.uint8)
             if not torch.equal(own, ours):
                 first = int((own != ours).nonzero()[0])
-                raise Failure("DIRECT_PLAN_MISMATCH", f"chunk {chunk}: vLLM's own loader writes {name} differently "
-                              f"from wsync's direct loader (first at byte {first} of {own.numel()}); load = "
-                              "\"native\" serves this model", fatal=True,
-                              rank=self.identity["rank"])
-        del direct
+                raise Failure("DIRECT_PLAN_MISMATCH", f"chunk {chunk}: {whose} writes {name} differently from wsync's "
+                              f"direct loader (first at byte {first} of {own.numel()}); load = \"native\" serves this "
+                              "model", fatal=True, rank=self.identity["rank"])
 
 
 def torch_residents(model: Any) -> dict[str, dict[str, Any]]:
