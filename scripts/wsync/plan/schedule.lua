@@ -283,17 +283,13 @@ local apply
 function apply(state, step, sizes, callbacks)
   if step.kind == "together" then
     -- (Either part may end first: the peak is the most that either order
-    -- holds between the two.)
-    local peak = 0
-    for _, order in ipairs({ { 1, 2 }, { 2, 1 } }) do
-      local trial = require("wsync.util").merged(state)
-      for _, index in ipairs(order) do
-        peak = math.max(peak, apply(trial, step.parts[index], sizes, callbacks))
-      end
-    end
-    apply(state, step.parts[1], sizes, callbacks)
-    apply(state, step.parts[2], sizes, callbacks)
-    return peak
+    -- holds between the two. Both orders end in the same state.)
+    local trainer, rollout = step.parts[1], step.parts[2]
+    local trial = require("wsync.util").merged(state)
+    local peak = apply(trial, rollout, sizes, callbacks)
+    peak = math.max(peak, apply(trial, trainer, sizes, callbacks))
+    peak = math.max(peak, apply(state, trainer, sizes, callbacks))
+    return math.max(peak, apply(state, rollout, sizes, callbacks))
   end
   local function refuse(message)
     invalid(string.format("%s (%s): %s", step.where, describe(step), message), { field = step.where })

@@ -251,14 +251,15 @@ local function memory_json(sample)
 end
 
 -- A together step's parts (wsync.publish.steps): each one's name, kind,
--- seconds and bytes.
+-- seconds, bytes and outcome.
 local function parts_json(parts)
   if not parts then
     return null
   end
   local out = util.json_array({})
   for index, part in ipairs(parts) do
-    out[index] = { name = part.name, kind = part.kind, seconds = part.seconds, bytes = part.bytes or null }
+    out[index] = { name = part.name, kind = part.kind, seconds = part.seconds, bytes = part.bytes or null,
+      outcome = part.outcome }
   end
   return out
 end

@@ -8,7 +8,6 @@
 --- the session's own (wsync.publish.publication).
 local loop = require("wsync.loop")
 local report_module = require("wsync.publish.report")
-local uv = require("luv")
 local schedule_module = require("wsync.plan.schedule")
 
 local M = {}
@@ -90,30 +89,34 @@ end
 ---@param ranks wsync.Ranks?
 ---@param rollout table?
 function Steps:run(step, target, ranks, rollout)
-  local moved, parts
+  local moved
+  -- (A together step's parts, each timed on its own as it ends, a failed one
+  -- too: the entry keeps them.)
+  local parts = step.kind == "together" and {} or nil
   report_module.timed(target, schedule_module.describe(step), step.kind, function()
-    if step.kind == "together" then
-      -- (Both at once; each part's own time and bytes are kept in the entry.)
-      local results, failed, err = loop.all(#step.parts, function(index)
-        local part = step.parts[index]
-        local started = uv.hrtime()
-        local bytes = self:_part(part, ranks, rollout)
-        return { name = schedule_module.describe(part), kind = part.kind, seconds = (uv.hrtime() - started) / 1e9,
-          bytes = bytes }
-      end)
-      if failed then
-        error(err, 0)
-      end
-      parts = results
-      for _, part in ipairs(parts) do
-        moved = part.bytes and (moved or 0) + part.bytes or moved
-      end
-    else
+    if not parts then
       moved = self:_part(step, ranks, rollout)
+      return
     end
-  end, { where = step.where })
+    local sections = {}
+    local _, failed, err = loop.all(#step.parts, function(index)
+      local part = step.parts[index]
+      sections[index] = { steps = {} }
+      local bytes = report_module.timed(sections[index], schedule_module.describe(part), part.kind, function()
+        return self:_part(part, ranks, rollout)
+      end)
+      sections[index].steps[1].bytes = bytes
+      moved = bytes and (moved or 0) + bytes or moved
+    end)
+    for index, section in ipairs(sections) do
+      parts[index] = section.steps[1]
+    end
+    if failed then
+      error(err, 0)
+    end
+  end, { where = step.where, parts = parts })
   local entry = target.steps[#target.steps]
-  entry.bytes, entry.parts = moved, parts
+  entry.bytes = moved
   if self.sample then
     entry.device_memory, entry.predicted_bytes = self.sample(entry.where)
   end

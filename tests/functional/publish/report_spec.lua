@@ -147,13 +147,18 @@ describe("wsync run --report", function()
       end
       assert.are.equal(cjson.null, round.steps[5].parts)
     end
-    -- A rank that dies in the callback of a together step.
-    local failing = leftovers.run({ "run", "recipes/demo.lua", schedule },
+    -- A rank that dies in the callback of a together step: the step failed,
+    -- its parts each with their own outcome.
+    local failed_path, read_failed = report_path()
+    local failing = leftovers.run({ "run", "recipes/demo.lua", schedule, "--report", failed_path },
       { env = { "WSYNC_TRAINER_FAULT=rank1:die@callback#2" } })
     leftovers.assert_clean(failing)
+    local _, failed_report = read_failed()
     assert.are.equal(1, failing.code)
     assert.matches("wsync: verdict: FAILED: [phase callback, rank 1] trainer rank 1: ", failing.stdout, 1, true)
-    assert.matches("offload_actor + wake kv_cache", failing.stdout, 1, true)
+    local failed = failed_report.rounds[1].steps[7]
+    assert.are.same({ "offload_actor + wake kv_cache", "failed" }, { failed.name, failed.outcome })
+    assert.are.same({ "failed", "ok" }, { failed.parts[1].outcome, failed.parts[2].outcome })
   end)
 
   it("a run stopped by SIGINT: the round in flight is in it, interrupted", function()
