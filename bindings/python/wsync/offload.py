@@ -40,29 +40,17 @@ def _aligned(size: int) -> int:
     return (size + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
-def _pin(torch: Any, arena: Any, what: str) -> Any:
-    """Page-locks `arena` (a host tensor) for CUDA; returns what unregisters it, which also
-    runs when the offloader that holds it is collected."""
+def _pin(torch: Any, arena: Any, owner: "_Offloader") -> Any:
+    """Page-locks `arena` (a host tensor) for CUDA; returns what unregisters it, once: called
+    before the arena is let go, or when `owner` is collected (before its arena is freed), or
+    at exit."""
     cudart = torch.cuda.cudart()
     pointer, size = arena.data_ptr(), arena.numel()
     status = cudart.cudaHostRegister(pointer, size, 0)
     if int(getattr(status, "value", status)) != 0:
-        raise RuntimeError(f"cannot page-lock {size} bytes of host memory for {what}'s offload "
+        raise RuntimeError(f"cannot page-lock {size} bytes of host memory for {owner.what}'s offload "
                            f"(cudaHostRegister: {status})")
-    return _Unpin(cudart, pointer, arena)
-
-
-class _Unpin:
-    """Unregisters a pinned arena once: when called, when collected, or at exit. It holds
-    the arena, so the memory is unregistered before it is freed."""
-
-    def __init__(self, cudart: Any, pointer: int, arena: Any) -> None:
-        self._finalizer = weakref.finalize(self, cudart.cudaHostUnregister, pointer)
-        self._arena = arena
-
-    def __call__(self) -> None:
-        self._finalizer()
-        self._arena = None
+    return weakref.finalize(owner, cudart.cudaHostUnregister, pointer)
 
 
 class _Offloader:
@@ -115,7 +103,7 @@ class _Offloader:
             self._arena, self._unpin = None, None  # (the old one freed before the new one is taken)
             arena = torch.empty(max(size, 1), dtype=torch.uint8)
             if pin:
-                self._unpin = _pin(torch, arena, self.what)
+                self._unpin = _pin(torch, arena, self)
             self._arena = arena
         return self._arena
 

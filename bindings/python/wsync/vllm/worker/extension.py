@@ -506,16 +506,12 @@ class WorkerExtension:
             "resident_tensors": sum(1 for _ in compat.worker_model(self).named_parameters()),
         }
 
-    def wsync_release_cache(self) -> int:
+    def wsync_release_cache(self) -> None:
         """Returns to the driver what torch's allocator keeps free in this worker (vLLM's
         sleep frees its own pools, not torch's cache: what its activations and a direct
-        load's check left there); the bytes it held."""
+        load's check left there)."""
         import torch
-        device = compat.worker_device(self)
-        torch.cuda.synchronize(device)
-        held = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         torch.cuda.empty_cache()
-        return int(held)
 
     def wsync_channel(self, directory: str) -> str:
         """Opens this worker's channel (wsync.vllm.worker.channel) in ``directory``: a thread of its
