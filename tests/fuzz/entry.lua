@@ -391,9 +391,10 @@ end
 -- (the timer alone does not keep the loop running). Returns a function that
 -- disarms it and says whether it fired.
 local function watchdog(close_near, far)
-  local timer = uv.new_timer()
   local fired = false
-  timer:start(M.WATCHDOG_MS, 0, function()
+  -- (loop.after times it from now, not from the loop's cached clock, which
+  -- stands still while inputs run outside the loop: a recipe's check.)
+  local timer = loop.after(M.WATCHDOG_MS, function()
     fired = true
     close_near()
     if not far:is_closing() then
@@ -402,7 +403,7 @@ local function watchdog(close_near, far)
   end)
   timer:unref()
   return function()
-    timer:close()
+    loop.cancel(timer)
     uv.run("nowait") -- completes the close
     return fired
   end
