@@ -36,12 +36,14 @@ def place(tensor: str) -> tuple[str, int]:
 class Engine:
     """The model, its packed buffer, and vLLM's reload in place of the worker's."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, padded: dict[str, int] | None = None) -> None:
         self.model = torch.nn.Module()
         sizes: dict[str, int] = {}
         for tensor, residents in WRITES.items():
             for resident in residents:
                 sizes[resident] = sizes.get(resident, 0) + ELEMENTS[tensor]
+        self.sizes = dict(sizes)  # (the loader plan's; the engine may hold a resident padded)
+        sizes.update(padded or {})
         for name, size in sizes.items():
             *path, leaf = name.split(".")
             module = self.model
@@ -92,7 +94,8 @@ class Engine:
         loader = CheckedDirectLoader.__new__(CheckedDirectLoader)
         loader.worker, loader.identity = object(), {"rank": 0}
         loader.check, loader.checked, loader.checking, loader.chunks, loader.waiting = "every", False, True, {}, {}
-        loader.plan = type("Plan", (), {"writes": WRITES})()
+        loader.plan = type("Plan", (), {"writes": WRITES, "residents": [
+            {"name": name, "shape": [size], "dtype": "uint8", "bytes": size} for name, size in self.sizes.items()]})()
         loader.units = reload_units(WRITES)
         buffer = torch.zeros(2 * sum(ELEMENTS.values()), dtype=torch.uint8)
         described = []
@@ -154,7 +157,29 @@ def test_a_byte_vllm_quantizes_otherwise_fails_naming_the_parameter(monkeypatch)
     assert failed.value.code == "DIRECT_PLAN_MISMATCH" and failed.value.fatal
     assert failed.value.message.startswith("chunk 1: vLLM's own FP8 loader (its layerwise reload) writes "
                                            "l.experts.w13_weight differently from wsync's direct loader (first "
-                                           "at byte 7 of 12)")
+                                           "at byte 7 of 12, element [7] of [12]: ")
+    assert failed.value.message.endswith("; 1 bytes differ); load = \"native\" serves this model")
+
+
+def test_a_resident_the_engine_holds_padded_is_compared_over_the_plans_part(monkeypatch):
+    # (vLLM's CUTLASS FP8 kernel pads a router of 8 experts to 16 rows; its reload writes
+    # zeros there, where the first load left what it left.)
+    engine = Engine(monkeypatch, padded={"l.norm.weight": 6})
+    engine.parameter("l.norm.weight")[2:] = 0x5A
+    original = engine.finish
+
+    def finish() -> None:
+        original()
+        engine.parameter("l.norm.weight")[2:] = 0
+    monkeypatch.setattr(compat, "finish_weight_update", lambda worker: finish())
+    loader, _, chunks = engine.loader([["q", "k", "v", "gate", "up", "down", "norm"]])
+    loader.load_chunk({"chunk": 1, "buffer": 1, "tensors": chunks[0]})
+    assert engine.parameter("l.norm.weight")[:2].tolist() == quantized(engine.values["norm"]).tolist()
+    engine.corrupt = {"norm"}
+    with pytest.raises(Failure) as failed:
+        loader.load_chunk({"chunk": 1, "buffer": 1, "tensors": chunks[0]})
+    assert "writes l.norm.weight differently from wsync's direct loader (first at byte 1 of 2, element [1] of [2]" \
+        in failed.value.message
 
 
 def test_a_module_the_publication_leaves_partly_out_is_counted_unchecked(monkeypatch):

@@ -46,12 +46,38 @@ local function row_major(shape)
   return strides
 end
 
+-- FP8 linear weights whose output width is not a multiple of 16 (a router of
+-- 8 experts) vLLM's CUTLASS kernel holds padded with zero rows to the next
+-- multiple of 16 (kernels/linear/scaled_mm/cutlass.py,
+-- process_weights_after_loading): the [in, out] view of [out_padded, in]
+-- row-major storage, the plan's [out, in] bytes at its head. Returns
+-- {size = the padded storage's bytes} when `parameter` is `tensor` so padded,
+-- else nil. (Padding of the input width would interleave zeros into every row:
+-- not this, and refused as a shape that differs.)
+local ALIGNMENT = 16
+local function padded_view(parameter, tensor)
+  local stride = tensor.stride
+  if tensor.dtype ~= "float8_e4m3fn" or #tensor.shape ~= 2 or not stride or type(parameter.shape) ~= "table"
+    or #parameter.shape ~= 2 or type(parameter.stride) ~= "table" then
+    return nil
+  end
+  local inputs, outputs = tensor.shape[1], tensor.shape[2]
+  local padded = math.ceil(outputs / ALIGNMENT) * ALIGNMENT
+  if parameter.shape[1] ~= inputs or parameter.shape[2] ~= padded or parameter.stride[1] ~= stride[1]
+    or parameter.stride[2] ~= stride[2] then
+    return nil
+  end
+  return { size = tensor.bytes / outputs * padded }
+end
+
 --- Binds the resident tensors of the loader plan to the engine's parameters
 --- (`residents`: name -> {pointer, size, dtype, shape, stride?}, the pointer
 --- a number): every tensor the plan fills must be there with its dtype,
 --- shape, size and strides (the plan's `stride`, else row-major contiguous;
 --- none given: contiguous), and the engine may have no parameter the plan
---- does not fill (it would keep stale weights). Under quantization "fp8" a
+--- does not fill (it would keep stale weights). An FP8 weight the engine
+--- holds padded (padded_view) is bound to the head of its storage. Under
+--- quantization "fp8" a
 --- missing scale, a weight left bfloat16, or a dense weight that is not the
 --- transposed view of [out, in] storage is refused here, named, before
 --- anything moves (FP8.md, section 2). The regions change (and a chunk's load
@@ -72,7 +98,9 @@ function Memory:_bind(residents)
     for dim = 1, same_shape and #tensor.shape or 0 do
       same_shape = same_shape and parameter.shape[dim] == tensor.shape[dim]
     end
-    if parameter.dtype ~= tensor.dtype or not same_shape or parameter.size ~= tensor.bytes then
+    local padded = not same_shape and padded_view(parameter, tensor)
+    if parameter.dtype ~= tensor.dtype or not (same_shape or padded)
+      or parameter.size ~= (padded and padded.size or tensor.bytes) then
       fatal("DIRECT_UNSUPPORTED", string.format("TP worker %d: the engine's %s is %s %s (%s bytes); the loader "
         .. "plan fills %s %s (%d bytes)", self.rank, tensor.name, tostring(parameter.dtype),
         require("cjson").encode(parameter.shape or {}), tostring(parameter.size), tensor.dtype,
@@ -92,7 +120,9 @@ function Memory:_bind(residents)
         require("cjson").encode(strides), tensor.stride and " (the [in, out] view of [out, in] row-major storage)"
         or " (row-major, contiguous)"))
     end
-    regions[index] = { pointer = parameter.pointer, size = parameter.size, device = self.device }
+    -- (Padded, the plan's bytes are the head of the parameter's storage, and the
+    -- padding after them stays as the engine wrote it: zeros.)
+    regions[index] = { pointer = parameter.pointer, size = tensor.bytes, device = self.device }
     local before = self.regions and self.regions[index]
     moved = moved or before == nil or before.pointer ~= parameter.pointer
   end

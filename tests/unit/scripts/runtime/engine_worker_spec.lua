@@ -233,7 +233,22 @@ describe("wsync.runtime.engine_worker", function()
         residents[p .. "mlp.gate.weight"] = { pointer = router.pointer, size = router.size * 2, dtype = "bfloat16",
           shape = { router.shape[2], router.shape[1] } }
         assert.matches("the engine's " .. p .. "mlp.gate.weight is bfloat16", refused(residents), 1, true)
-        residents[p .. "mlp.gate.weight"] = router
+        -- The router as vLLM's CUTLASS kernel holds it when its experts are not a multiple
+        -- of 16: [in, out] over [out padded to 16, in] storage, zeros after the plan's rows.
+        -- It loads into the head of that storage; padding the input width is refused.
+        local inputs, outputs = router.shape[1], router.shape[2]
+        assert(outputs % 16 ~= 0, "the tiny config's router is not padded: the case below tests nothing")
+        local rows = math.ceil(outputs / 16) * 16
+        local padded = assert(shm.anonymous(inputs * rows))
+        state.opened[#state.opened + 1] = padded
+        residents[p .. "mlp.gate.weight"] = { pointer = tonumber(ffi.cast("uintptr_t", padded:pointer())),
+          size = inputs * (rows + 16), dtype = router.dtype, shape = { inputs + 16, rows },
+          stride = { 1, inputs + 16 } }
+        assert.matches("the engine's " .. p .. "mlp.gate.weight is float8_e4m3fn [" .. (inputs + 16) .. "," .. rows
+          .. "]", refused(residents), 1, true)
+        residents[p .. "mlp.gate.weight"] = { pointer = tonumber(ffi.cast("uintptr_t", padded:pointer())),
+          size = inputs * rows, dtype = router.dtype, shape = { inputs, rows }, stride = { 1, inputs } }
+        memories[p .. "mlp.gate.weight"] = padded
         -- As vLLM holds them: the chunks load, the scales among what they fill.
         call("init_weights", init_payload(state, residents, "fp8"))
         call("start_update", { header = HEADER, residents_unchanged = true })
@@ -245,6 +260,9 @@ describe("wsync.runtime.engine_worker", function()
         local receipt = call("finish_update", HEADER)
         assert.are.equal(#state.loader_plan.tensors, receipt.resident_tensors)
         assert.are_not.equal(string.rep("\0", 4), memories[p .. "self_attn.qkv_proj.weight_scale"]:read(0, 4))
+        assert.are_not.equal(string.rep("\0", inputs), padded:read(0, inputs))
+        assert.are.equal(string.rep("\0", inputs * (rows - outputs)),
+          padded:read(inputs * outputs, inputs * (rows - outputs)))
       end)
       state.close()
       assert(ok, message)

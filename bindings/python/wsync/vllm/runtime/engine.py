@@ -223,8 +223,10 @@ class VllmEngine:
                 slowest, parts = float(answer.get("seconds", 0.0)), answer.get("parts") or {}
             if not answer.get("ok"):
                 error = answer.get("error") or {}
-                raise Failure(error.get("code", "WORKER_FAILED"), f"TP worker {rank}: {error.get('message')}",
-                              fatal=error.get("fatal", True), rank=rank)
+                message = str(error.get("message"))
+                if not message.startswith(f"TP worker {rank}"):
+                    message = f"TP worker {rank}: {message}"
+                raise Failure(error.get("code", "WORKER_FAILED"), message, fatal=error.get("fatal", True), rank=rank)
             results.append(answer["result"])
         self._timing.setdefault(cmd, []).append((seconds, slowest, parts))
         return results

@@ -422,14 +422,31 @@ class CheckedDirectLoader(DirectLoader):
         device = compat.worker_device(self.worker)
         if getattr(device, "type", None) == "cuda":
             torch.cuda.synchronize(device)
+        shapes = {resident["name"]: resident["shape"] for resident in self.plan.residents}
         for name in sorted(direct):
-            own = parameters[name].data.reshape(-1).view(torch.uint8)
-            ours = direct[name].reshape(-1).view(torch.uint8)
+            own, ours = parameters[name].data, direct[name]
+            shape = shapes.get(name)
+            if shape is not None and list(own.shape) != list(shape) and len(own.shape) == len(shape):
+                # (A parameter the engine holds padded, the plan's part at the head of each dim:
+                # the padding is the engine's own, reaches no output, and is not the plan's.)
+                part = tuple(slice(0, int(size)) for size in shape)
+                own, ours = own[part], ours[part]
+            dims, width = list(own.shape), own.element_size()
+            own = own.reshape(-1).view(torch.uint8)
+            ours = ours.reshape(-1).view(torch.uint8)
             if not torch.equal(own, ours):
-                first = int((own != ours).nonzero()[0])
+                differ = own != ours
+                first = int(differ.nonzero()[0])
+                where, rest = [], first // width
+                for size in reversed(dims):
+                    where.insert(0, rest % size)
+                    rest //= size
+                element = slice(first - first % width, first - first % width + width)
                 raise Failure("DIRECT_PLAN_MISMATCH", f"chunk {chunk}: {whose} writes {name} differently from wsync's "
-                              f"direct loader (first at byte {first} of {own.numel()}); load = \"native\" serves this "
-                              "model", fatal=True, rank=self.identity["rank"])
+                              f"direct loader (first at byte {first} of {own.numel()}, element {where} of {dims}: "
+                              f"{bytes(own[element].tolist()).hex()} against wsync's "
+                              f"{bytes(ours[element].tolist()).hex()}; {int(differ.sum())} bytes differ); "
+                              "load = \"native\" serves this model", fatal=True, rank=self.identity["rank"])
 
 
 def torch_residents(model: Any) -> dict[str, dict[str, Any]]:
