@@ -46,7 +46,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 if importlib.util.find_spec("wsync") is None:  # (the bundle's package, with libwsync beside it, comes first)
@@ -215,8 +215,27 @@ def main() -> int:
         print("colocated: flat copies in this run: " + ", ".join(f"{name} {value / 1e9:.1f} GB/s"
                                                                    for name, value in floors.items()), flush=True)
 
+    moves: dict[str, list[dict[str, Any]]] = {}  # (each offload's and onload's own account, by step)
+
+    after: dict[str, Any] = {"account": None}  # (the account whose callback's refresh comes next)
+
+    def recorded(offloader: Any, move: Callable[[], int]) -> Callable[[], int]:
+        def call() -> int:
+            moved = move()
+            account = dict(offloader.last)
+            started = time.perf_counter()
+            if device == "cuda":
+                torch.cuda.synchronize()  # (the copies an onload queued; the agent's own wait is then none)
+            account["wait_seconds"] = time.perf_counter() - started
+            account["refresh_seconds"] = 0.0
+            after["account"] = account
+            moves.setdefault(offloader.last["step"], []).append(account)
+            return moved
+        return call
+
     def offload_optimizer() -> int:
-        return 0 if state.offloaded else state.offload()  # (round 1: still on the host since the start)
+        # (round 1: still on the host since the start)
+        return 0 if state.offloaded else recorded(state, state.offload)()
 
     below = config.vocab_size // 8
     generator = torch.Generator().manual_seed(0)
@@ -224,9 +243,21 @@ def main() -> int:
     with wsync.Host(recipe, trainer__steps=args.steps + 1) as host:
         agent = host.agent(rank=0, world=1, backend="cuda" if device == "cuda" else "host", device=0)
         agent.register_module(model)
+        refresh = agent._refresh  # (timed: what the agent does after a callback beside waiting for it)
+
+        def timed_refresh(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return refresh(*args, **kwargs)
+            finally:
+                if after["account"] is not None:  # (the agent's first look after a callback)
+                    after["account"]["refresh_seconds"] = time.perf_counter() - started
+                    after["account"] = None
+        agent._refresh = timed_refresh
         agent.register_callback("offload_optimizer", offload_optimizer)
-        agent.register_callback("onload_optimizer", state.onload)
-        actor.register(agent)
+        agent.register_callback("onload_optimizer", recorded(state, state.onload))
+        agent.register_callback("offload_actor", recorded(actor, actor.offload))
+        agent.register_callback("onload_actor", recorded(actor, actor.onload))
         agent.ready()
         for step in range(args.steps + 1):
             prompts = torch.randint(0, config.vocab_size, (args.prompts, 8), generator=generator).tolist()
@@ -322,6 +353,18 @@ def main() -> int:
         ratio = total / floor_total if floor_total else float("inf")
         print(f"schedule switch: {total:.2f} s = {ratio:.2f} x its floor ({floor_total:.2f} s)", flush=True)
         summary["switch"] = {"seconds": total, "floor": floor_total, "ratio": ratio}
+    # Where an offloader's time goes beside its copies (its own clock, the copies
+    # synchronized by the agent after it returns).
+    for name, accounts in sorted(moves.items()):
+        later = accounts[1:] or accounts
+        own = {key: statistics.median(account.get(key, 0.0) for account in later)
+               for key in ("seconds", "allocate_seconds", "free_seconds", "wait_seconds", "refresh_seconds")}
+        print(f"colocated: {name} inside its callback: {own['seconds'] * 1e3:.0f} ms, of which "
+              + (f"allocating the storages {own['allocate_seconds'] * 1e3:.0f} ms" if "onload" in name else
+                 f"freeing them (and emptying the cache) {own['free_seconds'] * 1e3:.0f} ms")
+              + f" ({later[0]['storages']} storages); then waiting for its copies {own['wait_seconds'] * 1e3:.0f} ms, "
+              f"the agent's look at its tensors {own['refresh_seconds'] * 1e3:.0f} ms", flush=True)
+    summary["moves"] = moves
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1, default=str))
     for failure in failures:

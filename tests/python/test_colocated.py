@@ -32,4 +32,11 @@ def test_the_colocated_switch_runs_its_loop_on_the_cpu(marked, tmp_path):
     # the version it published.)
     assert [tuple(int(x) for x in step) for step in STEP.findall(bench.out)] == [(0, 2, 1), (1, 2, 2), (2, 2, 3)], out
     assert "wsync: verdict: OK: 3 model versions published" in bench.out, out
+    # (Each offloader's own account of its moves: what beside the copies takes its time.)
+    for name in ("offload_actor", "offload_optimizer"):
+        assert re.search(rf"^colocated: {name} inside its callback: \d+ ms, of which freeing them \(and emptying the "
+                         r"cache\) \d+ ms \(\d+ storages\)", bench.out, re.MULTILINE), out
+    for name in ("onload_actor", "onload_optimizer"):
+        assert re.search(rf"^colocated: {name} inside its callback: \d+ ms, of which allocating the storages \d+ ms "
+                         r"\(\d+ storages\)", bench.out, re.MULTILINE), out
     assert bench.out.rstrip().endswith("colocated: ok (2 RL steps, every rollout of the version just published)"), out

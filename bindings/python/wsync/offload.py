@@ -23,7 +23,8 @@ it for 128 GiB. The copies run on a CUDA stream of the offloader's own, ordered 
 the current stream had queued.
 
 ``device_bytes`` is what one offload frees on the device (and what its onload takes back);
-``last`` says what the last offload or onload moved and how long it took. torch is imported
+``last`` says what the last offload or onload moved and how long it took (and of that, how long
+freeing the device's storages or allocating them again took). torch is imported
 when an offloader first moves something, never by ``import wsync``.
 """
 from __future__ import annotations
@@ -143,6 +144,7 @@ class _Offloader:
         else:
             for storage, size, offset in layout:
                 arena[offset:offset + size].copy_(self._bytes_of(torch, storage, size))
+        copied = time.perf_counter()
         for storage, _, _ in layout:
             storage.resize_(0)
         if cuda:
@@ -150,8 +152,9 @@ class _Offloader:
         self.offloaded = layout
         self.moved += tensors
         self.device_bytes = sum(size for _, size, _ in layout)
+        ended = time.perf_counter()
         self.last = {"step": self.NAMES[0], "bytes": self.device_bytes, "storages": len(layout),
-                     "seconds": time.perf_counter() - started}
+                     "seconds": ended - started, "free_seconds": ended - copied}
         return self.device_bytes
 
     def onload(self) -> int:
@@ -164,6 +167,7 @@ class _Offloader:
         cuda = any(storage.device.type == "cuda" for storage, _, _ in layout)
         for storage, size, _ in layout:
             storage.resize_(size)
+        allocated = time.perf_counter()
         stream = self._stream_for(torch, cuda)
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream())
@@ -177,7 +181,7 @@ class _Offloader:
         moved = sum(size for _, size, _ in layout)
         self.offloaded = []
         self.last = {"step": self.NAMES[1], "bytes": moved, "storages": len(layout),
-                     "seconds": time.perf_counter() - started}
+                     "seconds": time.perf_counter() - started, "allocate_seconds": allocated - started}
         return moved
 
     def synchronize(self) -> None:
