@@ -221,6 +221,7 @@ def main() -> int:
 
     def recorded(offloader: Any, move: Callable[[], int]) -> Callable[[], int]:
         def call() -> int:
+            entered = time.monotonic()  # (the clock of the report's `started`)
             moved = move()
             account = dict(offloader.last)
             started = time.perf_counter()
@@ -228,6 +229,7 @@ def main() -> int:
                 torch.cuda.synchronize()  # (the copies an onload queued; the agent's own wait is then none)
             account["wait_seconds"] = time.perf_counter() - started
             account["refresh_seconds"] = 0.0
+            account["entered"], account["synchronized"] = entered, time.monotonic()
             after["account"] = account
             moves.setdefault(offloader.last["step"], []).append(account)
             return moved
@@ -271,6 +273,18 @@ def main() -> int:
             if versions != [publication.model_version]:
                 failures.append(f"step {step}: rollouts of versions {versions}, published {publication.model_version}")
             steps = step_entries(publication.report)
+            host_steps = {}  # (each trainer step as the host timed it, a together step's part too)
+            for entry in publication.report.get("steps", []):
+                for part in entry.get("parts") or [entry]:
+                    host_steps[part["name"]] = part
+            for name, accounts in moves.items():
+                timed = host_steps.get(name)
+                if accounts and "host_seconds" not in accounts[-1] and timed and "started" in timed:
+                    # (From the host's start of the step to the callback, and from the copies' end
+                    # to the host's end of it: the agent's round trip and look at its tensors.)
+                    accounts[-1]["host_seconds"] = timed["seconds"]
+                    accounts[-1]["before_seconds"] = accounts[-1]["entered"] - timed["started"]
+                    accounts[-1]["after_seconds"] = timed["started"] + timed["seconds"] - accounts[-1]["synchronized"]
             row = {"step": step, "version": publication.model_version, "call": call,
                    "publication": publication.seconds,
                    "steps": {name: {"seconds": entry["seconds"], "bytes": entry.get("bytes"),
@@ -358,12 +372,15 @@ def main() -> int:
     for name, accounts in sorted(moves.items()):
         later = accounts[1:] or accounts
         own = {key: statistics.median(account.get(key, 0.0) for account in later)
-               for key in ("seconds", "allocate_seconds", "free_seconds", "wait_seconds", "refresh_seconds")}
+               for key in ("seconds", "allocate_seconds", "free_seconds", "wait_seconds", "refresh_seconds",
+                           "host_seconds", "before_seconds", "after_seconds")}
         print(f"colocated: {name} inside its callback: {own['seconds'] * 1e3:.0f} ms, of which "
               + (f"allocating the storages {own['allocate_seconds'] * 1e3:.0f} ms" if "onload" in name else
                  f"freeing them (and emptying the cache) {own['free_seconds'] * 1e3:.0f} ms")
               + f" ({later[0]['storages']} storages); then waiting for its copies {own['wait_seconds'] * 1e3:.0f} ms, "
-              f"the agent's look at its tensors {own['refresh_seconds'] * 1e3:.0f} ms", flush=True)
+              f"the agent's look at its tensors {own['refresh_seconds'] * 1e3:.0f} ms; the host's step "
+              f"{own['host_seconds'] * 1e3:.0f} ms, from its start to the callback {own['before_seconds'] * 1e3:.0f} "
+              f"ms, from the copies' end to its end {own['after_seconds'] * 1e3:.0f} ms", flush=True)
     summary["moves"] = moves
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1, default=str))

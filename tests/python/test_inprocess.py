@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import time
 
 import pytest
 
@@ -219,9 +220,12 @@ def test_a_publication_and_host_reports_account_for_the_round_failed_ones_includ
     assert [step["name"] for step in report["steps"]] == [
         "train_step", "publish_wait", "offload_optimizer", "wake weights", "publish", "resident_check",
         "offload_actor", "wake kv_cache", "sleep 2", "onload_actor", "onload_optimizer"], report["steps"]
-    assert all(set(step) == {"name", "kind", "where", "seconds", "bytes", "device_memory", "predicted_bytes",
-                                "outcome", "parts"}
+    assert all(set(step) == {"name", "kind", "where", "started", "seconds", "bytes", "device_memory",
+                                "predicted_bytes", "outcome", "parts"}
                for step in report["steps"])
+    # (started: the monotonic clock, in order, each step within the round)
+    starts = [step["started"] for step in report["steps"]]
+    assert starts == sorted(starts) and time.monotonic() - 600 < starts[0] <= time.monotonic(), starts
     assert all(step["parts"] is None for step in report["steps"])  # (no together step in this schedule)
     assert all(step["device_memory"] is None and step["outcome"] == "ok" for step in report["steps"])
     assert next(step for step in report["steps"] if step["name"] == "publish")["bytes"] == 405248

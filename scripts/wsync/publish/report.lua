@@ -5,12 +5,14 @@
 --- `Agent.publish()` returns).
 ---
 --- A session has an opening, rounds and a closing, each a list of steps: a
---- step is `{name, kind, where, seconds, bytes, device_memory, outcome}`
---- (`bytes`: what it moved, when known; `device_memory`: on the cuda backend,
---- the memory in use on every device of the run after the step, as the
---- driver sees it (wsync.publish.memory_probe): `{{device, used_bytes,
---- total_bytes, processes = {{pid, role, used_bytes}} or null}}`; null on the
---- host backend, or where the driver's library is missing). A round is
+--- step is `{name, kind, where, started, seconds, bytes, device_memory, outcome}`
+--- (`started`: when it began, in seconds of the monotonic clock (uv.hrtime,
+--- CLOCK_MONOTONIC, which Python's time.monotonic() reads too); `bytes`: what
+--- it moved, when known; `device_memory`: on the cuda backend, the memory in
+--- use on every device of the run after the step, as the driver sees it
+--- (wsync.publish.memory_probe): `{{device, used_bytes, total_bytes,
+--- processes = {{pid, role, used_bytes}} or null}}`; null on the host
+--- backend, or where the driver's library is missing). A round is
 --- one collective publish of the trainer ranks, FAILED ones included:
 ---
 --- - its waits for the ranks: `train_step` (from the last answer, or the
@@ -72,12 +74,14 @@ local function section(started)
   return { started = started or now(), steps = {} }
 end
 
---- Adds step `entry` ({name, kind, where?, seconds, bytes?, outcome?}) to
---- `target` (a round, the opening or the closing; `report.opening`...).
+--- Adds step `entry` ({name, kind, where?, started?, seconds, bytes?,
+--- outcome?}) to `target` (a round, the opening or the closing;
+--- `report.opening`...). An entry without `started` is one that ends now.
 ---@param target table
 ---@param entry table
 function M.add_step(target, entry)
   entry.outcome = entry.outcome or "ok"
+  entry.started = entry.started or now() - (entry.seconds or 0)
   target.steps[#target.steps + 1] = entry
   return entry
 end
@@ -93,7 +97,8 @@ end
 function M.timed(target, name, kind, fn, fields)
   local started = now()
   local results = util.pack(pcall(fn))
-  local entry = { name = name, kind = kind, seconds = now() - started, outcome = results[1] and "ok" or "failed" }
+  local entry = { name = name, kind = kind, started = started, seconds = now() - started,
+    outcome = results[1] and "ok" or "failed" }
   for key, value in pairs(fields or {}) do
     entry[key] = value
   end
@@ -258,14 +263,15 @@ local function parts_json(parts)
   end
   local out = util.json_array({})
   for index, part in ipairs(parts) do
-    out[index] = { name = part.name, kind = part.kind, seconds = part.seconds, bytes = part.bytes or null,
-      outcome = part.outcome }
+    out[index] = { name = part.name, kind = part.kind, started = part.started or null, seconds = part.seconds,
+      bytes = part.bytes or null, outcome = part.outcome }
   end
   return out
 end
 
 local function step_json(step)
-  return { name = step.name, kind = step.kind, where = step.where or null, seconds = step.seconds,
+  return { name = step.name, kind = step.kind, where = step.where or null, started = step.started or null,
+    seconds = step.seconds,
     bytes = step.bytes or null, device_memory = memory_json(step.device_memory),
     predicted_bytes = step.predicted_bytes or null, outcome = step.outcome, parts = parts_json(step.parts) }
 end
