@@ -236,52 +236,42 @@ end
 
 -- JSON ------------------------------------------------------------------------------
 
-local function memory_json(sample)
-  if not sample then
+-- A JSON array of `convert(item)` for each of `items`; null for no list.
+local function json_list(items, convert)
+  if not items then
     return null
   end
   local out = util.json_array({})
-  for index, entry in ipairs(sample) do
-    local processes = null
-    if entry.processes then
-      processes = util.json_array({})
-      for i, process in ipairs(entry.processes) do
-        processes[i] = { pid = process.pid, role = process.role, used_bytes = process.used_bytes or null }
-      end
-    end
-    out[index] = { device = entry.device, used_bytes = entry.used_bytes, total_bytes = entry.total_bytes,
-      processes = processes }
+  for index, item in ipairs(items) do
+    out[index] = convert(item)
   end
   return out
 end
 
--- A together step's parts (wsync.publish.steps): each one's name, kind,
+local function memory_json(sample)
+  return json_list(sample, function(entry)
+    return { device = entry.device, used_bytes = entry.used_bytes, total_bytes = entry.total_bytes,
+      processes = json_list(entry.processes, function(process)
+        return { pid = process.pid, role = process.role, used_bytes = process.used_bytes or null }
+      end) }
+  end)
+end
+
+-- A together step's part (wsync.publish.steps): its name, kind, start,
 -- seconds, bytes and outcome.
-local function parts_json(parts)
-  if not parts then
-    return null
-  end
-  local out = util.json_array({})
-  for index, part in ipairs(parts) do
-    out[index] = { name = part.name, kind = part.kind, started = part.started or null, seconds = part.seconds,
-      bytes = part.bytes or null, outcome = part.outcome }
-  end
-  return out
+local function part_json(part)
+  return { name = part.name, kind = part.kind, started = part.started or null, seconds = part.seconds,
+    bytes = part.bytes or null, outcome = part.outcome }
 end
 
 local function step_json(step)
   return { name = step.name, kind = step.kind, where = step.where or null, started = step.started or null,
-    seconds = step.seconds,
-    bytes = step.bytes or null, device_memory = memory_json(step.device_memory),
-    predicted_bytes = step.predicted_bytes or null, outcome = step.outcome, parts = parts_json(step.parts) }
+    seconds = step.seconds, bytes = step.bytes or null, device_memory = memory_json(step.device_memory),
+    predicted_bytes = step.predicted_bytes or null, outcome = step.outcome, parts = json_list(step.parts, part_json) }
 end
 
 local function steps_json(steps)
-  local out = util.json_array({})
-  for index, step in ipairs(steps) do
-    out[index] = step_json(step)
-  end
-  return out
+  return json_list(steps or {}, step_json)
 end
 
 local function or_null(value)
