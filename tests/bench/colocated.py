@@ -12,9 +12,9 @@ reserves 0.85 of the device, 119 GiB: together 1.26 times the device. Before the
 starts the trainer makes its optimizer state and moves it to pinned host memory
 (wsync.OptimizerOffload(params=True)); the recipe's schedule then gives the device to each
 in turn, and each RL step is one publish call that is the whole switch
-(``Agent.publish(generate=...)``): offload_optimizer, wake weights, publish, offload_actor
-and wake kv_cache at once (a together step), generate (the step's rollouts, with the weights
-just published), onload_actor and sleep 2 at once, onload_optimizer; then the trainer trains on
+(``Agent.publish(generate=...)``): offload_optimizer, wake weights, publish, offload_actor,
+wake kv_cache, generate (the step's rollouts, with the weights just published), onload_actor
+and sleep 2 at once (a together step), onload_optimizer; then the trainer trains on
 the rollouts (GRPO as in bindings/python/examples/grpo.py).
 
 Checked: every rollout comes from the version just published; the train/inference
