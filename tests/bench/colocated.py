@@ -285,6 +285,12 @@ def main() -> int:
                     accounts[-1]["host_seconds"] = timed["seconds"]
                     accounts[-1]["before_seconds"] = accounts[-1]["entered"] - timed["started"]
                     accounts[-1]["after_seconds"] = timed["started"] + timed["seconds"] - accounts[-1]["synchronized"]
+                    account = accounts[-1]
+                    print(f"colocated: step {step}: {name}: the host's {account['host_seconds'] * 1e3:.0f} ms = to "
+                          f"the callback {account['before_seconds'] * 1e3:.0f} + in it {account['seconds'] * 1e3:.0f} "
+                          f"+ its copies {account['wait_seconds'] * 1e3:.0f} + to the host "
+                          f"{account['after_seconds'] * 1e3:.0f} (of which the agent's look "
+                          f"{account['refresh_seconds'] * 1e3:.0f})", flush=True)
             row = {"step": step, "version": publication.model_version, "call": call,
                    "publication": publication.seconds,
                    "steps": {name: {"seconds": entry["seconds"], "bytes": entry.get("bytes"),
