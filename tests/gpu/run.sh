@@ -25,9 +25,10 @@
 #       native-fp8), a device call of their own
 #     vllm-memory: vLLM's device memory in each sleep/wake state (tests/gpu/vllm_memory.py),
 #       the memory model's calibration
-#     colocated: a 4.4 B Qwen3-MoE that fits beside vLLM only by the schedule, 10 RL steps,
-#       each step's memory against the model and the switch against its floor
-#       (tests/bench/colocated.py; its own device call)
+#     colocated: a 4.4 B Qwen3-MoE that fits beside vLLM only by the schedule, 10 RL steps
+#       (COLOCATED_STEPS=N: N; 2 at least for the switch's medians), each step's memory
+#       against the model and the switch against its floor (tests/bench/colocated.py; its
+#       own device call: about 3 minutes, 2 of them before the first step)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 out=${OUT:-./gpu-out}
@@ -124,7 +125,8 @@ if stage vllm || stage vllm-fp8 || stage vllm-faults || stage vllm-memory || sta
     if stage colocated; then
       echo "== a model colocated only by the schedule: 10 RL steps, memory and switch (tests/bench/colocated.py)" \
         | tee -a "$out/summary.txt"
-      timeout 560 python3 tests/bench/colocated.py --json "$out/colocated.json" >"$out/colocated.log" 2>&1 || status=1
+      timeout 560 python3 tests/bench/colocated.py --steps "${COLOCATED_STEPS:-10}" --json "$out/colocated.json" \
+        >"$out/colocated.log" 2>&1 || status=1
       grep -E "^colocated:|^schedule (switch|memory):" "$out/colocated.log" | tail -n 30 | tee -a "$out/summary.txt"
     fi
     if stage example; then
