@@ -259,7 +259,7 @@ end
 
 -- A together step's part (wsync.publish.steps): its name, kind, start,
 -- seconds, bytes and outcome.
-local function part_json(part)
+local function together_part_json(part)
   return { name = part.name, kind = part.kind, started = part.started or null, seconds = part.seconds,
     bytes = part.bytes or null, outcome = part.outcome }
 end
@@ -267,7 +267,8 @@ end
 local function step_json(step)
   return { name = step.name, kind = step.kind, where = step.where or null, started = step.started or null,
     seconds = step.seconds, bytes = step.bytes or null, device_memory = memory_json(step.device_memory),
-    predicted_bytes = step.predicted_bytes or null, outcome = step.outcome, parts = json_list(step.parts, part_json) }
+    predicted_bytes = step.predicted_bytes or null, outcome = step.outcome,
+    parts = json_list(step.parts, together_part_json) }
 end
 
 local function steps_json(steps)

@@ -46,23 +46,23 @@ local function row_major(shape)
   return strides
 end
 
--- FP8 linear weights whose output width is not a multiple of 16 (a router of
--- 8 experts) vLLM's CUTLASS kernel holds padded with zero rows to the next
--- multiple of 16 (kernels/linear/scaled_mm/cutlass.py,
--- process_weights_after_loading): the [in, out] view of [out_padded, in]
--- row-major storage, the plan's [out, in] bytes at its head. Returns
--- {size = the padded storage's bytes} when `parameter` is `tensor` so padded,
--- else nil. (Padding of the input width would interleave zeros into every row:
--- not this, and refused as a shape that differs.)
-local ALIGNMENT = 16
-local function padded_view(parameter, tensor)
+-- An FP8 linear weight whose output width is not a multiple of `alignment`
+-- (the init_weights payload's `output_alignment`: the engine says; vLLM's
+-- CUTLASS kernel pads a router of 8 experts to 16, wsync.vllm.compat) held
+-- padded with zero rows: the [in, out] view of [out_padded, in] row-major
+-- storage, the plan's [out, in] bytes at its head. Returns {size = the
+-- padded storage's bytes} when `parameter` is `tensor` so padded, else nil
+-- (and always nil without an alignment). (Padding of the input width would
+-- interleave zeros into every row: not this, and refused as a shape that
+-- differs.)
+local function padded_view(parameter, tensor, alignment)
   local stride = tensor.stride
-  if tensor.dtype ~= "float8_e4m3fn" or #tensor.shape ~= 2 or not stride or type(parameter.shape) ~= "table"
-    or #parameter.shape ~= 2 or type(parameter.stride) ~= "table" then
+  if not alignment or tensor.dtype ~= "float8_e4m3fn" or #tensor.shape ~= 2 or not stride
+    or type(parameter.shape) ~= "table" or #parameter.shape ~= 2 or type(parameter.stride) ~= "table" then
     return nil
   end
   local inputs, outputs = tensor.shape[1], tensor.shape[2]
-  local padded = math.ceil(outputs / ALIGNMENT) * ALIGNMENT
+  local padded = math.ceil(outputs / alignment) * alignment
   if parameter.shape[1] ~= inputs or parameter.shape[2] ~= padded or parameter.stride[1] ~= stride[1]
     or parameter.stride[2] ~= stride[2] then
     return nil
@@ -76,7 +76,8 @@ end
 --- shape, size and strides (the plan's `stride`, else row-major contiguous;
 --- none given: contiguous), and the engine may have no parameter the plan
 --- does not fill (it would keep stale weights). An FP8 weight the engine
---- holds padded (padded_view) is bound to the head of its storage. Under
+--- holds padded to its `output_alignment` (padded_view) is bound to the head
+--- of its storage. Under
 --- quantization "fp8" a
 --- missing scale, a weight left bfloat16, or a dense weight that is not the
 --- transposed view of [out, in] storage is refused here, named, before
@@ -98,7 +99,7 @@ function Memory:_bind(residents)
     for dim = 1, same_shape and #tensor.shape or 0 do
       same_shape = same_shape and parameter.shape[dim] == tensor.shape[dim]
     end
-    local padded = not same_shape and padded_view(parameter, tensor)
+    local padded = not same_shape and padded_view(parameter, tensor, self.output_alignment)
     if parameter.dtype ~= tensor.dtype or not (same_shape or padded)
       or parameter.size ~= (padded and padded.size or tensor.bytes) then
       fatal("DIRECT_UNSUPPORTED", string.format("TP worker %d: the engine's %s is %s %s (%s bytes); the loader "
@@ -141,6 +142,12 @@ end
 --- the init_weights payload lists (`residents`).
 function Memory:bind(plan, payload)
   self.plan = plan
+  local alignment = payload.output_alignment
+  if alignment ~= nil and (type(alignment) ~= "number" or alignment < 1 or alignment ~= math.floor(alignment)) then
+    fatal("DIRECT_UNSUPPORTED", "init_weights: output_alignment must be a positive integer, not "
+      .. tostring(alignment))
+  end
+  self.output_alignment = alignment
   self:_bind(payload.residents)
 end
 

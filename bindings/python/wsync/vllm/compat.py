@@ -68,6 +68,12 @@ UNSUPPORTED_VARIABLE = "WSYNC_VLLM_UNSUPPORTED"
 #: weights in its runner's ``routed_experts`` module.
 VLLM_NAME_INFIXES = ((".experts.routed_experts.", ".experts."),)
 
+#: The multiple to which vLLM 0.26's CUTLASS FP8 linear kernel pads a weight's output width
+#: that is not one (kernels/linear/scaled_mm/cutlass.py, process_weights_after_loading: zero
+#: rows of the [out, in] storage under the [in, out] view; a router of 8 experts holds 16).
+#: The direct loader fills the head of such a parameter (runtime/engine_worker.lua).
+FP8_OUTPUT_ALIGNMENT = 16
+
 #: torch's shareable-handle version byte, as torch 2.11 writes and reads it (said to change in
 #: torch 2.13: not checked here, where only 2.11 runs).
 HANDLE_VERSION = 2

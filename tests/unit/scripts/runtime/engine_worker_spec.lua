@@ -59,9 +59,10 @@ local function setup(quantization)
   return state
 end
 
-local function init_payload(state, residents, quantization)
+local function init_payload(state, residents, quantization, output_alignment)
   return { family = "qwen3_moe", config = "tiny", tp = TP, transport = "shm",
-    buffers = shm_transport.descriptors(state.own), residents = residents, quantization = quantization }
+    buffers = shm_transport.descriptors(state.own), residents = residents, quantization = quantization,
+    output_alignment = output_alignment }
 end
 
 -- Whether every row of every slice that chunk k fills on this rank holds,
@@ -205,8 +206,11 @@ describe("wsync.runtime.engine_worker", function()
       local state = setup("fp8")
       local ok, message = pcall(function()
         call("open", { rank = RANK, world = TP, backend = "host", device = 0 })
-        local function refused(residents)
-          local err = error_of(call, "init_weights", init_payload(state, residents, "fp8"))
+        local function refused(residents, alignment) -- (alignment: 16 unless given; false: none)
+          if alignment == nil then
+            alignment = 16
+          end
+          local err = error_of(call, "init_weights", init_payload(state, residents, "fp8", alignment or nil))
           assert.are.equal("DIRECT_UNSUPPORTED", err.code)
           assert.is_true(err.fatal)
           return err.message
@@ -249,8 +253,16 @@ describe("wsync.runtime.engine_worker", function()
         residents[p .. "mlp.gate.weight"] = { pointer = tonumber(ffi.cast("uintptr_t", padded:pointer())),
           size = inputs * rows, dtype = router.dtype, shape = { inputs, rows }, stride = { 1, inputs } }
         memories[p .. "mlp.gate.weight"] = padded
+        -- (Only where the engine says it pads, and to what.)
+        assert.matches("the engine's " .. p .. "mlp.gate.weight is float8_e4m3fn [" .. inputs .. "," .. rows .. "]",
+          refused(residents, false), 1, true)
+        assert.matches("the engine's " .. p .. "mlp.gate.weight is float8_e4m3fn [" .. inputs .. "," .. rows .. "]",
+          refused(residents, 32), 1, true)
+        local err = error_of(call, "init_weights", init_payload(state, residents, "fp8", "16"))
+        assert.are.same({ "DIRECT_UNSUPPORTED", "init_weights: output_alignment must be a positive integer, not 16" },
+          { err.code, err.message })
         -- As vLLM holds them: the chunks load, the scales among what they fill.
-        call("init_weights", init_payload(state, residents, "fp8"))
+        call("init_weights", init_payload(state, residents, "fp8", 16))
         call("start_update", { header = HEADER, residents_unchanged = true })
         for k, chunk in ipairs(state.plan.chunks) do
           local slot = (k - 1) % 2 + 1

@@ -170,6 +170,8 @@ class DirectLoader:
         key = self.fingerprint() if self.fingerprint else None
         rank = self.identity["rank"]
         own = dict(payload, buffers=payload["buffers"][rank], residents=self.residents())
+        if payload.get("quantization") == "fp8":
+            own["output_alignment"] = compat.FP8_OUTPUT_ALIGNMENT  # (an FP8 weight vLLM holds padded)
         own.pop("gates", None)
         if payload.get("gates") is not None:
             own["gate"] = payload["gates"][rank]  # (chunks ordered on the device: this rank's gate)
