@@ -77,11 +77,9 @@ end
 --- none given: contiguous), and the engine may have no parameter the plan
 --- does not fill (it would keep stale weights). An FP8 weight the engine
 --- holds padded to its `output_alignment` (padded_view) is bound to the head
---- of its storage. Under
---- quantization "fp8" a
---- missing scale, a weight left bfloat16, or a dense weight that is not the
---- transposed view of [out, in] storage is refused here, named, before
---- anything moves (FP8.md, section 2). The regions change (and a chunk's load
+--- of its storage. Under quantization "fp8" a missing scale, a weight left
+--- bfloat16, or a dense weight that is not the transposed view of [out, in]
+--- storage is refused here, named, before anything moves (FP8.md, section 2). The regions change (and a chunk's load
 --- plan is made again) only when a parameter moved.
 ---@param residents table<string, {pointer: number, size: integer, dtype: string, shape: integer[], stride: integer[]?}>
 function Memory:_bind(residents)
@@ -121,8 +119,8 @@ function Memory:_bind(residents)
         require("cjson").encode(strides), tensor.stride and " (the [in, out] view of [out, in] row-major storage)"
         or " (row-major, contiguous)"))
     end
-    -- (Padded, the plan's bytes are the head of the parameter's storage, and the
-    -- padding after them stays as the engine wrote it: zeros.)
+    -- (Padded, the plan's bytes are the head of the parameter's storage; the
+    -- padding after them is the engine's own, which reaches no output.)
     regions[index] = { pointer = parameter.pointer, size = tensor.bytes, device = self.device }
     local before = self.regions and self.regions[index]
     moved = moved or before == nil or before.pointer ~= parameter.pointer
