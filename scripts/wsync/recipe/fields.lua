@@ -132,6 +132,14 @@ M.schema = schema.record({
           return false, "the vllm runtime needs the directory of the model it serves (a config.json at least)",
             "model"
         end
+        -- (vLLM's own engine arguments, passed on as given; wsync's model of
+        -- memory reads this one.)
+        local utilization = (runtime.vllm or {}).gpu_memory_utilization
+        if utilization ~= nil and (type(utilization) ~= "number" or not (utilization > 0 and utilization <= 1)) then
+          return false, string.format("is vLLM's share of the device, a number above 0 and at most 1; got %s",
+            type(utilization) == "number" and tostring(utilization) or "a " .. type(utilization)),
+            "vllm.gpu_memory_utilization"
+        end
         return true
       end,
     }),

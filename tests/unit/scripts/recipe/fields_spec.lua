@@ -89,6 +89,16 @@ describe("runtime", function()
     assert.are.equal(fixtures.bad_line(path), err.line)
   end)
 
+  it("refuses a vLLM share of the device that is not a number above 0 and at most 1 (a fuzz finding)", function()
+    for _, bad in ipairs({ {}, "0.5", 0, -0.1, 1.5, 0 / 0 }) do
+      local failure = refused({ runtime = { kind = "vllm", model = "m", vllm = { gpu_memory_utilization = bad } } })
+      assert.are.equal("runtime.vllm.gpu_memory_utilization", failure.path)
+      assert.matches("is vLLM's share of the device, a number above 0 and at most 1; got ", failure.message, 1, true)
+    end
+    assert.is_table(schema.check(fields.schema, model_recipe({ runtime = { kind = "vllm", model = "m",
+      vllm = { gpu_memory_utilization = 1 } } })))
+  end)
+
   it("refuses vllm runtime fields on another runtime, naming the field", function()
     local failure = refused({ runtime = { kind = "reference", load = "native" } })
     assert.are.same({ path = "runtime.load", message = "is for the vllm runtime; this recipe's runtime is reference" },
