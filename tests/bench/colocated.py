@@ -279,13 +279,13 @@ def main() -> int:
                     host_steps[part["name"]] = part
             for name, accounts in moves.items():
                 timed = host_steps.get(name)
-                if accounts and "host_seconds" not in accounts[-1] and timed and "started" in timed:
+                account = accounts[-1] if accounts else None
+                if account and "host_seconds" not in account and timed and "started" in timed:
                     # (From the host's start of the step to the callback, and from the copies' end
                     # to the host's end of it: the agent's round trip and look at its tensors.)
-                    accounts[-1]["host_seconds"] = timed["seconds"]
-                    accounts[-1]["before_seconds"] = accounts[-1]["entered"] - timed["started"]
-                    accounts[-1]["after_seconds"] = timed["started"] + timed["seconds"] - accounts[-1]["synchronized"]
-                    account = accounts[-1]
+                    account["host_seconds"] = timed["seconds"]
+                    account["before_seconds"] = account["entered"] - timed["started"]
+                    account["after_seconds"] = timed["started"] + timed["seconds"] - account["synchronized"]
                     print(f"colocated: step {step}: {name}: the host's {account['host_seconds'] * 1e3:.0f} ms = to "
                           f"the callback {account['before_seconds'] * 1e3:.0f} + in it {account['seconds'] * 1e3:.0f} "
                           f"+ its copies {account['wait_seconds'] * 1e3:.0f} + to the host "
@@ -373,8 +373,8 @@ def main() -> int:
         ratio = total / floor_total if floor_total else float("inf")
         print(f"schedule switch: {total:.2f} s = {ratio:.2f} x its floor ({floor_total:.2f} s)", flush=True)
         summary["switch"] = {"seconds": total, "floor": floor_total, "ratio": ratio}
-    # Where an offloader's time goes beside its copies (its own clock, the copies
-    # synchronized by the agent after it returns).
+    # Where an offloader's time goes beside its copies (its own clock; `recorded` waits for
+    # the copies an onload queued, so the agent's own wait after it is none).
     for name, accounts in sorted(moves.items()):
         later = accounts[1:] or accounts
         own = {key: statistics.median(account.get(key, 0.0) for account in later)

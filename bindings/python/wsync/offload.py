@@ -30,6 +30,7 @@ when an offloader first moves something, never by ``import wsync``.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from typing import Any, Callable, Iterable
@@ -167,25 +168,21 @@ class _Offloader:
         layout, arena = self.offloaded, self._arena
         cuda = any(storage.device.type == "cuda" for storage, _, _ in layout)
         stream = self._stream_for(torch, cuda)
-        allocating = 0.0
+        current = torch.cuda.current_stream() if stream is not None else None
         if stream is not None:
-            current = torch.cuda.current_stream()
             stream.wait_stream(current)
-            # (Each storage's copy is queued as soon as it is allocated, on the current
-            # stream as before its offload, so that the copies run while the rest are.)
-            for storage, size, offset in layout:
-                before = time.perf_counter()
-                storage.resize_(size)
-                allocating += time.perf_counter() - before
-                with torch.cuda.stream(stream):
-                    self._bytes_of(torch, storage, size).copy_(arena[offset:offset + size], non_blocking=True)
+        allocating = 0.0
+        # (Each storage's copy is queued as soon as it is allocated, on the current stream as
+        # before its offload, so that the copies run while the rest are.)
+        for storage, size, offset in layout:
+            before = time.perf_counter()
+            storage.resize_(size)
+            allocating += time.perf_counter() - before
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                self._bytes_of(torch, storage, size).copy_(arena[offset:offset + size],
+                                                           non_blocking=stream is not None)
+        if stream is not None:
             current.wait_stream(stream)
-        else:
-            for storage, size, offset in layout:
-                before = time.perf_counter()
-                storage.resize_(size)
-                allocating += time.perf_counter() - before
-                self._bytes_of(torch, storage, size).copy_(arena[offset:offset + size])
         moved = sum(size for _, size, _ in layout)
         self.offloaded = []
         self.last = {"step": self.NAMES[1], "bytes": moved, "storages": len(layout),

@@ -444,10 +444,7 @@ class CheckedDirectLoader(DirectLoader):
             if not torch.equal(own, ours):
                 differ = own != ours
                 first = int(differ.nonzero()[0])
-                where, rest = [], first // width
-                for size in reversed(dims):
-                    where.insert(0, rest % size)
-                    rest //= size
+                where = [int(index) for index in torch.unravel_index(torch.tensor(first // width), dims)]
                 element = slice(first - first % width, first - first % width + width)
                 raise Failure("DIRECT_PLAN_MISMATCH", f"chunk {chunk}: {whose} writes {name} differently from wsync's "
                               f"direct loader (first at byte {first} of {own.numel()}, element {where} of {dims}: "
