@@ -50,6 +50,24 @@ __device__ __forceinline__ unsigned unit_of(uint64_t bits) {
        : (bits & 1) == 0 ? 2 : 1;
 }
 
+// Runs `copy` with a value of the type `unit` bytes wide (16: uint4, 8:
+// uint2, 4, 2, otherwise 1 byte): the one place the copies pick their unit.
+template <typename Copy>
+__device__ __forceinline__ void with_unit(unsigned unit, Copy copy) {
+  switch (unit) {
+  case 16:
+    return copy(uint4{});
+  case 8:
+    return copy(uint2{});
+  case 4:
+    return copy(uint32_t{});
+  case 2:
+    return copy(uint16_t{});
+  default:
+    return copy(uint8_t{});
+  }
+}
+
 // One contiguous piece: when both ends are misaligned alike, the head up to
 // the target's next unit boundary and the tail go bytewise, the body in the
 // widest unit their relative alignment allows.
@@ -66,28 +84,12 @@ __device__ void copy_contiguous(const char *source, char *target,
   target += head;
   length -= head;
   uint32_t body = length & ~(uint32_t)(unit - 1);
-  switch (unit) {
-  case 16:
-    copy_stretch(reinterpret_cast<const uint4 *>(source),
-                 reinterpret_cast<uint4 *>(target), body / 16, lane);
-    break;
-  case 8:
-    copy_stretch(reinterpret_cast<const uint2 *>(source),
-                 reinterpret_cast<uint2 *>(target), body / 8, lane);
-    break;
-  case 4:
-    copy_stretch(reinterpret_cast<const uint32_t *>(source),
-                 reinterpret_cast<uint32_t *>(target), body / 4, lane);
-    break;
-  case 2:
-    copy_stretch(reinterpret_cast<const uint16_t *>(source),
-                 reinterpret_cast<uint16_t *>(target), body / 2, lane);
-    break;
-  default:
-    copy_stretch(reinterpret_cast<const uint8_t *>(source),
-                 reinterpret_cast<uint8_t *>(target), body, lane);
-    break;
-  }
+  with_unit(unit, [&](auto value) {
+    using T = decltype(value);
+    copy_stretch(reinterpret_cast<const T *>(source),
+                 reinterpret_cast<T *>(target), body / (uint32_t)sizeof(T),
+                 lane);
+  });
   uint32_t tail = length - body;
   if (lane < tail)
     target[body + lane] = source[body + lane];
@@ -133,28 +135,24 @@ __device__ void copy_rows(const char *source, char *target, uint32_t rows,
                           uint64_t target_pitch, unsigned lane) {
   unsigned unit = unit_of((uintptr_t)source | (uintptr_t)target | width |
                           source_pitch | target_pitch);
-  switch (unit) {
-  case 16:
-    copy_rows_of<uint4>(source, target, rows, width / 16, source_pitch,
-                        target_pitch, lane);
-    break;
-  case 8:
-    copy_rows_of<uint2>(source, target, rows, width / 8, source_pitch,
-                        target_pitch, lane);
-    break;
-  case 4:
-    copy_rows_of<uint32_t>(source, target, rows, width / 4, source_pitch,
-                           target_pitch, lane);
-    break;
-  case 2:
-    copy_rows_of<uint16_t>(source, target, rows, width / 2, source_pitch,
-                           target_pitch, lane);
-    break;
-  default:
-    copy_rows_of<uint8_t>(source, target, rows, width, source_pitch,
-                          target_pitch, lane);
-    break;
-  }
+  with_unit(unit, [&](auto value) {
+    using T = decltype(value);
+    copy_rows_of<T>(source, target, rows, width / (uint32_t)sizeof(T),
+                    source_pitch, target_pitch, lane);
+  });
+}
+
+// One descriptor, or one part of a tiled walk: a contiguous stretch or whole
+// strided rows.
+__device__ __forceinline__ void copy_part(const ws_cuda_copy_desc &part,
+                                          unsigned lane) {
+  const char *source = reinterpret_cast<const char *>(part.source);
+  char *target = reinterpret_cast<char *>(part.target);
+  if (part.rows == 1)
+    copy_contiguous(source, target, part.width, lane);
+  else
+    copy_rows(source, target, part.rows, part.width, part.source_pitch,
+              part.target_pitch, lane);
 }
 
 // At least four blocks per SM (64 registers a thread): 32 warps, each with
@@ -178,28 +176,10 @@ __global__ void __launch_bounds__(WS_CUDA_THREADS, 4)
     uint32_t count = end - batch < kWarp ? end - batch : kWarp;
     for (uint32_t j = 0; j < count; j++) {
       const ws_cuda_copy_desc desc = batch_descs[j];
-      const char *source = reinterpret_cast<const char *>(desc.source);
-      char *target = reinterpret_cast<char *>(desc.target);
-      if (desc.rows == 1)
-        copy_contiguous(source, target, desc.width, lane);
-      else
-        copy_rows(source, target, desc.rows, desc.width, desc.source_pitch,
-                  desc.target_pitch, lane);
+      copy_part(desc, lane);
     }
     __syncwarp(); // every lane is done with the batch before the next one
   }
-}
-
-// One part of a tiled walk: a contiguous stretch or whole strided rows.
-__device__ __forceinline__ void copy_part(const ws_cuda_copy_desc &part,
-                                          unsigned lane) {
-  const char *source = reinterpret_cast<const char *>(part.source);
-  char *target = reinterpret_cast<char *>(part.target);
-  if (part.rows == 1)
-    copy_contiguous(source, target, part.width, lane);
-  else
-    copy_rows(source, target, part.rows, part.width, part.source_pitch,
-              part.target_pitch, lane);
 }
 
 // Warp w of the grid's W copies tiles w, w + W, ... of the descriptors'
