@@ -3,6 +3,7 @@
 // slices from a packed buffer into resident storage).
 #pragma once
 
+#include "copy_defs.h"
 #include "status_defs.h"
 
 #ifndef WS_FFI
@@ -15,12 +16,7 @@
 /// the target (advancing `target_pitch`). A contiguous copy is one row.
 /// `source` picks the source of ws_copy_run_sources (0 everywhere else).
 typedef struct ws_copy_op {
-  uint64_t target_offset;
-  uint64_t source_offset;
-  uint64_t rows;
-  uint64_t width;
-  uint64_t target_pitch;
-  uint64_t source_pitch;
+  WS_STRIDED_COPY_FIELDS
   uint64_t source;
 } ws_copy_op;
 

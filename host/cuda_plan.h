@@ -27,6 +27,7 @@
 // scale and quantizes every piece.
 #pragma once
 
+#include "copy_defs.h"
 #include "cuda_memory.h"
 #include "fp8.h"
 #include "status_defs.h"
@@ -43,12 +44,7 @@
 typedef struct ws_cuda_copy_op {
   uint32_t target_region;
   uint32_t source_region;
-  uint64_t target_offset;
-  uint64_t source_offset;
-  uint64_t rows;
-  uint64_t width;
-  uint64_t target_pitch;
-  uint64_t source_pitch;
+  WS_STRIDED_COPY_FIELDS
 } ws_cuda_copy_op;
 
 /// One descriptor as the kernel reads it: absolute device pointers, at most
