@@ -694,61 +694,55 @@ int ws_cuda_fp8_layout(const ws_cuda_region *regions, size_t region_count,
 // ---------------------------------------------------------------------------
 // Plans on a device
 
-struct ws_cuda_copy_plan {
+// What every plan holds: its device memory and what one launch does.
+struct plan_core {
   int device;
-  void *memory; // descriptors, then warp_start (tiled: their starts)
+  void *memory; // the plan's own layout (see each plan)
   size_t memory_bytes;
-  uint64_t tile; // 0: per-warp ranges
   uint32_t warps;
   size_t pieces;
   size_t ops;
   uint64_t bytes;
+};
+
+struct ws_cuda_copy_plan {
+  // memory: descriptors, then warp_start (tiled: their starts)
+  struct plan_core core;
+  uint64_t tile; // 0: per-warp ranges
   ws_cuda_bulk_copy *bulk; // (host memory) queued before the kernel
   size_t bulk_count;
   uint64_t bulk_bytes;
 };
 
 struct ws_cuda_fp8_plan {
-  int device;
-  void *memory; // pieces, then the groups' scale addresses, then their amax
-  size_t memory_bytes;
-  uint32_t warps;
-  size_t pieces;
+  // memory: pieces, then the groups' scale addresses, then their amax
+  struct plan_core core;
   size_t groups;
-  size_t ops;
-  uint64_t bytes;
 };
 
 struct ws_cuda_synth_plan {
-  int device;
-  void *memory; // check state, pieces, then warp_start
-  size_t memory_bytes;
-  uint32_t warps;
-  size_t pieces;
-  size_t ops;
-  uint64_t bytes;
+  // memory: check state, pieces, then warp_start
+  struct plan_core core;
   ws_cuda_check_state *host_state; // pinned
   void *checked;                   // cudaEvent_t after the last check
   int check_queued;
 };
 
-static void describe(ws_cuda_plan_info *out, size_t ops, size_t pieces,
-                     uint32_t warps, uint64_t bytes, size_t memory_bytes) {
+static void describe(ws_cuda_plan_info *out, const struct plan_core *core) {
   out->tile = 0;
-  out->ops = ops;
-  out->pieces = pieces;
-  out->warps = warps;
-  out->blocks = ((uint64_t)warps * WS_CUDA_WARP + WS_CUDA_THREADS - 1) /
+  out->ops = core->ops;
+  out->pieces = core->pieces;
+  out->warps = core->warps;
+  out->blocks = ((uint64_t)core->warps * WS_CUDA_WARP + WS_CUDA_THREADS - 1) /
                 WS_CUDA_THREADS;
-  out->bytes = bytes;
-  out->device_bytes = memory_bytes;
+  out->bytes = core->bytes;
+  out->device_bytes = core->memory_bytes;
   out->bulk = out->bulk_bytes = 0;
 }
 
 void ws_cuda_copy_plan_info(const ws_cuda_copy_plan *plan,
                             ws_cuda_plan_info *out) {
-  describe(out, plan->ops, plan->pieces, plan->warps, plan->bytes,
-           plan->memory_bytes);
+  describe(out, &plan->core);
   out->tile = plan->tile;
   out->bulk = plan->bulk_count;
   out->bulk_bytes = plan->bulk_bytes;
@@ -756,14 +750,12 @@ void ws_cuda_copy_plan_info(const ws_cuda_copy_plan *plan,
 
 void ws_cuda_synth_plan_info(const ws_cuda_synth_plan *plan,
                              ws_cuda_plan_info *out) {
-  describe(out, plan->ops, plan->pieces, plan->warps, plan->bytes,
-           plan->memory_bytes);
+  describe(out, &plan->core);
 }
 
 void ws_cuda_fp8_plan_info(const ws_cuda_fp8_plan *plan,
                            ws_cuda_plan_info *out) {
-  describe(out, plan->ops, plan->pieces, plan->warps, plan->bytes,
-           plan->memory_bytes);
+  describe(out, &plan->core);
 }
 
 #ifdef WSYNC_WITH_CUDA
@@ -802,6 +794,18 @@ static int upload(const void *host, size_t bytes, void **out,
   }
   *out = memory;
   return WS_OK;
+}
+
+// Uploads a plan's device memory, laid out in `bytes` at `host`, and records
+// what the plan holds (`what` names the memory).
+static int finish_plan(struct plan_core *core, int device, const void *host,
+                       size_t bytes, uint32_t warps, size_t pieces, size_t ops,
+                       uint64_t total, const char *what) {
+  void *memory = NULL;
+  int status = upload(host, bytes, &memory, what);
+  if (status == WS_OK)
+    *core = (struct plan_core){device, memory, bytes, warps, pieces, ops, total};
+  return status;
 }
 
 static size_t round_up(size_t value, size_t to) {
@@ -902,16 +906,11 @@ static int create_copy_plan(int device, const ws_cuda_region *regions,
   status = lay_out_copies(regions, region_count, rest, rest_count, capacity,
                           tile, &host, &bytes, &pieces, &warps);
   if (status == WS_OK)
-    status = upload(host, bytes, &plan->memory, "copy plan descriptors");
+    status = finish_plan(&plan->core, device, host, bytes, warps, pieces, count,
+                         total, "copy plan descriptors");
   if (status != WS_OK)
     goto done;
-  plan->device = device;
-  plan->memory_bytes = bytes;
   plan->tile = tile;
-  plan->warps = warps;
-  plan->pieces = pieces;
-  plan->ops = count;
-  plan->bytes = total;
   *out = plan;
   plan = NULL;
 done:
@@ -928,11 +927,11 @@ done:
 int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
   ws_clear_error();
   void *raw = NULL;
-  int status = ws_cuda_stream_for(stream, plan->device, &raw);
-  if (status != WS_OK || (plan->pieces == 0 && plan->bulk_count == 0))
+  int status = ws_cuda_stream_for(stream, plan->core.device, &raw);
+  if (status != WS_OK || (plan->core.pieces == 0 && plan->bulk_count == 0))
     return status;
   int previous = 0;
-  status = ws_cuda_enter(plan->device, &previous);
+  status = ws_cuda_enter(plan->core.device, &previous);
   if (status != WS_OK)
     return status;
   for (size_t i = 0; i < plan->bulk_count; i++) {
@@ -946,39 +945,46 @@ int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
                              "bulk copy %zu of %zu (%llu bytes) of a copy "
                              "plan on device %d",
                              i, plan->bulk_count,
-                             (unsigned long long)copy->bytes, plan->device);
+                             (unsigned long long)copy->bytes,
+                             plan->core.device);
     }
   }
-  if (plan->pieces == 0) {
+  const struct plan_core *core = &plan->core;
+  if (core->pieces == 0) {
     ws_cuda_leave(previous);
     return WS_OK;
   }
-  size_t desc_bytes = round_up(plan->pieces * sizeof(ws_cuda_copy_desc), 16);
-  const ws_cuda_copy_desc *descs = plan->memory;
-  const void *after = (const char *)plan->memory + desc_bytes;
+  size_t desc_bytes = round_up(core->pieces * sizeof(ws_cuda_copy_desc), 16);
+  const ws_cuda_copy_desc *descs = core->memory;
+  const void *after = (const char *)core->memory + desc_bytes;
   int error = plan->tile != 0
                   ? ws_cuda_launch_copy_tiles(descs, after,
-                                              (uint32_t)plan->pieces,
-                                              plan->tile, plan->warps, raw)
-                  : ws_cuda_launch_copy(descs, after, plan->warps, raw);
+                                              (uint32_t)core->pieces,
+                                              plan->tile, core->warps, raw)
+                  : ws_cuda_launch_copy(descs, after, core->warps, raw);
   ws_cuda_leave(previous);
   if (error != cudaSuccess)
     return ws_cuda_failure(error, "cudaLaunchKernel",
                            "copy plan of %zu ops (%zu descriptors) on device %d",
-                           plan->ops, plan->pieces, plan->device);
+                           core->ops, core->pieces, core->device);
   ws_cuda_count_launch();
   return WS_OK;
 }
 
-// Frees a plan's device memory (`what` names it) on its device.
-static int release_on(int device, void *memory, size_t bytes,
-                      const char *what) {
+// Frees a plan on its device: `release_extra` (NULL: none) what it holds
+// besides its device memory, then that memory (`what` names it), then the
+// object.
+static int free_plan(void *plan, const struct plan_core *core,
+                     void (*release_extra)(void *plan), const char *what) {
   int previous = 0;
-  int status = ws_cuda_enter(device, &previous);
+  int status = ws_cuda_enter(core->device, &previous);
   if (status == WS_OK) {
-    status = ws_cuda_release(memory, bytes, what);
+    if (release_extra != NULL)
+      release_extra(plan);
+    status = ws_cuda_release(core->memory, core->memory_bytes, what);
     ws_cuda_leave(previous);
   }
+  free(plan);
   return status;
 }
 
@@ -986,11 +992,17 @@ int ws_cuda_copy_plan_close(ws_cuda_copy_plan *plan) {
   ws_clear_error();
   if (plan == NULL)
     return WS_OK;
-  int status = release_on(plan->device, plan->memory, plan->memory_bytes,
-                          "copy plan descriptors");
   free(plan->bulk);
-  free(plan);
-  return status;
+  return free_plan(plan, &plan->core, NULL, "copy plan descriptors");
+}
+
+// Frees a synthetic plan's check state: its event and pinned memory.
+static void release_check_state(void *plan_object) {
+  ws_cuda_synth_plan *plan = plan_object;
+  if (plan->checked != NULL)
+    cudaEventDestroy((cudaEvent_t)plan->checked);
+  if (plan->host_state != NULL)
+    cudaFreeHost(plan->host_state);
 }
 
 int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
@@ -1046,10 +1058,10 @@ int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
   layout.pieces = (ws_cuda_synth_piece *)((char *)host + state_bytes);
   warp_start[0] = 0;
   split_synth(&layout, elements, capacity, count, &warps);
-  status = upload(host, bytes, &plan->memory, "synthetic plan pieces");
+  status = finish_plan(&plan->core, device, host, bytes, warps, pieces, count,
+                       total_bytes, "synthetic plan pieces");
   if (status != WS_OK)
     goto done;
-  plan->memory_bytes = bytes;
   cudaError_t error = cudaMallocHost((void **)&plan->host_state,
                                      sizeof *plan->host_state);
   if (error != cudaSuccess) {
@@ -1065,18 +1077,13 @@ int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
     goto done;
   }
   plan->checked = checked;
-  plan->device = device;
-  plan->warps = warps;
-  plan->pieces = pieces;
-  plan->ops = count;
-  plan->bytes = total_bytes;
   *out = plan;
   plan = NULL;
 done:
   if (plan != NULL) {
-    if (plan->host_state != NULL)
-      cudaFreeHost(plan->host_state);
-    ws_cuda_release(plan->memory, plan->memory_bytes, "synthetic plan pieces");
+    release_check_state(plan);
+    ws_cuda_release(plan->core.memory, plan->core.memory_bytes,
+                    "synthetic plan pieces");
   }
   ws_cuda_leave(previous);
   free(host);
@@ -1090,16 +1097,17 @@ static int launch_synth(ws_cuda_synth_plan *plan, uint32_t version,
   ws_clear_error();
   void *raw = NULL;
   int previous = 0;
-  int status = ws_cuda_enter_stream(stream, plan->device, &raw, &previous);
+  const struct plan_core *core = &plan->core;
+  int status = ws_cuda_enter_stream(stream, core->device, &raw, &previous);
   if (status != WS_OK)
     return status;
-  ws_cuda_check_state *state = plan->memory;
+  ws_cuda_check_state *state = core->memory;
   size_t state_bytes = round_up(sizeof(ws_cuda_check_state), 16);
-  size_t piece_bytes = round_up(plan->pieces * sizeof(ws_cuda_synth_piece), 16);
+  size_t piece_bytes = round_up(core->pieces * sizeof(ws_cuda_synth_piece), 16);
   const ws_cuda_synth_piece *pieces =
-      (const ws_cuda_synth_piece *)((const char *)plan->memory + state_bytes);
+      (const ws_cuda_synth_piece *)((const char *)core->memory + state_bytes);
   const uint32_t *warp_start =
-      (const uint32_t *)((const char *)plan->memory + state_bytes +
+      (const uint32_t *)((const char *)core->memory + state_bytes +
                          piece_bytes);
   cudaStream_t cuda_stream = (cudaStream_t)raw;
   const char *call = "cudaMemsetAsync";
@@ -1111,9 +1119,9 @@ static int launch_synth(ws_cuda_synth_plan *plan, uint32_t version,
       error = cudaMemsetAsync(&state->first, 0xff, sizeof state->first,
                               cuda_stream);
   }
-  if (error == cudaSuccess && plan->pieces > 0) {
+  if (error == cudaSuccess && core->pieces > 0) {
     call = "cudaLaunchKernel";
-    error = ws_cuda_launch_synth(pieces, warp_start, plan->warps, version,
+    error = ws_cuda_launch_synth(pieces, warp_start, core->warps, version,
                                  check, state, raw);
     if (error == cudaSuccess)
       ws_cuda_count_launch();
@@ -1132,7 +1140,7 @@ static int launch_synth(ws_cuda_synth_plan *plan, uint32_t version,
   if (error != cudaSuccess)
     return ws_cuda_failure(error, call,
                            "synthetic %s of %zu ops on device %d",
-                           check ? "check" : "fill", plan->ops, plan->device);
+                           check ? "check" : "fill", core->ops, core->device);
   return WS_OK;
 }
 
@@ -1144,7 +1152,7 @@ int ws_cuda_synth_plan_result(ws_cuda_synth_plan *plan,
   cudaError_t error = cudaEventSynchronize((cudaEvent_t)plan->checked);
   if (error != cudaSuccess)
     return ws_cuda_failure(error, "cudaEventSynchronize",
-                           "synthetic check on device %d", plan->device);
+                           "synthetic check on device %d", plan->core.device);
   out->mismatches = plan->host_state->mismatches;
   uint64_t first = plan->host_state->first;
   if (out->mismatches == 0) {
@@ -1159,19 +1167,9 @@ int ws_cuda_synth_plan_result(ws_cuda_synth_plan *plan,
 
 int ws_cuda_synth_plan_close(ws_cuda_synth_plan *plan) {
   ws_clear_error();
-  if (plan == NULL)
-    return WS_OK;
-  int previous = 0;
-  int status = ws_cuda_enter(plan->device, &previous);
-  if (status == WS_OK) {
-    cudaEventDestroy((cudaEvent_t)plan->checked);
-    cudaFreeHost(plan->host_state);
-    status = ws_cuda_release(plan->memory, plan->memory_bytes,
-                             "synthetic plan pieces");
-    ws_cuda_leave(previous);
-  }
-  free(plan);
-  return status;
+  return plan == NULL ? WS_OK
+                      : free_plan(plan, &plan->core, release_check_state,
+                                  "synthetic plan pieces");
 }
 
 
@@ -1224,22 +1222,18 @@ int ws_cuda_fp8_plan_create(int device, const ws_cuda_region *regions,
   uint32_t capacity = 0, synth_capacity = 0;
   if (status == WS_OK)
     status = ws_cuda_kernel_capacity(device, &capacity, &synth_capacity);
+  uint32_t warps = (uint32_t)min_u64(
+      capacity, pieces > group_count
+                    ? pieces
+                    : (group_count + WS_CUDA_WARP - 1) / WS_CUDA_WARP);
+  if (warps == 0)
+    warps = 1;
   if (status == WS_OK)
-    status = upload(host, bytes, &plan->memory, "fp8 plan pieces");
+    status = finish_plan(&plan->core, device, host, bytes, warps, pieces, count,
+                         written, "fp8 plan pieces");
   if (status != WS_OK)
     goto done;
-  plan->device = device;
-  plan->memory_bytes = bytes;
-  plan->warps = (uint32_t)min_u64(capacity, pieces > group_count
-                                                ? pieces
-                                                : (group_count + WS_CUDA_WARP -
-                                                   1) / WS_CUDA_WARP);
-  if (plan->warps == 0)
-    plan->warps = 1;
-  plan->pieces = pieces;
   plan->groups = group_count;
-  plan->ops = count;
-  plan->bytes = written;
   *out = plan;
   plan = NULL;
 done:
@@ -1253,46 +1247,44 @@ done:
 int ws_cuda_fp8_plan_launch(ws_cuda_fp8_plan *plan, ws_cuda_stream *stream) {
   ws_clear_error();
   void *raw = NULL;
-  int status = ws_cuda_stream_for(stream, plan->device, &raw);
+  const struct plan_core *core = &plan->core;
+  int status = ws_cuda_stream_for(stream, core->device, &raw);
   if (status != WS_OK || plan->groups == 0)
     return status;
   int previous = 0;
-  status = ws_cuda_enter(plan->device, &previous);
+  status = ws_cuda_enter(core->device, &previous);
   if (status != WS_OK)
     return status;
   size_t scales_at = 0, amax_at = 0;
-  fp8_memory_bytes(plan->pieces, plan->groups, &scales_at, &amax_at);
-  const ws_cuda_fp8_piece *pieces = plan->memory;
+  fp8_memory_bytes(core->pieces, plan->groups, &scales_at, &amax_at);
+  const ws_cuda_fp8_piece *pieces = core->memory;
   const uint64_t *scales =
-      (const uint64_t *)((const char *)plan->memory + scales_at);
-  uint32_t *amax = (uint32_t *)((char *)plan->memory + amax_at);
+      (const uint64_t *)((const char *)core->memory + scales_at);
+  uint32_t *amax = (uint32_t *)((char *)core->memory + amax_at);
   const char *call = "cudaMemsetAsync";
   int error = (int)cudaMemsetAsync(amax, 0, plan->groups * sizeof *amax,
                                    (cudaStream_t)raw);
   if (error == cudaSuccess) {
     call = "cudaLaunchKernel";
-    error = ws_cuda_launch_fp8(pieces, (uint32_t)plan->pieces, scales, amax,
-                               (uint32_t)plan->groups, plan->warps, raw);
+    error = ws_cuda_launch_fp8(pieces, (uint32_t)core->pieces, scales, amax,
+                               (uint32_t)plan->groups, core->warps, raw);
   }
   ws_cuda_leave(previous);
   if (error != cudaSuccess)
     return ws_cuda_failure(error, call,
                            "fp8 plan of %zu ops (%zu pieces, %zu groups) on "
                            "device %d",
-                           plan->ops, plan->pieces, plan->groups,
-                           plan->device);
+                           core->ops, core->pieces, plan->groups,
+                           core->device);
   ws_cuda_count_launch();
   return WS_OK;
 }
 
 int ws_cuda_fp8_plan_close(ws_cuda_fp8_plan *plan) {
   ws_clear_error();
-  if (plan == NULL)
-    return WS_OK;
-  int status = release_on(plan->device, plan->memory, plan->memory_bytes,
-                          "fp8 plan pieces");
-  free(plan);
-  return status;
+  return plan == NULL
+             ? WS_OK
+             : free_plan(plan, &plan->core, NULL, "fp8 plan pieces");
 }
 
 #else // !WSYNC_WITH_CUDA
