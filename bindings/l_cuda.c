@@ -69,19 +69,49 @@ static uint64_t region_field(lua_State *L, int index, const char *name) {
   return value;
 }
 
+// A class whose objects are regions (buffers, mappings): how to read one.
+typedef struct region_class {
+  ws_lua_class base; // first: what ws_lua_class_of answers is this class
+  void (*region)(const void *object, ws_cuda_region *out);
+} region_class;
+
+// "BYTES bytes on device INDEX", after a buffer's or a mapping's class name.
+static void describe_region(lua_State *L, void *object) {
+  ws_cuda_region region;
+  ((const region_class *)ws_lua_class_of(L))->region(object, &region);
+  lua_pushfstring(L, "%f bytes on device %d", (lua_Number)region.size,
+                  (int)region.device);
+}
+
+// The core's buffer and mapping functions, typed for region_class.
+static int close_buffer(void *buffer) { return ws_cuda_buffer_close(buffer); }
+static int close_mapping(void *mapping) {
+  return ws_cuda_mapping_close(mapping);
+}
+static void buffer_region(const void *buffer, ws_cuda_region *out) {
+  ws_cuda_buffer_region(buffer, out);
+}
+static void mapping_region(const void *mapping, ws_cuda_region *out) {
+  ws_cuda_mapping_region(mapping, out);
+}
+
+static const region_class buffers = {
+    {buffer_class, "close", close_buffer, NULL, describe_region},
+    buffer_region};
+static const region_class mappings = {
+    {mapping_class, "close", close_mapping, NULL, describe_region},
+    mapping_region};
+
 void ws_lua_check_cuda_region(lua_State *L, int index, ws_cuda_region *out) {
-  void **box = luaL_testudata(L, index, buffer_class);
-  if (box != NULL) {
+  const region_class *classes[] = {&buffers, &mappings};
+  for (size_t i = 0; i < sizeof classes / sizeof classes[0]; i++) {
+    void **box = luaL_testudata(L, index, classes[i]->base.name);
+    if (box == NULL)
+      continue;
     if (*box == NULL)
-      luaL_argerror(L, index, "wsync.cuda.buffer is closed");
-    ws_cuda_buffer_region(*box, out);
-    return;
-  }
-  box = luaL_testudata(L, index, mapping_class);
-  if (box != NULL) {
-    if (*box == NULL)
-      luaL_argerror(L, index, "wsync.cuda.mapping is closed");
-    ws_cuda_mapping_region(*box, out);
+      luaL_argerror(L, index,
+                    lua_pushfstring(L, "%s is closed", classes[i]->base.name));
+    classes[i]->region(*box, out);
     return;
   }
   if (lua_type(L, index) != LUA_TTABLE) {
@@ -308,20 +338,6 @@ static int cuda_export_region(lua_State *L) {
   return 3;
 }
 
-// "BYTES bytes on device INDEX", after a buffer's or a mapping's class name.
-static void describe_region(lua_State *L, const ws_cuda_region *region) {
-  lua_pushfstring(L, "%f bytes on device %d", (lua_Number)region->size,
-                  (int)region->device);
-}
-
-static int close_buffer(void *buffer) { return ws_cuda_buffer_close(buffer); }
-
-static void describe_buffer(lua_State *L, void *buffer) {
-  ws_cuda_region region;
-  ws_cuda_buffer_region(buffer, &region);
-  describe_region(L, &region);
-}
-
 // ---------------------------------------------------------------------------
 // Mappings
 
@@ -340,16 +356,6 @@ static int cuda_import(lua_State *L) {
   int status = ws_cuda_mapping_open(device, (const unsigned char *)handle,
                                     (size_t)size, &mapping);
   return ws_lua_fill_box(L, status, mapping);
-}
-
-static int close_mapping(void *mapping) {
-  return ws_cuda_mapping_close(mapping);
-}
-
-static void describe_mapping(lua_State *L, void *mapping) {
-  ws_cuda_region region;
-  ws_cuda_mapping_region(mapping, &region);
-  describe_region(L, &region);
 }
 
 // ---------------------------------------------------------------------------
@@ -489,11 +495,69 @@ static void push_info(lua_State *L, const ws_cuda_plan_info *info) {
   lua_setfield(L, -2, "bulk_bytes");
 }
 
-// "OPS ops, BYTES bytes", after a plan's class name.
-static void describe_plan(lua_State *L, const ws_cuda_plan_info *info) {
-  lua_pushfstring(L, "%f ops, %f bytes", (lua_Number)info->ops,
-                  (lua_Number)info->bytes);
+// A plan's class: how its plan reports itself and (NULL for a synthetic plan,
+// which fills and checks instead) launches.
+typedef struct plan_class {
+  ws_lua_class base; // first: what ws_lua_class_of answers is this class
+  void (*info)(const void *plan, ws_cuda_plan_info *out);
+  int (*launch)(void *plan, ws_cuda_stream *stream);
+} plan_class;
+
+// plan:launch([stream]) -> true | nil, message, CODE (queued)
+static int plan_launch(lua_State *L) {
+  const plan_class *class = (const plan_class *)ws_lua_class_of(L);
+  void *plan = ws_lua_check_box(L, 1, class->base.name);
+  return ws_lua_push_ok(L, class->launch(plan, ws_lua_opt_cuda_stream(L, 2)));
 }
+
+// plan:info() -> {ops, pieces, warps, blocks, bytes, device_bytes, tile}
+static int plan_info(lua_State *L) {
+  const plan_class *class = (const plan_class *)ws_lua_class_of(L);
+  ws_cuda_plan_info info;
+  class->info(ws_lua_check_box(L, 1, class->base.name), &info);
+  push_info(L, &info);
+  return 1;
+}
+
+// "OPS ops, BYTES bytes", after a plan's class name.
+static void describe_plan(lua_State *L, void *plan) {
+  ws_cuda_plan_info info;
+  ((const plan_class *)ws_lua_class_of(L))->info(plan, &info);
+  lua_pushfstring(L, "%f ops, %f bytes", (lua_Number)info.ops,
+                  (lua_Number)info.bytes);
+}
+
+// The core's plan functions, typed for plan_class.
+static int close_copy_plan(void *plan) { return ws_cuda_copy_plan_close(plan); }
+static int close_synth_plan(void *plan) {
+  return ws_cuda_synth_plan_close(plan);
+}
+static int close_fp8_plan(void *plan) { return ws_cuda_fp8_plan_close(plan); }
+static void copy_plan_info(const void *plan, ws_cuda_plan_info *out) {
+  ws_cuda_copy_plan_info(plan, out);
+}
+static void synth_plan_info(const void *plan, ws_cuda_plan_info *out) {
+  ws_cuda_synth_plan_info(plan, out);
+}
+static void fp8_plan_info(const void *plan, ws_cuda_plan_info *out) {
+  ws_cuda_fp8_plan_info(plan, out);
+}
+static int launch_copy_plan(void *plan, ws_cuda_stream *stream) {
+  return ws_cuda_copy_plan_launch(plan, stream);
+}
+static int launch_fp8_plan(void *plan, ws_cuda_stream *stream) {
+  return ws_cuda_fp8_plan_launch(plan, stream);
+}
+
+static const plan_class copy_plans = {
+    {copy_plan_class, "close", close_copy_plan, NULL, describe_plan},
+    copy_plan_info, launch_copy_plan};
+static const plan_class synth_plans = {
+    {synth_plan_class, "close", close_synth_plan, NULL, describe_plan},
+    synth_plan_info, NULL};
+static const plan_class fp8_plans = {
+    {fp8_plan_class, "close", close_fp8_plan, NULL, describe_plan},
+    fp8_plan_info, launch_fp8_plan};
 
 // A region index of a table op: 1-based in Lua, 0-based in the core.
 static uint32_t op_region(lua_State *L, int table, size_t position,
@@ -561,31 +625,6 @@ static int cuda_copy_plan(lua_State *L) {
   int status = ws_cuda_copy_plan_create_with(device, regions, region_count,
                                              ops, count, &options, &plan);
   return ws_lua_fill_box(L, status, plan);
-}
-
-// plan:launch([stream]) -> true | nil, message, CODE (queued)
-static int copy_plan_launch(lua_State *L) {
-  ws_cuda_copy_plan *plan = ws_lua_check_box(L, 1, copy_plan_class);
-  return ws_lua_push_ok(
-      L, ws_cuda_copy_plan_launch(plan, ws_lua_opt_cuda_stream(L, 2)));
-}
-
-// plan:info() -> {ops, pieces, warps, blocks, bytes, device_bytes, tile}
-static int copy_plan_info(lua_State *L) {
-  ws_cuda_plan_info info;
-  ws_cuda_copy_plan_info(ws_lua_check_box(L, 1, copy_plan_class), &info);
-  push_info(L, &info);
-  return 1;
-}
-
-static int close_copy_plan(void *plan) {
-  return ws_cuda_copy_plan_close(plan);
-}
-
-static void describe_copy_plan(lua_State *L, void *plan) {
-  ws_cuda_plan_info info;
-  ws_cuda_copy_plan_info(plan, &info);
-  describe_plan(L, &info);
 }
 
 // {region, dtype, offset, rows, elements, pitch, first, element_pitch, name |
@@ -687,24 +726,6 @@ static int synth_plan_result(lua_State *L) {
   return 1;
 }
 
-// plan:info() -> {ops, pieces, warps, blocks, bytes, device_bytes, tile}
-static int synth_plan_info(lua_State *L) {
-  ws_cuda_plan_info info;
-  ws_cuda_synth_plan_info(ws_lua_check_box(L, 1, synth_plan_class), &info);
-  push_info(L, &info);
-  return 1;
-}
-
-static int close_synth_plan(void *plan) {
-  return ws_cuda_synth_plan_close(plan);
-}
-
-static void describe_synth_plan(lua_State *L, void *plan) {
-  ws_cuda_plan_info info;
-  ws_cuda_synth_plan_info(plan, &info);
-  describe_plan(L, &info);
-}
-
 // {target, scale_offset}: the region of a group's float32 scale from 1.
 static void convert_fp8_group(lua_State *L, int table, size_t position,
                               void *record) {
@@ -754,29 +775,6 @@ static int cuda_fp8_plan(lua_State *L) {
   return ws_lua_fill_box(L, status, plan);
 }
 
-// plan:launch([stream]) -> true | nil, message, CODE (queued)
-static int fp8_plan_launch(lua_State *L) {
-  ws_cuda_fp8_plan *plan = ws_lua_check_box(L, 1, fp8_plan_class);
-  return ws_lua_push_ok(
-      L, ws_cuda_fp8_plan_launch(plan, ws_lua_opt_cuda_stream(L, 2)));
-}
-
-// plan:info() -> {ops, pieces, warps, blocks, bytes, device_bytes, tile}
-static int fp8_plan_info(lua_State *L) {
-  ws_cuda_plan_info info;
-  ws_cuda_fp8_plan_info(ws_lua_check_box(L, 1, fp8_plan_class), &info);
-  push_info(L, &info);
-  return 1;
-}
-
-static int close_fp8_plan(void *plan) { return ws_cuda_fp8_plan_close(plan); }
-
-static void describe_fp8_plan(lua_State *L, void *plan) {
-  ws_cuda_plan_info info;
-  ws_cuda_fp8_plan_info(plan, &info);
-  describe_plan(L, &info);
-}
-
 // ---------------------------------------------------------------------------
 // Module
 
@@ -803,23 +801,10 @@ static int cuda_counters(lua_State *L) {
 }
 
 int luaopen_wsync_cuda(lua_State *L) {
-  static const ws_lua_class buffers = {buffer_class, "close", close_buffer,
-                                       NULL, describe_buffer};
-  static const ws_lua_class mappings = {mapping_class, "close", close_mapping,
-                                        NULL, describe_mapping};
   static const ws_lua_class streams = {stream_class, "close", destroy_stream,
                                        NULL, describe_stream};
   static const ws_lua_class events = {event_class, "close", destroy_event,
                                       NULL, NULL};
-  static const ws_lua_class copy_plans = {copy_plan_class, "close",
-                                          close_copy_plan, NULL,
-                                          describe_copy_plan};
-  static const ws_lua_class synth_plans = {synth_plan_class, "close",
-                                           close_synth_plan, NULL,
-                                           describe_synth_plan};
-  static const ws_lua_class fp8_plans = {fp8_plan_class, "close",
-                                         close_fp8_plan, NULL,
-                                         describe_fp8_plan};
   static const luaL_Reg buffer_methods[] = {
       {"region", region_table}, {"pointer", region_pointer},
       {"size", region_size},    {"device", region_device},
@@ -845,19 +830,11 @@ int luaopen_wsync_cuda(lua_State *L) {
       {"synchronize", event_synchronize}, {"elapsed", event_elapsed},
       {NULL, NULL},
   };
-  static const luaL_Reg copy_plan_methods[] = {
-      {"launch", copy_plan_launch},
-      {"info", copy_plan_info},
-      {NULL, NULL},
-  };
+  static const luaL_Reg plan_methods[] = {
+      {"launch", plan_launch}, {"info", plan_info}, {NULL, NULL}};
   static const luaL_Reg synth_plan_methods[] = {
       {"fill", synth_plan_fill},     {"check", synth_plan_check},
-      {"result", synth_plan_result}, {"info", synth_plan_info},
-      {NULL, NULL},
-  };
-  static const luaL_Reg fp8_plan_methods[] = {
-      {"launch", fp8_plan_launch},
-      {"info", fp8_plan_info},
+      {"result", synth_plan_result}, {"info", plan_info},
       {NULL, NULL},
   };
   static const luaL_Reg functions[] = {
@@ -870,13 +847,13 @@ int luaopen_wsync_cuda(lua_State *L) {
       {"counters", cuda_counters},     {"export_region", cuda_export_region},
       {NULL, NULL},
   };
-  ws_lua_new_class(L, &buffers, buffer_methods);
-  ws_lua_new_class(L, &mappings, mapping_methods);
+  ws_lua_new_class(L, &buffers.base, buffer_methods);
+  ws_lua_new_class(L, &mappings.base, mapping_methods);
   ws_lua_new_class(L, &streams, stream_methods);
   ws_lua_new_class(L, &events, event_methods);
-  ws_lua_new_class(L, &copy_plans, copy_plan_methods);
-  ws_lua_new_class(L, &synth_plans, synth_plan_methods);
-  ws_lua_new_class(L, &fp8_plans, fp8_plan_methods);
+  ws_lua_new_class(L, &copy_plans.base, plan_methods);
+  ws_lua_new_class(L, &synth_plans.base, synth_plan_methods);
+  ws_lua_new_class(L, &fp8_plans.base, plan_methods);
   ws_lua_new_module(L, functions); // [module]
   lua_pushboolean(L, ws_device_cuda_built());
   lua_setfield(L, -2, "built");

@@ -149,21 +149,20 @@ void *ws_lua_take_box(lua_State *L, int index, const char *class_name) {
   return object;
 }
 
-// The class of the methods below: their upvalue.
-static const ws_lua_class *class_of(lua_State *L) {
+const ws_lua_class *ws_lua_class_of(lua_State *L) {
   return lua_touserdata(L, lua_upvalueindex(1));
 }
 
 // box:close() (or the class's name for it) -> true | nil, message, CODE
 static int release_box(lua_State *L) {
-  const ws_lua_class *info = class_of(L);
+  const ws_lua_class *info = ws_lua_class_of(L);
   return ws_lua_push_ok(L, info->release(ws_lua_take_box(L, 1, info->name)));
 }
 
 // __gc: releases what close() did not; raises nothing, and does nothing for
 // a closed box (not even clear the thread's error detail).
 static int collect_box(lua_State *L) {
-  const ws_lua_class *info = class_of(L);
+  const ws_lua_class *info = ws_lua_class_of(L);
   void **box = lua_touserdata(L, 1);
   void *object = *box;
   *box = NULL;
@@ -176,7 +175,7 @@ static int collect_box(lua_State *L) {
 
 // __tostring: "NAME DESCRIPTION", "NAME" or "NAME (closed)"
 static int describe_box(lua_State *L) {
-  const ws_lua_class *info = class_of(L);
+  const ws_lua_class *info = ws_lua_class_of(L);
   void **box = ws_lua_check_slot(L, 1, info->name);
   if (*box == NULL) {
     lua_pushfstring(L, "%s (closed)", info->name);
@@ -212,7 +211,8 @@ void ws_lua_new_class(lua_State *L, const ws_lua_class *info,
   set_class_function(L, info, "__gc", collect_box);
   set_class_function(L, info, "__tostring", describe_box);
   lua_newtable(L); // [meta, methods]
-  luaL_register(L, NULL, methods);
+  lua_pushlightuserdata(L, (void *)info); // [meta, methods, class]
+  luaL_openlib(L, NULL, methods, 1);      // [meta, methods]
   if (info->release_method != NULL)
     set_class_function(L, info, info->release_method, release_box);
   lua_setfield(L, -2, "__index");

@@ -96,8 +96,15 @@ typedef struct ws_lua_class {
 int ws_lua_new_module(lua_State *L, const luaL_Reg *functions);
 
 /// Creates the metatable of `info` (which outlives the state: static) with
-/// `methods` and the release method as __index, `__gc` (the safety net: a
+/// `methods` (each with the class as its upvalue: ws_lua_class_of) and the
+/// release method as __index, `__gc` (the safety net: a
 /// no-op after the release) and `__tostring` ("NAME DESCRIPTION" or "NAME
 /// (closed)"); leaves nothing on the stack.
 void ws_lua_new_class(lua_State *L, const ws_lua_class *info,
                       const luaL_Reg *methods);
+
+/// The class of the running method, release method, `__gc` or `__tostring`
+/// of a class made by ws_lua_new_class (their upvalue), so that one function
+/// serves several classes; the `describe` and `release` functions those call
+/// may ask too.
+const ws_lua_class *ws_lua_class_of(lua_State *L);

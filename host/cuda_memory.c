@@ -252,19 +252,34 @@ struct ws_cuda_buffer {
   unsigned char handle[WS_CUDA_IPC_HANDLE_BYTES];
 };
 
+// Allocates a zeroed object of `size` bytes (`what` names it in the message)
+// and enters `device` (the previous one in `*previous`); NULL with the
+// failure in `*status` when either fails, the object freed again.
+static void *new_on_device(size_t size, const char *what, int device,
+                           int *previous, int *status) {
+  void *object = calloc(1, size);
+  if (object == NULL) {
+    *status = ws_fail(WS_ENOMEM, "cuda: cannot allocate %s", what);
+    return NULL;
+  }
+  *status = ws_cuda_enter(device, previous);
+  if (*status != WS_OK) {
+    free(object);
+    return NULL;
+  }
+  return object;
+}
+
 int ws_cuda_buffer_create(int device, size_t size, ws_cuda_buffer **out) {
   ws_clear_error();
   if (size == 0)
     return ws_fail(WS_EINVAL, "cuda: a buffer needs a positive size");
-  ws_cuda_buffer *buffer = calloc(1, sizeof *buffer);
+  int previous = 0, status = WS_OK;
+  ws_cuda_buffer *buffer =
+      new_on_device(sizeof *buffer, "a buffer object", device, &previous,
+                    &status);
   if (buffer == NULL)
-    return ws_fail(WS_ENOMEM, "cuda: cannot allocate a buffer object");
-  int previous = 0;
-  int status = ws_cuda_enter(device, &previous);
-  if (status != WS_OK) {
-    free(buffer);
     return status;
-  }
   status = ws_cuda_allocate(size, &buffer->pointer, "buffer");
   if (status == WS_OK) {
     cudaError_t error = cudaMemsetAsync(buffer->pointer, 0, size, 0);
@@ -402,15 +417,12 @@ static struct ipc_entry *find_entry(const unsigned char *handle, int device) {
 // allocation's.
 static int open_entry(int device, const unsigned char *handle, size_t size,
                       struct ipc_entry **out) {
-  struct ipc_entry *entry = calloc(1, sizeof *entry);
+  int previous = 0, status = WS_OK;
+  struct ipc_entry *entry =
+      new_on_device(sizeof *entry, "a mapping entry", device, &previous,
+                    &status);
   if (entry == NULL)
-    return ws_fail(WS_ENOMEM, "cuda: cannot allocate a mapping entry");
-  int previous = 0;
-  int status = ws_cuda_enter(device, &previous);
-  if (status != WS_OK) {
-    free(entry);
     return status;
-  }
   cudaIpcMemHandle_t ipc_handle;
   memcpy(&ipc_handle, handle, sizeof ipc_handle);
   cudaError_t error = cudaIpcOpenMemHandle(&entry->pointer, ipc_handle,
@@ -544,15 +556,12 @@ struct ws_cuda_event {
 
 int ws_cuda_stream_create(int device, ws_cuda_stream **out) {
   ws_clear_error();
-  ws_cuda_stream *stream = calloc(1, sizeof *stream);
+  int previous = 0, status = WS_OK;
+  ws_cuda_stream *stream =
+      new_on_device(sizeof *stream, "a stream object", device, &previous,
+                    &status);
   if (stream == NULL)
-    return ws_fail(WS_ENOMEM, "cuda: cannot allocate a stream object");
-  int previous = 0;
-  int status = ws_cuda_enter(device, &previous);
-  if (status != WS_OK) {
-    free(stream);
     return status;
-  }
   cudaError_t error =
       cudaStreamCreateWithFlags(&stream->stream, cudaStreamNonBlocking);
   if (error != cudaSuccess) {
@@ -686,15 +695,12 @@ int ws_cuda_stream_write_value(ws_cuda_stream *stream,
 
 int ws_cuda_event_create(int device, int timing, ws_cuda_event **out) {
   ws_clear_error();
-  ws_cuda_event *event = calloc(1, sizeof *event);
+  int previous = 0, status = WS_OK;
+  ws_cuda_event *event =
+      new_on_device(sizeof *event, "an event object", device, &previous,
+                    &status);
   if (event == NULL)
-    return ws_fail(WS_ENOMEM, "cuda: cannot allocate an event object");
-  int previous = 0;
-  int status = ws_cuda_enter(device, &previous);
-  if (status != WS_OK) {
-    free(event);
     return status;
-  }
   unsigned flags = cudaEventBlockingSync | (timing ? 0 : cudaEventDisableTiming);
   cudaError_t error = cudaEventCreateWithFlags(&event->event, flags);
   ws_cuda_leave(previous);
