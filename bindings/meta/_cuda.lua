@@ -246,23 +246,27 @@ function Event:elapsed(start) end
 ---@return true|nil ok, string? message, string? code
 function Event:close() end
 
----@class wsync.cuda.CopyPlan
+---What a copy, synthetic and FP8 plan all are: ops held on the device, described alike.
+---@class wsync.cuda.Plan
+local Plan = {}
+---@return wsync.cuda.PlanInfo
+function Plan:info() end
+---@return true|nil ok, string? message, string? code
+function Plan:close() end
+
+---@class wsync.cuda.CopyPlan: wsync.cuda.Plan
 local CopyPlan = {}
 ---Queues the plan's one kernel launch.
 ---@param stream wsync.cuda.Stream?
 ---@return true|nil ok, string? message, string? code
 function CopyPlan:launch(stream) end
----@return wsync.cuda.PlanInfo
-function CopyPlan:info() end
----@return true|nil ok, string? message, string? code
-function CopyPlan:close() end
 
 ---@class wsync.cuda.SynthResult
 ---@field mismatches number
 ---@field op number?       the first mismatching op (from 1)
 ---@field element number?  its tensor element index
 
----@class wsync.cuda.SynthPlan
+---@class wsync.cuda.SynthPlan: wsync.cuda.Plan
 local SynthPlan = {}
 ---@param version integer
 ---@param stream wsync.cuda.Stream?
@@ -275,18 +279,10 @@ function SynthPlan:check(version, stream) end
 ---Waits for the last check (no spinning) and returns its outcome.
 ---@return wsync.cuda.SynthResult|nil result, string? message, string? code
 function SynthPlan:result() end
----@return wsync.cuda.PlanInfo
-function SynthPlan:info() end
----@return true|nil ok, string? message, string? code
-function SynthPlan:close() end
 
----@class wsync.cuda.Fp8Plan
+---@class wsync.cuda.Fp8Plan: wsync.cuda.Plan
 local Fp8Plan = {}
 ---Queues the transform: the groups' amax, then their scales and elements.
 ---@param stream wsync.cuda.Stream?
 ---@return true|nil ok, string? message, string? code
 function Fp8Plan:launch(stream) end
----@return wsync.cuda.PlanInfo
-function Fp8Plan:info() end
----@return true|nil ok, string? message, string? code
-function Fp8Plan:close() end

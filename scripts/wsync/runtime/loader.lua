@@ -109,7 +109,8 @@ M.COMMANDS = { "init_weights", "start_update", "load_chunk", "finish_update", "r
 ---@field context table  what the transport needs beyond the arguments: {device}
 ---@field memory wsync.ResidentMemory
 
---- A loader of TP rank `rank` of `world` over `memory`, nothing imported.
+--- A loader of TP rank `rank` of `world` over `memory`, nothing imported: the
+--- fields of `options`, and its own state.
 --- Raises (misuse) when `memory` lacks a method of M.MEMORY.
 ---@param options wsync.LoaderOptions
 ---@return wsync.Loader
@@ -119,16 +120,8 @@ function M.new(options)
       error("a loader's memory lacks " .. name, 2)
     end
   end
-  return setmetatable({
-    rank = options.rank,
-    world = options.world,
-    device = options.device,
-    transport = options.transport,
-    context = options.context,
-    memory = options.memory,
-    imported = {},
-    load_plans = chunk_plans_module.new(options.transport),
-  }, Loader)
+  return setmetatable(util.merged(options, { imported = {}, load_plans = chunk_plans_module.new(options.transport) }),
+    Loader)
 end
 
 --- This rank as the info command answers it: rank, world, pid, device, the

@@ -64,18 +64,12 @@ M.Memory = Memory -- its methods, for tests
 ---@field weights_bytes integer  the resident weights until a loader plan sizes them
 ---@field kv_bytes integer
 
---- The memory of TP worker `rank`: awake, nothing allocated yet.
+--- The memory of TP worker `rank`: the fields of `options`, awake, nothing
+--- allocated yet.
 ---@param options wsync.WorkerMemoryOptions
 ---@return wsync.WorkerMemory
 function M.memory(options)
-  return setmetatable({
-    rank = options.rank,
-    transport = options.transport,
-    context = options.context,
-    weights_bytes = options.weights_bytes,
-    kv_bytes = options.kv_bytes,
-    weights_state = "awake",
-  }, Memory)
+  return setmetatable(util.merged(options, { weights_state = "awake" }), Memory)
 end
 
 -- Device memory from the transport, its pages backed at once: a

@@ -48,7 +48,7 @@ Handle.__index = Handle
 -- its endpoint is abandoned (wsync.cli.embedded sets it), or nil.
 local abandon_handler = nil
 
-local pack = require("wsync.util").pack
+local util = require("wsync.util")
 
 --- The text a C caller reads for an error value: an error object's context
 --- and message with its code (and its cause, when the error carries one); a
@@ -98,7 +98,7 @@ local function run(check, fn, ...)
   end
   local outcome, interrupted = nil, false
   loop.spawn(fn, function(...)
-    outcome = pack(...)
+    outcome = util.pack(...)
   end, ...)
   local timer = check and loop.every(M.CHECK_INTERVAL_MS, function()
     if outcome == nil and not interrupted and not check() then
@@ -327,9 +327,10 @@ function Handle:ready()
 end
 
 --- Joins a collective publication of trainer step `step` (nil: the host's
---- next model version). Returns {model_version, publication_id, manifest,
---- receipts, report, generation}: `report` the round's report as JSON
---- (wsync.publish.report.round_json; "" from a host that sends none).
+--- next model version). Returns the host's answer, {model_version,
+--- publication_id, manifest, receipts, report, generation}: `report` the
+--- round's report as JSON (wsync.publish.report.round_json; "" from a host
+--- that sends none).
 --- `generate_json` (JSON text {prompts, sampling}, or nil): what the
 --- schedule's "generate" step generates for this rank with the weights just
 --- published; `generation` is then its answer as JSON text ({model_version,
@@ -351,14 +352,7 @@ function Handle:publish(step, generate_json)
   if not ok then
     return nil, result, status
   end
-  return {
-    model_version = result.model_version,
-    publication_id = result.publication_id,
-    manifest = result.manifest,
-    receipts = result.receipts,
-    report = result.report or "",
-    generation = result.generation or "",
-  }
+  return util.merged({ report = "", generation = "" }, result)
 end
 
 --- Leaves the host (the socket is closed at once; libuv's close callbacks
