@@ -208,9 +208,12 @@ def main() -> int:
     floors = bandwidths(device)
     started = time.perf_counter()
     moved = state.offload()  # (before the runtime starts: vLLM takes its share of the device at its start)
+    offloaded = time.perf_counter()
+    reserved = actor.reserve()  # (its arena too, before vLLM's processes take host memory)
     print(f"colocated: {recipe}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters; the optimizer "
           f"state ({moved / GIB:.2f} GiB, masters and moments) moved to the host in "
-          f"{time.perf_counter() - started:.2f} s before the runtime starts", flush=True)
+          f"{offloaded - started:.2f} s and the actor's arena ({reserved / GIB:.2f} GiB) page-locked in "
+          f"{time.perf_counter() - offloaded:.2f} s, before the runtime starts", flush=True)
     if floors:
         print("colocated: flat copies in this run: " + ", ".join(f"{name} {value / 1e9:.1f} GB/s"
                                                                    for name, value in floors.items()), flush=True)

@@ -7,7 +7,7 @@
 # as build/bundle or build/bundle.tar.xz), writing every log under $OUT (default
 # ./gpu-out) and a summary.
 #
-#   [STAGES="tier fsdp2 copy shapes publish host-time offload vllm vllm-fp8 vllm-faults vllm-memory colocated example vllm-bench rl-step"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
+#   [STAGES="tier fsdp2 copy shapes publish host-time offload host-pinned vllm vllm-fp8 vllm-faults vllm-memory colocated example vllm-bench rl-step"] [VLLM_WAYS=WAY,...] tests/gpu/run.sh [SCALE]
 #     STAGES: which to run (default all; one device call has 10 minutes)
 #     VLLM_WAYS: the benchmark's ways beside vLLM's own (tests/bench/vllm_publish.py;
 #       default "direct storage,direct 2x4GiB,native")
@@ -21,6 +21,9 @@
 #     host-time: the host's time outside copies per publication at the 30B-A3B's and the
 #       235B's tensor counts (tests/bench/publish_bandwidth.lua layout)
 #     offload: the schedule's torch offloads against the pinned copy (tests/bench/offload.py)
+#     host-pinned: the pinned copy by how its host memory was allocated, and right after
+#       another process released device memory
+#       (tests/bench/host_pinned.py)
 #     vllm-fp8: vllm_spec's FP8 rollout cases (#fp8: vllm_e2e.py --load direct-fp8 and
 #       native-fp8), a device call of their own
 #     vllm-memory: vLLM's device memory in each sleep/wake state (tests/gpu/vllm_memory.py),
@@ -34,7 +37,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1
 out=${OUT:-./gpu-out}
 mkdir -p "$out"
 scale=${1:-1}
-stages=" ${STAGES:-tier fsdp2 copy shapes publish host-time offload vllm vllm-fp8 vllm-faults vllm-memory colocated example vllm-bench rl-step} "
+stages=" ${STAGES:-tier fsdp2 copy shapes publish host-time offload host-pinned vllm vllm-fp8 vllm-faults vllm-memory colocated example vllm-bench rl-step} "
 # The bundle, or its archive (carried beside the vLLM bundle: both must fit in one
 # run's 64 MiB).
 if [ ! -f build/bundle/env.sh ] && [ -f build/bundle.tar.xz ]; then
@@ -89,6 +92,11 @@ if stage offload; then
   echo "== the schedule's torch offloads (tests/bench/offload.py --gb 8)" | tee -a "$out/summary.txt"
   timeout 150 python3 tests/bench/offload.py --gb 8 --json "$out/offload.json" >"$out/offload.log" 2>&1 || status=1
   grep -E "^offload:" "$out/offload.log" | tail -n 8 | tee -a "$out/summary.txt"
+fi
+if stage host-pinned; then
+  echo "== the pinned copy by how its host memory was allocated, and beside a release (tests/bench/host_pinned.py)" | tee -a "$out/summary.txt"
+  timeout 120 python3 tests/bench/host_pinned.py >"$out/host_pinned.log" 2>&1 || status=1
+  grep -E "^host_pinned:" "$out/host_pinned.log" | tee -a "$out/summary.txt"
 fi
 if stage vllm || stage vllm-fp8 || stage vllm-faults || stage vllm-memory || stage colocated || stage example || stage vllm-bench || stage rl-step; then
   if [ -f .vllm/activate.sh ]; then

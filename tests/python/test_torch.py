@@ -240,6 +240,30 @@ def test_the_offloads_reuse_one_host_arena_and_keep_every_tensor_and_view():
         assert torch.equal(mine, theirs)
 
 
+def test_reserve_allocates_the_arena_that_the_first_offload_then_uses():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    actor = wsync.ActorOffload(model)
+    assert actor._arena is None
+    reserved = actor.reserve()
+    sizes = [parameter.numel() * 4 for parameter in model.parameters()]  # (no gradients yet)
+    assert reserved == sum(-(-size // wsync.offload.ALIGNMENT) * wsync.offload.ALIGNMENT for size in sizes)
+    arena = actor._arena.data_ptr()
+    actor.offload()
+    assert actor._arena.data_ptr() == arena and actor.device_bytes == sum(sizes)
+    actor.onload()
+
+
+def test_host_memory_is_a_writable_mapping_of_its_own_of_the_bytes_asked():
+    from wsync.offload import host_memory  # noqa: PLC0415
+    memory = host_memory(torch, 5 * 2 ** 20 + 3, node=0)  # (one node asked: on a host of one, nothing is bound)
+    assert memory.dtype == torch.uint8 and memory.numel() == 5 * 2 ** 20 + 3
+    assert memory.data_ptr() % 4096 == 0  # (a mapping: page-aligned, so mbind and madvise take it whole)
+    memory.fill_(7)
+    memory[-1] = 9
+    assert int(memory.sum()) == 7 * (memory.numel() - 1) + 9
+    assert host_memory(torch, 0).numel() == 1  # (an empty arena is one byte, as torch.empty(1))
+
+
 def test_an_offloader_registers_its_two_callbacks_under_the_schedules_names():
     registered = []
 

@@ -15,12 +15,15 @@ again, each one's copy back queued as soon as it is allocated, and makes the cur
 wait for the copies.
 
 The host buffers are one arena per offloader, pinned where CUDA is (page-locked: copies run
-at the bus's speed and asynchronously), allocated at the first offload and reused by every
-later one; it grows only when the storages to move grow (an optimizer's state appears at
-its first step). The arena is plain host memory that CUDA registers (cudaHostRegister),
-of exactly the bytes it holds: torch's pinned allocator rounds every allocation up to a
-power of two, and the 53 GB of a 4.4 B model's mixed-precision optimizer state would ask
-it for 128 GiB. The copies run on a CUDA stream of the offloader's own, ordered after what
+at the bus's speed and asynchronously), allocated at the first offload (or ahead of it, by
+``reserve``) and reused by every later one; it grows only when the storages to move grow
+(an optimizer's state appears at its first step). The arena is a mapping of its own that
+CUDA registers (cudaHostRegister), of exactly the bytes it holds: torch's pinned allocator
+rounds every allocation up to a power of two, and the 53 GB of a 4.4 B model's
+mixed-precision optimizer state would ask it for 128 GiB. The mapping asks the kernel for
+2 MiB pages (fewer pages to lock, and for the device to translate as it reads them) and, on
+a host of several NUMA nodes, for pages on the device's node (a copy from another node's
+memory crosses the link between the sockets). The copies run on a CUDA stream of the offloader's own, ordered after what
 the current stream had queued.
 
 ``device_bytes`` is what one offload frees on the device (and what its onload takes back);
@@ -31,8 +34,11 @@ when an offloader first moves something, never by ``import wsync``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
 import time
 import weakref
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 #: Where each storage starts in the host arena: a multiple of this many bytes.
@@ -41,6 +47,48 @@ ALIGNMENT = 512
 
 def _aligned(size: int) -> int:
     return (size + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def device_node(torch: Any, device: Any = None) -> int:
+    """The host NUMA node of a CUDA device's PCI function, as sysfs gives it (-1: not known,
+    or a host of one node)."""
+    properties = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+    try:
+        address = f"{properties.pci_domain_id:04x}:{properties.pci_bus_id:02x}:{properties.pci_device_id:02x}.0"
+        return int(Path(f"/sys/bus/pci/devices/{address}/numa_node").read_text())
+    except (AttributeError, OSError, ValueError):
+        return -1
+
+
+_SYS_MBIND = {"x86_64": 237, "aarch64": 235}
+_MPOL_PREFERRED = 1
+
+
+def _prefer_node(pointer: int, size: int, node: int) -> bool:
+    """Asks the kernel to take the pages of [pointer, pointer + size) (page-aligned, not yet
+    touched) from NUMA node ``node``; whether it agreed. Nothing happens on a host of one node."""
+    import os  # noqa: PLC0415
+    number = _SYS_MBIND.get(os.uname().machine)
+    nodes = list(Path("/sys/devices/system/node").glob("node[0-9]*"))
+    if number is None or node < 0 or len(nodes) < 2 or node >= 64:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    mask = ctypes.c_ulong(1 << node)
+    return libc.syscall(number, ctypes.c_void_p(pointer), ctypes.c_ulong(size), _MPOL_PREFERRED,
+                        ctypes.byref(mask), ctypes.c_ulong(64), 0) == 0
+
+
+def host_memory(torch: Any, size: int, node: int = -1) -> Any:
+    """A uint8 host tensor of ``size`` bytes on an anonymous mapping of its own, for an
+    arena: 2 MiB pages asked for (madvise), and pages on NUMA node ``node`` preferred where
+    the host has several. Its pages are touched (and taken) when first written or locked."""
+    region = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    tensor = torch.frombuffer(region, dtype=torch.uint8)
+    with contextlib.suppress(AttributeError, OSError):  # (a kernel without THP: 4 KiB pages)
+        region.madvise(mmap.MADV_HUGEPAGE)
+    _prefer_node(tensor.data_ptr(), len(region), node)
+    return tensor
 
 
 def _pin(torch: Any, arena: Any, owner: "_Offloader") -> Any:
@@ -99,16 +147,41 @@ class _Offloader:
             found.setdefault(storage.data_ptr(), storage)
         return [(storage, storage.nbytes()) for storage in found.values()], count
 
-    def _arena_of(self, torch: Any, size: int, pin: bool) -> Any:
+    def _arena_of(self, torch: Any, size: int, device: Any) -> Any:
+        """The arena, of ``size`` bytes at least: page-locked for CUDA device ``device``
+        (None: plain host memory)."""
         if self._arena is None or self._arena.numel() < size:
             if self._unpin is not None:
                 self._unpin()
             self._arena, self._unpin = None, None  # (the old one freed before the new one is taken)
-            arena = torch.empty(max(size, 1), dtype=torch.uint8)
-            if pin:
+            if device is not None:
+                arena = host_memory(torch, size, device_node(torch, device))
                 self._unpin = _pin(torch, arena, self)
+            else:
+                arena = torch.empty(max(size, 1), dtype=torch.uint8)
             self._arena = arena
         return self._arena
+
+    def _layout(self, torch: Any) -> tuple[list[tuple[Any, int, int]], int, int, Any]:
+        """Where each storage goes in the arena: (storage, its bytes, its offset) each; the
+        arena's bytes; how many tensors lie in the storages; their CUDA device (None: none
+        is on one)."""
+        storages, tensors = self._storages(torch)
+        device = next((storage.device for storage, _ in storages if storage.device.type == "cuda"), None)
+        layout, total = [], 0
+        for storage, size in storages:
+            layout.append((storage, size, total))
+            total += _aligned(size)
+        return layout, total, tensors, device
+
+    def reserve(self) -> int:
+        """Allocates (and page-locks) the arena for the storages as they are now, so that the
+        first offload does not: locking takes about a second for every few GB, and the
+        pages are easier to find before the rollout engine's processes take host memory.
+        Returns the arena's bytes."""
+        import torch  # noqa: PLC0415
+        _, total, _, device = self._layout(torch)
+        return self._arena_of(torch, total, device).numel()
 
     def _stream_for(self, torch: Any, cuda: bool) -> Any:
         if not cuda:
@@ -129,14 +202,9 @@ class _Offloader:
         if self.offloaded:
             raise RuntimeError(f"{self.NAMES[0]}: {self.what} is offloaded already")
         started = time.perf_counter()
-        storages, tensors = self._storages(torch)
-        cuda = any(storage.device.type == "cuda" for storage, _ in storages)
-        layout, total = [], 0
-        for storage, size in storages:
-            layout.append((storage, size, total))
-            total += _aligned(size)
-        arena = self._arena_of(torch, total, pin=cuda)
-        stream = self._stream_for(torch, cuda)
+        layout, total, tensors, device = self._layout(torch)
+        arena = self._arena_of(torch, total, device)
+        stream = self._stream_for(torch, device is not None)
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
@@ -149,7 +217,7 @@ class _Offloader:
         copied = time.perf_counter()
         for storage, _, _ in layout:
             storage.resize_(0)
-        if cuda:
+        if device is not None:
             torch.cuda.empty_cache()
         self.offloaded = layout
         self.moved += tensors
