@@ -151,6 +151,90 @@ static void finish_placement(struct placement *placement, uint32_t warps) {
       placement->warp_start[++placement->last_warp] = (uint32_t)placement->count;
 }
 
+struct layout;
+
+// What a layout of one kind of ops (copy, synthetic) needs to know: the
+// splitter's parameters, how an op is split, how a piece is written.
+struct layout_kind {
+  const char *ops_name;    // in messages: "copy", "synthetic"
+  const char *pieces_name; // in messages: "descriptors", "pieces"
+  uint64_t min_per_warp;   // units
+  uint64_t piece_max;      // units
+  uint64_t align;          // units
+  // Splits op `op` (split_op with that op's shape).
+  void (*split)(struct splitter *splitter, const struct layout *layout,
+                size_t op);
+  // Writes the piece the splitter emits into the layout's `out` at index
+  // `placement.count`.
+  void (*write)(const struct layout *layout, size_t op, uint64_t row,
+                uint64_t rows, uint64_t column, uint64_t columns);
+};
+
+// Ops of one kind split into pieces: counted, and written when there is room
+// for them.
+struct layout {
+  const struct layout_kind *kind;
+  const ws_cuda_region *regions;
+  const void *ops;
+  void *out; // the pieces (NULL while counting)
+  struct placement placement;
+};
+
+static void emit_piece(void *context, size_t op, uint64_t row, uint64_t rows,
+                       uint64_t column, uint64_t columns, uint32_t warp) {
+  struct layout *layout = context;
+  if (layout->out != NULL)
+    layout->kind->write(layout, op, row, rows, column, columns);
+  place(&layout->placement, warp);
+}
+
+// Splits the layout's `count` ops (`total` units) over at most `warps` warps:
+// writes the pieces to `out` and each warp's first piece to `warp_start`
+// (both NULL: only counts them), and stores the warps used.
+static void split_ops(struct layout *layout, size_t count, uint64_t total,
+                      uint32_t warps, void *out, uint32_t *warp_start,
+                      uint32_t *warps_used) {
+  const struct layout_kind *kind = layout->kind;
+  layout->out = out;
+  layout->placement = (struct placement){0, warp_start, 0};
+  if (warp_start != NULL)
+    warp_start[0] = 0;
+  struct splitter splitter;
+  start_splitter(&splitter, total, kind->min_per_warp, warps, kind->piece_max,
+                 kind->align, emit_piece, layout);
+  for (size_t i = 0; i < count; i++)
+    kind->split(&splitter, layout, i);
+  finish_placement(&layout->placement, splitter.warps);
+  *warps_used = splitter.warps;
+}
+
+// Lays `count` checked ops of `kind` (`total` units) out over at most `warps`
+// warps: counts the pieces into `*piece_count` and the warps into
+// `*warps_used`, then, with `out` (room for `capacity` pieces), writes the
+// pieces there and each warp's first piece to `warp_start` (warps + 1).
+static int lay_out(const struct layout_kind *kind,
+                   const ws_cuda_region *regions, const void *ops,
+                   size_t count, uint64_t total, uint32_t warps, void *out,
+                   size_t capacity, size_t *piece_count, uint32_t *warp_start,
+                   uint32_t *warps_used) {
+  struct layout layout = {kind, regions, ops, NULL, {0, NULL, 0}};
+  uint32_t used = 0;
+  split_ops(&layout, count, total, warps, NULL, NULL, &used);
+  size_t needed = layout.placement.count;
+  if (needed > UINT32_MAX)
+    return ws_fail(WS_EINVAL, "cuda: the %s ops make %zu %s", kind->ops_name,
+                   needed, kind->pieces_name);
+  *piece_count = needed;
+  *warps_used = used;
+  if (out == NULL)
+    return WS_OK;
+  if (capacity < needed || warp_start == NULL)
+    return ws_fail(WS_EINVAL, "cuda: room for %zu %s, %zu needed", capacity,
+                   kind->pieces_name, needed);
+  split_ops(&layout, count, total, warps, out, warp_start, &used);
+  return WS_OK;
+}
+
 // ---------------------------------------------------------------------------
 // Copy ops
 
@@ -234,47 +318,35 @@ static int copy_contiguous(const ws_cuda_copy_op *op) {
   return op->target_pitch == op->width && op->source_pitch == op->width;
 }
 
-struct copy_layout {
-  struct placement placement;
-  const ws_cuda_region *regions;
-  const ws_cuda_copy_op *ops;
-  ws_cuda_copy_desc *descs; // NULL while counting
-};
-
-static void emit_copy(void *context, size_t op_index, uint64_t row,
-                      uint64_t rows, uint64_t column, uint64_t columns,
-                      uint32_t warp) {
-  struct copy_layout *layout = context;
-  if (layout->descs != NULL) {
-    const ws_cuda_copy_op *op = &layout->ops[op_index];
-    ws_cuda_copy_desc *desc = &layout->descs[layout->placement.count];
-    desc->source = layout->regions[op->source_region].pointer +
-                   op->source_offset + row * op->source_pitch + column;
-    desc->target = layout->regions[op->target_region].pointer +
-                   op->target_offset + row * op->target_pitch + column;
-    desc->rows = (uint32_t)rows;
-    desc->width = (uint32_t)columns;
-    desc->source_pitch = rows > 1 ? op->source_pitch : columns;
-    desc->target_pitch = rows > 1 ? op->target_pitch : columns;
-  }
-  place(&layout->placement, warp);
+static void split_copy(struct splitter *splitter, const struct layout *layout,
+                       size_t index) {
+  const ws_cuda_copy_op *op = (const ws_cuda_copy_op *)layout->ops + index;
+  uint64_t phase =
+      (layout->regions[op->target_region].pointer + op->target_offset) & 15;
+  split_op(splitter, index, op->rows, op->width, copy_contiguous(op), phase,
+           op->target_pitch);
 }
 
-static void split_copies(struct copy_layout *layout, uint64_t total,
-                         uint32_t warps, size_t count, uint32_t *warps_used) {
-  struct splitter splitter;
-  start_splitter(&splitter, total, WS_CUDA_WARP_MIN_BYTES, warps,
-                 WS_CUDA_PIECE_MAX, 16, emit_copy, layout);
-  for (size_t i = 0; i < count; i++) {
-    const ws_cuda_copy_op *op = &layout->ops[i];
-    uint64_t phase = (layout->regions[op->target_region].pointer +
-                      op->target_offset) & 15;
-    split_op(&splitter, i, op->rows, op->width, copy_contiguous(op), phase,
-             op->target_pitch);
-  }
-  finish_placement(&layout->placement, splitter.warps);
-  *warps_used = splitter.warps;
+static void write_copy(const struct layout *layout, size_t op_index,
+                       uint64_t row, uint64_t rows, uint64_t column,
+                       uint64_t columns) {
+  const ws_cuda_copy_op *op = (const ws_cuda_copy_op *)layout->ops + op_index;
+  ws_cuda_copy_desc *desc =
+      (ws_cuda_copy_desc *)layout->out + layout->placement.count;
+  desc->source = layout->regions[op->source_region].pointer +
+                 op->source_offset + row * op->source_pitch + column;
+  desc->target = layout->regions[op->target_region].pointer +
+                 op->target_offset + row * op->target_pitch + column;
+  desc->rows = (uint32_t)rows;
+  desc->width = (uint32_t)columns;
+  desc->source_pitch = rows > 1 ? op->source_pitch : columns;
+  desc->target_pitch = rows > 1 ? op->target_pitch : columns;
 }
+
+// Copy ops are cut in bytes, 16-byte aligned on the target.
+static const struct layout_kind copy_pieces = {
+    "copy",    "descriptors", WS_CUDA_WARP_MIN_BYTES, WS_CUDA_PIECE_MAX, 16,
+    split_copy, write_copy};
 
 int ws_cuda_copy_layout(const ws_cuda_region *regions, size_t region_count,
                         const ws_cuda_copy_op *ops, size_t count,
@@ -286,24 +358,8 @@ int ws_cuda_copy_layout(const ws_cuda_region *regions, size_t region_count,
   int status = check_copy_ops(regions, region_count, ops, count, &total);
   if (status != WS_OK)
     return status;
-  struct copy_layout layout = {{0, NULL, 0}, regions, ops, NULL};
-  uint32_t used = 0;
-  split_copies(&layout, total, warps, count, &used);
-  size_t needed = layout.placement.count;
-  if (needed > UINT32_MAX)
-    return ws_fail(WS_EINVAL, "cuda: the copy ops make %zu descriptors", needed);
-  *desc_count = needed;
-  *warps_used = used;
-  if (descs == NULL)
-    return WS_OK;
-  if (capacity < needed || warp_start == NULL)
-    return ws_fail(WS_EINVAL, "cuda: room for %zu descriptors, %zu needed",
-                   capacity, needed);
-  layout.placement = (struct placement){0, warp_start, 0};
-  layout.descs = descs;
-  warp_start[0] = 0;
-  split_copies(&layout, total, warps, count, &used);
-  return WS_OK;
+  return lay_out(&copy_pieces, regions, ops, count, total, warps, descs,
+                 capacity, desc_count, warp_start, warps_used);
 }
 
 // ---------------------------------------------------------------------------
@@ -558,48 +614,36 @@ static int synth_contiguous(const ws_cuda_synth_op *op) {
          op->element_pitch == op->row_elements;
 }
 
-struct synth_layout {
-  struct placement placement;
-  const ws_cuda_region *regions;
-  const ws_cuda_synth_op *ops;
-  ws_cuda_synth_piece *pieces; // NULL while counting
-};
-
-static void emit_synth(void *context, size_t op_index, uint64_t row,
-                       uint64_t rows, uint64_t column, uint64_t columns,
-                       uint32_t warp) {
-  struct synth_layout *layout = context;
-  if (layout->pieces != NULL) {
-    const ws_cuda_synth_op *op = &layout->ops[op_index];
-    uint64_t size = ws_dtype_size((ws_dtype)op->dtype);
-    ws_cuda_synth_piece *piece = &layout->pieces[layout->placement.count];
-    piece->target = layout->regions[op->region].pointer + op->offset +
-                    row * op->target_pitch + column * size;
-    piece->seed = op->seed;
-    piece->first = op->first + row * op->element_pitch + column;
-    piece->target_pitch = op->target_pitch;
-    piece->element_pitch = op->element_pitch;
-    piece->rows = (uint32_t)rows;
-    piece->row_elements = (uint32_t)columns;
-    piece->op = (uint32_t)op_index;
-    piece->element_bytes = (uint32_t)size;
-  }
-  place(&layout->placement, warp);
+static void split_synth(struct splitter *splitter, const struct layout *layout,
+                        size_t index) {
+  const ws_cuda_synth_op *op = (const ws_cuda_synth_op *)layout->ops + index;
+  split_op(splitter, index, op->rows, op->row_elements, synth_contiguous(op), 0,
+           0);
 }
 
-static void split_synth(struct synth_layout *layout, uint64_t total,
-                        uint32_t warps, size_t count, uint32_t *warps_used) {
-  struct splitter splitter;
-  start_splitter(&splitter, total, WS_CUDA_WARP_MIN_BYTES / 2, warps,
-                 WS_CUDA_PIECE_MAX / 4, 1, emit_synth, layout);
-  for (size_t i = 0; i < count; i++) {
-    const ws_cuda_synth_op *op = &layout->ops[i];
-    split_op(&splitter, i, op->rows, op->row_elements, synth_contiguous(op), 0,
-             0);
-  }
-  finish_placement(&layout->placement, splitter.warps);
-  *warps_used = splitter.warps;
+static void write_synth(const struct layout *layout, size_t op_index,
+                        uint64_t row, uint64_t rows, uint64_t column,
+                        uint64_t columns) {
+  const ws_cuda_synth_op *op = (const ws_cuda_synth_op *)layout->ops + op_index;
+  uint64_t size = ws_dtype_size((ws_dtype)op->dtype);
+  ws_cuda_synth_piece *piece =
+      (ws_cuda_synth_piece *)layout->out + layout->placement.count;
+  piece->target = layout->regions[op->region].pointer + op->offset +
+                  row * op->target_pitch + column * size;
+  piece->seed = op->seed;
+  piece->first = op->first + row * op->element_pitch + column;
+  piece->target_pitch = op->target_pitch;
+  piece->element_pitch = op->element_pitch;
+  piece->rows = (uint32_t)rows;
+  piece->row_elements = (uint32_t)columns;
+  piece->op = (uint32_t)op_index;
+  piece->element_bytes = (uint32_t)size;
 }
+
+// Synthetic ops are cut in elements.
+static const struct layout_kind synth_pieces = {
+    "synthetic", "pieces",   WS_CUDA_WARP_MIN_BYTES / 2, WS_CUDA_PIECE_MAX / 4,
+    1,           split_synth, write_synth};
 #endif
 
 // ---------------------------------------------------------------------------
@@ -1035,15 +1079,12 @@ int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
   status = ws_cuda_kernel_capacity(device, &copy_capacity, &capacity);
   if (status != WS_OK)
     goto done;
-  struct synth_layout layout = {{0, NULL, 0}, regions, ops, NULL};
+  size_t pieces = 0;
   uint32_t warps = 0;
-  split_synth(&layout, elements, capacity, count, &warps);
-  size_t pieces = layout.placement.count;
-  if (pieces > UINT32_MAX) {
-    status = ws_fail(WS_EINVAL, "cuda: the synthetic ops make %zu pieces",
-                     pieces);
+  status = lay_out(&synth_pieces, regions, ops, count, elements, capacity, NULL,
+                   0, &pieces, NULL, &warps);
+  if (status != WS_OK)
     goto done;
-  }
   size_t state_bytes = round_up(sizeof(ws_cuda_check_state), 16);
   size_t piece_bytes = round_up(pieces * sizeof(ws_cuda_synth_piece), 16);
   size_t bytes = state_bytes + piece_bytes + ((size_t)warps + 1) * 4;
@@ -1054,12 +1095,12 @@ int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
     goto done;
   }
   uint32_t *warp_start = (uint32_t *)((char *)host + state_bytes + piece_bytes);
-  layout.placement = (struct placement){0, warp_start, 0};
-  layout.pieces = (ws_cuda_synth_piece *)((char *)host + state_bytes);
-  warp_start[0] = 0;
-  split_synth(&layout, elements, capacity, count, &warps);
-  status = finish_plan(&plan->core, device, host, bytes, warps, pieces, count,
-                       total_bytes, "synthetic plan pieces");
+  status = lay_out(&synth_pieces, regions, ops, count, elements, capacity,
+                   (char *)host + state_bytes, pieces, &pieces, warp_start,
+                   &warps);
+  if (status == WS_OK)
+    status = finish_plan(&plan->core, device, host, bytes, warps, pieces, count,
+                         total_bytes, "synthetic plan pieces");
   if (status != WS_OK)
     goto done;
   cudaError_t error = cudaMallocHost((void **)&plan->host_state,
