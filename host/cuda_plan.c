@@ -856,6 +856,59 @@ static size_t round_up(size_t value, size_t to) {
   return (value + to - 1) / to * to;
 }
 
+// What a plan's creation holds until it hands the plan out: the caller's
+// device, the plan object, which regions the ops use, and the host copy of
+// the plan's device memory.
+struct creation {
+  int previous;
+  void *plan;
+  unsigned char *used;
+  void *host;
+};
+
+// Ends a plan's creation: a plan it still holds (not handed out) is dropped,
+// `discard` (NULL: none) first releasing what that plan holds while the device
+// is current; then the caller's device is made current again and the rest is
+// freed. Returns `status`.
+static int finish_creation(struct creation *creation, int status,
+                           void (*discard)(void *plan)) {
+  if (creation->plan != NULL && discard != NULL)
+    discard(creation->plan);
+  ws_cuda_leave(creation->previous);
+  free(creation->host);
+  free(creation->used);
+  free(creation->plan);
+  return status;
+}
+
+// Starts a plan's creation on `device` once its arguments pass their check
+// (`*status`, the check's result: a failure returns at once): makes the device
+// current, then allocates the zeroed plan object (`plan_bytes`), the flags of
+// the regions the ops use and (`host_bytes` > 0) a zeroed host copy of the
+// plan's device memory. Returns the plan, or NULL with the failure in
+// `*status` and nothing held (`what` names the plan for ENOMEM).
+static void *start_creation(struct creation *creation, int *status, int device,
+                            size_t plan_bytes, size_t region_count,
+                            size_t host_bytes, const char *what) {
+  *creation = (struct creation){0, NULL, NULL, NULL};
+  if (*status != WS_OK)
+    return NULL;
+  *status = ws_cuda_enter(device, &creation->previous);
+  if (*status != WS_OK)
+    return NULL;
+  creation->plan = calloc(1, plan_bytes);
+  creation->used = calloc(region_count > 0 ? region_count : 1, 1);
+  if (host_bytes > 0)
+    creation->host = calloc(1, host_bytes);
+  if (creation->plan == NULL || creation->used == NULL ||
+      (host_bytes > 0 && creation->host == NULL)) {
+    *status = finish_creation(
+        creation, ws_fail(WS_ENOMEM, "cuda: cannot allocate %s", what), NULL);
+    return NULL;
+  }
+  return creation->plan;
+}
+
 // Lays the ops out (per-warp ranges, or tiles of `tile` bytes) into host
 // memory as the plan's device memory holds them. Returns the bytes in *out
 // (freed by the caller), the descriptor count and the warps of a launch.
@@ -897,24 +950,27 @@ static int lay_out_copies(const ws_cuda_region *regions, size_t region_count,
   return WS_OK;
 }
 
+// Frees a copy plan's bulk copies (host memory).
+static void free_bulk(void *plan_object) {
+  ws_cuda_copy_plan *plan = plan_object;
+  free(plan->bulk);
+}
+
 static int create_copy_plan(int device, const ws_cuda_region *regions,
                             size_t region_count, const ws_cuda_copy_op *ops,
                             size_t count, uint64_t tile, uint64_t bulk_min,
                             ws_cuda_copy_plan **out) {
+  struct creation creation;
   uint64_t total = 0;
   int status =
       check_copy_plan(regions, region_count, ops, count, tile, &total);
-  if (status != WS_OK)
+  ws_cuda_copy_plan *plan =
+      start_creation(&creation, &status, device, sizeof *plan, region_count, 0,
+                     "a copy plan");
+  if (plan == NULL)
     return status;
-  int previous = 0;
-  status = ws_cuda_enter(device, &previous);
-  if (status != WS_OK)
-    return status;
-  ws_cuda_copy_plan *plan = calloc(1, sizeof *plan);
-  unsigned char *used = calloc(region_count > 0 ? region_count : 1, 1);
   ws_cuda_copy_op *rest = calloc(count > 0 ? count : 1, sizeof *rest);
-  void *host = NULL;
-  if (plan == NULL || used == NULL || rest == NULL ||
+  if (rest == NULL ||
       (plan->bulk = calloc(count > 0 ? count : 1, sizeof *plan->bulk)) ==
           NULL) {
     status = ws_fail(WS_ENOMEM, "cuda: cannot allocate a copy plan");
@@ -922,8 +978,9 @@ static int create_copy_plan(int device, const ws_cuda_region *regions,
   }
   for (size_t i = 0; i < count; i++)
     if (ops[i].rows != 0 && ops[i].width != 0)
-      used[ops[i].target_region] = used[ops[i].source_region] = 1;
-  status = check_used_regions(regions, region_count, used, device);
+      creation.used[ops[i].target_region] =
+          creation.used[ops[i].source_region] = 1;
+  status = check_used_regions(regions, region_count, creation.used, device);
   if (status != WS_OK)
     goto done;
   size_t rest_count = 0;
@@ -948,24 +1005,18 @@ static int create_copy_plan(int device, const ws_cuda_region *regions,
   size_t pieces = 0, bytes = 0;
   uint32_t warps = 0;
   status = lay_out_copies(regions, region_count, rest, rest_count, capacity,
-                          tile, &host, &bytes, &pieces, &warps);
+                          tile, &creation.host, &bytes, &pieces, &warps);
   if (status == WS_OK)
-    status = finish_plan(&plan->core, device, host, bytes, warps, pieces, count,
-                         total, "copy plan descriptors");
+    status = finish_plan(&plan->core, device, creation.host, bytes, warps,
+                         pieces, count, total, "copy plan descriptors");
   if (status != WS_OK)
     goto done;
   plan->tile = tile;
   *out = plan;
-  plan = NULL;
+  creation.plan = NULL;
 done:
-  ws_cuda_leave(previous);
-  free(host);
-  free(used);
   free(rest);
-  if (plan != NULL)
-    free(plan->bulk);
-  free(plan);
-  return status;
+  return finish_creation(&creation, status, free_bulk);
 }
 
 int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
@@ -1049,30 +1100,32 @@ static void release_check_state(void *plan_object) {
     cudaFreeHost(plan->host_state);
 }
 
+// Drops a synthetic plan that was not handed out: its check state and its
+// device memory.
+static void discard_synth_plan(void *plan_object) {
+  ws_cuda_synth_plan *plan = plan_object;
+  release_check_state(plan);
+  ws_cuda_release(plan->core.memory, plan->core.memory_bytes,
+                  "synthetic plan pieces");
+}
+
 int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
                               size_t region_count, const ws_cuda_synth_op *ops,
                               size_t count, ws_cuda_synth_plan **out) {
   ws_clear_error();
+  struct creation creation;
   uint64_t elements = 0, total_bytes = 0;
   int status = check_synth_ops(regions, region_count, ops, count, &elements,
                                &total_bytes);
-  if (status != WS_OK)
+  ws_cuda_synth_plan *plan =
+      start_creation(&creation, &status, device, sizeof *plan, region_count, 0,
+                     "a synthetic plan");
+  if (plan == NULL)
     return status;
-  int previous = 0;
-  status = ws_cuda_enter(device, &previous);
-  if (status != WS_OK)
-    return status;
-  ws_cuda_synth_plan *plan = calloc(1, sizeof *plan);
-  unsigned char *used = calloc(region_count > 0 ? region_count : 1, 1);
-  void *host = NULL;
-  if (plan == NULL || used == NULL) {
-    status = ws_fail(WS_ENOMEM, "cuda: cannot allocate a synthetic plan");
-    goto done;
-  }
   for (size_t i = 0; i < count; i++)
     if (ops[i].rows != 0 && ops[i].row_elements != 0)
-      used[ops[i].region] = 1;
-  status = check_used_regions(regions, region_count, used, device);
+      creation.used[ops[i].region] = 1;
+  status = check_used_regions(regions, region_count, creation.used, device);
   if (status != WS_OK)
     goto done;
   uint32_t copy_capacity = 0, capacity = 0;
@@ -1088,16 +1141,15 @@ int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
   size_t state_bytes = round_up(sizeof(ws_cuda_check_state), 16);
   size_t piece_bytes = round_up(pieces * sizeof(ws_cuda_synth_piece), 16);
   size_t bytes = state_bytes + piece_bytes + ((size_t)warps + 1) * 4;
-  host = calloc(1, bytes);
+  char *host = creation.host = calloc(1, bytes);
   if (host == NULL) {
     status = ws_fail(WS_ENOMEM, "cuda: cannot allocate %zu bytes of pieces",
                      bytes);
     goto done;
   }
-  uint32_t *warp_start = (uint32_t *)((char *)host + state_bytes + piece_bytes);
+  uint32_t *warp_start = (uint32_t *)(host + state_bytes + piece_bytes);
   status = lay_out(&synth_pieces, regions, ops, count, elements, capacity,
-                   (char *)host + state_bytes, pieces, &pieces, warp_start,
-                   &warps);
+                   host + state_bytes, pieces, &pieces, warp_start, &warps);
   if (status == WS_OK)
     status = finish_plan(&plan->core, device, host, bytes, warps, pieces, count,
                          total_bytes, "synthetic plan pieces");
@@ -1119,18 +1171,9 @@ int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
   }
   plan->checked = checked;
   *out = plan;
-  plan = NULL;
+  creation.plan = NULL;
 done:
-  if (plan != NULL) {
-    release_check_state(plan);
-    ws_cuda_release(plan->core.memory, plan->core.memory_bytes,
-                    "synthetic plan pieces");
-  }
-  ws_cuda_leave(previous);
-  free(host);
-  free(used);
-  free(plan);
-  return status;
+  return finish_creation(&creation, status, discard_synth_plan);
 }
 
 static int launch_synth(ws_cuda_synth_plan *plan, uint32_t version,
@@ -1227,24 +1270,19 @@ int ws_cuda_fp8_plan_create(int device, const ws_cuda_region *regions,
                             size_t region_count, const ws_fp8_group *groups,
                             size_t group_count, const ws_fp8_op *ops,
                             size_t count, ws_cuda_fp8_plan **out) {
+  struct creation creation;
   size_t pieces = 0;
   int status = ws_cuda_fp8_layout(regions, region_count, groups, group_count,
                                   ops, count, NULL, 0, &pieces);
-  if (status != WS_OK)
-    return status;
-  int previous = 0;
-  status = ws_cuda_enter(device, &previous);
-  if (status != WS_OK)
-    return status;
   size_t scales_at = 0, amax_at = 0;
   size_t bytes = fp8_memory_bytes(pieces, group_count, &scales_at, &amax_at);
-  ws_cuda_fp8_plan *plan = calloc(1, sizeof *plan);
-  unsigned char *used = calloc(region_count > 0 ? region_count : 1, 1);
-  char *host = calloc(1, bytes);
-  if (plan == NULL || used == NULL || host == NULL) {
-    status = ws_fail(WS_ENOMEM, "cuda: cannot allocate an fp8 plan");
-    goto done;
-  }
+  ws_cuda_fp8_plan *plan =
+      start_creation(&creation, &status, device, sizeof *plan, region_count,
+                     bytes, "an fp8 plan");
+  if (plan == NULL)
+    return status;
+  unsigned char *used = creation.used;
+  char *host = creation.host;
   uint64_t written = 4 * (uint64_t)group_count;
   for (size_t i = 0; i < count; i++) {
     used[ops[i].target] = used[ops[i].source] = 1;
@@ -1276,13 +1314,9 @@ int ws_cuda_fp8_plan_create(int device, const ws_cuda_region *regions,
     goto done;
   plan->groups = group_count;
   *out = plan;
-  plan = NULL;
+  creation.plan = NULL;
 done:
-  ws_cuda_leave(previous);
-  free(host);
-  free(used);
-  free(plan);
-  return status;
+  return finish_creation(&creation, status, NULL);
 }
 
 int ws_cuda_fp8_plan_launch(ws_cuda_fp8_plan *plan, ws_cuda_stream *stream) {
