@@ -5,6 +5,7 @@
 #include "dtype.h"
 #include "status.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -772,6 +773,11 @@ struct ws_cuda_synth_plan {
   int check_queued;
 };
 
+// (A plan's core comes first: a pointer to the plan points to its core.)
+_Static_assert(offsetof(ws_cuda_copy_plan, core) == 0, "core first");
+_Static_assert(offsetof(ws_cuda_fp8_plan, core) == 0, "core first");
+_Static_assert(offsetof(ws_cuda_synth_plan, core) == 0, "core first");
+
 static void describe(ws_cuda_plan_info *out, const struct plan_core *core) {
   out->tile = 0;
   out->ops = core->ops;
@@ -1066,11 +1072,15 @@ int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
   return WS_OK;
 }
 
-// Frees a plan on its device: `release_extra` (NULL: none) what it holds
-// besides its device memory, then that memory (`what` names it), then the
-// object.
-static int free_plan(void *plan, const struct plan_core *core,
-                     void (*release_extra)(void *plan), const char *what) {
+// Closes a plan (NULL: nothing to close) on its device: `release_extra`
+// (NULL: none) what it holds besides its device memory, then that memory
+// (`what` names it), then the object.
+static int close_plan(void *plan, void (*release_extra)(void *plan),
+                      const char *what) {
+  ws_clear_error();
+  if (plan == NULL)
+    return WS_OK;
+  const struct plan_core *core = plan; // (every plan begins with its core)
   int previous = 0;
   int status = ws_cuda_enter(core->device, &previous);
   if (status == WS_OK) {
@@ -1084,11 +1094,9 @@ static int free_plan(void *plan, const struct plan_core *core,
 }
 
 int ws_cuda_copy_plan_close(ws_cuda_copy_plan *plan) {
-  ws_clear_error();
-  if (plan == NULL)
-    return WS_OK;
-  free(plan->bulk);
-  return free_plan(plan, &plan->core, NULL, "copy plan descriptors");
+  if (plan != NULL)
+    free_bulk(plan);
+  return close_plan(plan, NULL, "copy plan descriptors");
 }
 
 // Frees a synthetic plan's check state: its event and pinned memory.
@@ -1250,10 +1258,7 @@ int ws_cuda_synth_plan_result(ws_cuda_synth_plan *plan,
 }
 
 int ws_cuda_synth_plan_close(ws_cuda_synth_plan *plan) {
-  ws_clear_error();
-  return plan == NULL ? WS_OK
-                      : free_plan(plan, &plan->core, release_check_state,
-                                  "synthetic plan pieces");
+  return close_plan(plan, release_check_state, "synthetic plan pieces");
 }
 
 
@@ -1356,16 +1361,33 @@ int ws_cuda_fp8_plan_launch(ws_cuda_fp8_plan *plan, ws_cuda_stream *stream) {
 }
 
 int ws_cuda_fp8_plan_close(ws_cuda_fp8_plan *plan) {
-  ws_clear_error();
-  return plan == NULL
-             ? WS_OK
-             : free_plan(plan, &plan->core, NULL, "fp8 plan pieces");
+  return close_plan(plan, NULL, "fp8 plan pieces");
 }
 
 #else // !WSYNC_WITH_CUDA
 
 static int not_built(void) {
   return ws_fail(WS_ENODEV, "cuda backend: this wsync was built without CUDA");
+}
+
+// What a plan's creation answers without CUDA: its arguments' check failure
+// (`status`), or that there is no CUDA.
+static int create_without_cuda(int status) {
+  return status != WS_OK ? status : not_built();
+}
+
+// What closing a plan answers without CUDA: no plan can be made, so only
+// NULL closes.
+static int close_without_cuda(const void *plan) {
+  ws_clear_error();
+  return plan == NULL ? WS_OK : not_built();
+}
+
+// What launching a plan answers without CUDA: there is none to launch.
+static int launch_without_cuda(const void *plan, ws_cuda_stream *stream) {
+  ws_clear_error();
+  (void)plan, (void)stream;
+  return not_built();
 }
 
 // The copy plan ws_cuda_copy_plan_create_with would build: its arguments are
@@ -1376,20 +1398,16 @@ static int create_copy_plan(int device, const ws_cuda_region *regions,
                             ws_cuda_copy_plan **out) {
   (void)device, (void)bulk_min, (void)out;
   uint64_t total = 0;
-  int status =
-      check_copy_plan(regions, region_count, ops, count, tile, &total);
-  return status != WS_OK ? status : not_built();
+  return create_without_cuda(
+      check_copy_plan(regions, region_count, ops, count, tile, &total));
 }
 
 int ws_cuda_copy_plan_launch(ws_cuda_copy_plan *plan, ws_cuda_stream *stream) {
-  ws_clear_error();
-  (void)plan, (void)stream;
-  return not_built();
+  return launch_without_cuda(plan, stream);
 }
 
 int ws_cuda_copy_plan_close(ws_cuda_copy_plan *plan) {
-  ws_clear_error();
-  return plan == NULL ? WS_OK : not_built();
+  return close_without_cuda(plan);
 }
 
 int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
@@ -1398,16 +1416,14 @@ int ws_cuda_synth_plan_create(int device, const ws_cuda_region *regions,
   ws_clear_error();
   (void)device, (void)out;
   uint64_t elements = 0, bytes = 0;
-  int status =
-      check_synth_ops(regions, region_count, ops, count, &elements, &bytes);
-  return status != WS_OK ? status : not_built();
+  return create_without_cuda(
+      check_synth_ops(regions, region_count, ops, count, &elements, &bytes));
 }
 
 static int launch_synth(ws_cuda_synth_plan *plan, uint32_t version,
                         ws_cuda_stream *stream, int check) {
-  ws_clear_error();
-  (void)plan, (void)version, (void)stream, (void)check;
-  return not_built();
+  (void)version, (void)check;
+  return launch_without_cuda(plan, stream);
 }
 
 int ws_cuda_synth_plan_result(ws_cuda_synth_plan *plan,
@@ -1418,8 +1434,7 @@ int ws_cuda_synth_plan_result(ws_cuda_synth_plan *plan,
 }
 
 int ws_cuda_synth_plan_close(ws_cuda_synth_plan *plan) {
-  ws_clear_error();
-  return plan == NULL ? WS_OK : not_built();
+  return close_without_cuda(plan);
 }
 
 int ws_cuda_fp8_plan_create(int device, const ws_cuda_region *regions,
@@ -1428,20 +1443,16 @@ int ws_cuda_fp8_plan_create(int device, const ws_cuda_region *regions,
                             size_t count, ws_cuda_fp8_plan **out) {
   (void)device, (void)out;
   size_t pieces = 0;
-  int status = ws_cuda_fp8_layout(regions, region_count, groups, group_count,
-                                  ops, count, NULL, 0, &pieces);
-  return status != WS_OK ? status : not_built();
+  return create_without_cuda(ws_cuda_fp8_layout(
+      regions, region_count, groups, group_count, ops, count, NULL, 0, &pieces));
 }
 
 int ws_cuda_fp8_plan_launch(ws_cuda_fp8_plan *plan, ws_cuda_stream *stream) {
-  ws_clear_error();
-  (void)plan, (void)stream;
-  return not_built();
+  return launch_without_cuda(plan, stream);
 }
 
 int ws_cuda_fp8_plan_close(ws_cuda_fp8_plan *plan) {
-  ws_clear_error();
-  return plan == NULL ? WS_OK : not_built();
+  return close_without_cuda(plan);
 }
 
 #endif
