@@ -9,6 +9,29 @@
 static int check_range(const ws_cuda_region *region, uint64_t offset,
                        uint64_t length, const char *what);
 
+// The small transfers between the host and a region (ws_cuda_write,
+// ws_cuda_read, ws_cuda_memset), by the name their messages give them.
+typedef enum transfer_kind {
+  TRANSFER_WRITE,
+  TRANSFER_READ,
+  TRANSFER_MEMSET,
+} transfer_kind;
+
+static const char *const transfer_names[] = {"write", "read", "memset"};
+
+// Does one small transfer of `length` bytes at `offset` in `region` on
+// `stream`: a write from `from_host`, a read into `to_host` (both waited
+// for) or a fill with `value` (queued).
+static int transfer(const ws_cuda_region *region, uint64_t offset,
+                    uint64_t length, ws_cuda_stream *stream,
+                    transfer_kind kind, const void *from_host, void *to_host,
+                    int value);
+
+// Queues one stream memory operation (`write`: cuStreamWriteValue32, else
+// cuStreamWaitValue32) on the word at `offset` of `region`.
+static int stream_value(ws_cuda_stream *stream, const ws_cuda_region *region,
+                        uint64_t offset, uint32_t value, int write);
+
 #ifdef WSYNC_WITH_CUDA
 #include <cuda_runtime_api.h>
 #include <pthread.h>
@@ -643,7 +666,6 @@ int ws_cuda_stream_destroy(ws_cuda_stream *stream) {
   return status;
 }
 
-// Queues one stream memory operation on the word at `offset` of `region`.
 static int stream_value(ws_cuda_stream *stream, const ws_cuda_region *region,
                         uint64_t offset, uint32_t value, int write) {
   ws_clear_error();
@@ -679,18 +701,6 @@ static int stream_value(ws_cuda_stream *stream, const ws_cuda_region *region,
                    result);
   }
   return WS_OK;
-}
-
-int ws_cuda_stream_wait_value(ws_cuda_stream *stream,
-                              const ws_cuda_region *region, uint64_t offset,
-                              uint32_t value) {
-  return stream_value(stream, region, offset, value, 0);
-}
-
-int ws_cuda_stream_write_value(ws_cuda_stream *stream,
-                               const ws_cuda_region *region, uint64_t offset,
-                               uint32_t value) {
-  return stream_value(stream, region, offset, value, 1);
 }
 
 int ws_cuda_event_create(int device, int timing, ws_cuda_event **out) {
@@ -804,57 +814,34 @@ static int copy_and_wait(void *to, const void *from, size_t length,
                   what);
 }
 
-int ws_cuda_write(const ws_cuda_region *region, uint64_t offset,
-                  const void *bytes, size_t length, ws_cuda_stream *stream) {
+static int transfer(const ws_cuda_region *region, uint64_t offset,
+                    uint64_t length, ws_cuda_stream *stream,
+                    transfer_kind kind, const void *from_host, void *to_host,
+                    int value) {
   ws_clear_error();
+  const char *what = transfer_names[kind];
   int previous = 0;
   void *raw = NULL;
-  int status = begin_transfer(region, offset, length, stream, "write",
-                              &previous, &raw);
+  int status = begin_transfer(region, offset, length, stream, what, &previous,
+                              &raw);
   if (status != WS_OK)
     return status;
-  if (length > 0)
-    status = copy_and_wait((char *)(uintptr_t)region->pointer + offset, bytes,
-                           length, cudaMemcpyHostToDevice, stream, raw,
-                           "write");
+  char *device = (char *)(uintptr_t)region->pointer + offset;
+  if (kind == TRANSFER_MEMSET) {
+    cudaError_t error =
+        cudaMemsetAsync(device, value, length, (cudaStream_t)raw);
+    if (error != cudaSuccess)
+      status = ws_cuda_failure(error, "cudaMemsetAsync", "memset of %llu bytes",
+                               (unsigned long long)length);
+  } else if (length > 0 && kind == TRANSFER_WRITE) {
+    status = copy_and_wait(device, from_host, length, cudaMemcpyHostToDevice,
+                           stream, raw, what);
+  } else if (length > 0) {
+    status = copy_and_wait(to_host, device, length, cudaMemcpyDeviceToHost,
+                           stream, raw, what);
+  }
   ws_cuda_leave(previous);
   return status;
-}
-
-int ws_cuda_read(const ws_cuda_region *region, uint64_t offset,
-                 void *bytes_out, size_t length, ws_cuda_stream *stream) {
-  ws_clear_error();
-  int previous = 0;
-  void *raw = NULL;
-  int status = begin_transfer(region, offset, length, stream, "read",
-                              &previous, &raw);
-  if (status != WS_OK)
-    return status;
-  if (length > 0)
-    status = copy_and_wait(bytes_out,
-                           (const char *)(uintptr_t)region->pointer + offset,
-                           length, cudaMemcpyDeviceToHost, stream, raw, "read");
-  ws_cuda_leave(previous);
-  return status;
-}
-
-int ws_cuda_memset(const ws_cuda_region *region, uint64_t offset,
-                   uint64_t length, int value, ws_cuda_stream *stream) {
-  ws_clear_error();
-  int previous = 0;
-  void *raw = NULL;
-  int status = begin_transfer(region, offset, length, stream, "memset",
-                              &previous, &raw);
-  if (status != WS_OK)
-    return status;
-  cudaError_t error =
-      cudaMemsetAsync((char *)(uintptr_t)region->pointer + offset, value,
-                      length, (cudaStream_t)raw);
-  ws_cuda_leave(previous);
-  if (error != cudaSuccess)
-    return ws_cuda_failure(error, "cudaMemsetAsync", "memset of %llu bytes",
-                           (unsigned long long)length);
-  return WS_OK;
 }
 
 int ws_cuda_memcpy(const ws_cuda_region *target, uint64_t target_offset,
@@ -970,19 +957,10 @@ int ws_cuda_stream_destroy(ws_cuda_stream *stream) {
   return stream == NULL ? WS_OK : not_built();
 }
 
-int ws_cuda_stream_wait_value(ws_cuda_stream *stream,
-                              const ws_cuda_region *region, uint64_t offset,
-                              uint32_t value) {
+static int stream_value(ws_cuda_stream *stream, const ws_cuda_region *region,
+                        uint64_t offset, uint32_t value, int write) {
   ws_clear_error();
-  (void)stream, (void)region, (void)offset, (void)value;
-  return not_built();
-}
-
-int ws_cuda_stream_write_value(ws_cuda_stream *stream,
-                               const ws_cuda_region *region, uint64_t offset,
-                               uint32_t value) {
-  ws_clear_error();
-  (void)stream, (void)region, (void)offset, (void)value;
+  (void)stream, (void)region, (void)offset, (void)value, (void)write;
   return not_built();
 }
 
@@ -1022,27 +1000,13 @@ int ws_cuda_event_destroy(ws_cuda_event *event) {
   return event == NULL ? WS_OK : not_built();
 }
 
-int ws_cuda_write(const ws_cuda_region *region, uint64_t offset,
-                  const void *bytes, size_t length, ws_cuda_stream *stream) {
+static int transfer(const ws_cuda_region *region, uint64_t offset,
+                    uint64_t length, ws_cuda_stream *stream,
+                    transfer_kind kind, const void *from_host, void *to_host,
+                    int value) {
   ws_clear_error();
-  (void)bytes, (void)stream;
-  int status = check_range(region, offset, length, "write");
-  return status != WS_OK ? status : not_built();
-}
-
-int ws_cuda_read(const ws_cuda_region *region, uint64_t offset,
-                 void *bytes_out, size_t length, ws_cuda_stream *stream) {
-  ws_clear_error();
-  (void)bytes_out, (void)stream;
-  int status = check_range(region, offset, length, "read");
-  return status != WS_OK ? status : not_built();
-}
-
-int ws_cuda_memset(const ws_cuda_region *region, uint64_t offset,
-                   uint64_t length, int value, ws_cuda_stream *stream) {
-  ws_clear_error();
-  (void)value, (void)stream;
-  int status = check_range(region, offset, length, "memset");
+  (void)stream, (void)from_host, (void)to_host, (void)value;
+  int status = check_range(region, offset, length, transfer_names[kind]);
   return status != WS_OK ? status : not_built();
 }
 
@@ -1060,6 +1024,36 @@ void ws_cuda_counters_get(ws_cuda_counters *out) {
 }
 
 #endif
+
+int ws_cuda_stream_wait_value(ws_cuda_stream *stream,
+                              const ws_cuda_region *region, uint64_t offset,
+                              uint32_t value) {
+  return stream_value(stream, region, offset, value, 0);
+}
+
+int ws_cuda_stream_write_value(ws_cuda_stream *stream,
+                               const ws_cuda_region *region, uint64_t offset,
+                               uint32_t value) {
+  return stream_value(stream, region, offset, value, 1);
+}
+
+int ws_cuda_write(const ws_cuda_region *region, uint64_t offset,
+                  const void *bytes, size_t length, ws_cuda_stream *stream) {
+  return transfer(region, offset, length, stream, TRANSFER_WRITE, bytes, NULL,
+                  0);
+}
+
+int ws_cuda_read(const ws_cuda_region *region, uint64_t offset,
+                 void *bytes_out, size_t length, ws_cuda_stream *stream) {
+  return transfer(region, offset, length, stream, TRANSFER_READ, NULL,
+                  bytes_out, 0);
+}
+
+int ws_cuda_memset(const ws_cuda_region *region, uint64_t offset,
+                   uint64_t length, int value, ws_cuda_stream *stream) {
+  return transfer(region, offset, length, stream, TRANSFER_MEMSET, NULL, NULL,
+                  value);
+}
 
 static int check_range(const ws_cuda_region *region, uint64_t offset,
                        uint64_t length, const char *what) {

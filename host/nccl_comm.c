@@ -7,6 +7,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+// A communicator is NCCL's pointer (an opaque ncclComm_t) and where it
+// stands; the accessors need no CUDA, so both builds share them.
+typedef void *nccl_handle;
+
+struct ws_nccl_comm {
+  nccl_handle comm;
+  int device;
+  int world;
+  int rank;
+  int nonblocking;
+};
+
+int ws_nccl_comm_rank(const ws_nccl_comm *comm) { return comm->rank; }
+
+int ws_nccl_comm_world(const ws_nccl_comm *comm) { return comm->world; }
+
+int ws_nccl_comm_device(const ws_nccl_comm *comm) { return comm->device; }
+
 #ifdef WSYNC_WITH_CUDA
 #include <cuda_runtime_api.h>
 #include <stdarg.h>
@@ -21,7 +39,6 @@
 // NCCL's ABI as wsync uses it (stable across NCCL 2.x): results and data
 // types are int-sized enums, a communicator is a pointer, a unique id is 128
 // bytes passed by value.
-typedef void *nccl_handle;
 typedef struct nccl_id {
   char internal[WS_NCCL_UNIQUE_ID_BYTES];
 } nccl_id;
@@ -155,14 +172,6 @@ int ws_nccl_unique_id(unsigned char *id_out) {
   return WS_OK;
 }
 
-struct ws_nccl_comm {
-  nccl_handle comm;
-  int device;
-  int world;
-  int rank;
-  int nonblocking;
-};
-
 // Joins without blocking (ncclCommInitRankConfig with blocking = 0).
 static int init_nonblocking(nccl_handle *comm, int world, nccl_id id,
                             int rank) {
@@ -244,12 +253,6 @@ int ws_nccl_comm_ready(ws_nccl_comm *comm, int *ready) {
   *ready = state == NCCL_SUCCESS;
   return WS_OK;
 }
-
-int ws_nccl_comm_rank(const ws_nccl_comm *comm) { return comm->rank; }
-
-int ws_nccl_comm_world(const ws_nccl_comm *comm) { return comm->world; }
-
-int ws_nccl_comm_device(const ws_nccl_comm *comm) { return comm->device; }
 
 static int range_fits(uint64_t offset, uint64_t length, uint64_t size) {
   return offset <= size && length <= size - offset;
@@ -514,21 +517,6 @@ int ws_nccl_comm_ready(ws_nccl_comm *comm, int *ready) {
   ws_clear_error();
   (void)comm, (void)ready;
   return not_built();
-}
-
-int ws_nccl_comm_rank(const ws_nccl_comm *comm) {
-  (void)comm;
-  return -1;
-}
-
-int ws_nccl_comm_world(const ws_nccl_comm *comm) {
-  (void)comm;
-  return 0;
-}
-
-int ws_nccl_comm_device(const ws_nccl_comm *comm) {
-  (void)comm;
-  return -1;
 }
 
 int ws_nccl_fill(ws_nccl_comm *comm, ws_cuda_stream *stream,
