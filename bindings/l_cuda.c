@@ -202,10 +202,8 @@ static int region_table(lua_State *L) {
   ws_cuda_region region;
   ws_lua_check_cuda_region(L, 1, &region);
   lua_createtable(L, 0, 3);
-  lua_pushnumber(L, (lua_Number)region.pointer);
-  lua_setfield(L, -2, "pointer");
-  lua_pushnumber(L, (lua_Number)region.size);
-  lua_setfield(L, -2, "size");
+  ws_lua_set_number(L, "pointer", region.pointer);
+  ws_lua_set_number(L, "size", region.size);
   lua_pushinteger(L, region.device);
   lua_setfield(L, -2, "device");
   return 1;
@@ -475,24 +473,15 @@ static int destroy_event(void *event) { return ws_cuda_event_destroy(event); }
 
 static void push_info(lua_State *L, const ws_cuda_plan_info *info) {
   lua_createtable(L, 0, 9);
-  lua_pushnumber(L, (lua_Number)info->tile);
-  lua_setfield(L, -2, "tile");
-  lua_pushnumber(L, (lua_Number)info->ops);
-  lua_setfield(L, -2, "ops");
-  lua_pushnumber(L, (lua_Number)info->pieces);
-  lua_setfield(L, -2, "pieces");
-  lua_pushnumber(L, (lua_Number)info->warps);
-  lua_setfield(L, -2, "warps");
-  lua_pushnumber(L, (lua_Number)info->blocks);
-  lua_setfield(L, -2, "blocks");
-  lua_pushnumber(L, (lua_Number)info->bytes);
-  lua_setfield(L, -2, "bytes");
-  lua_pushnumber(L, (lua_Number)info->device_bytes);
-  lua_setfield(L, -2, "device_bytes");
-  lua_pushnumber(L, (lua_Number)info->bulk);
-  lua_setfield(L, -2, "bulk");
-  lua_pushnumber(L, (lua_Number)info->bulk_bytes);
-  lua_setfield(L, -2, "bulk_bytes");
+  ws_lua_set_number(L, "tile", info->tile);
+  ws_lua_set_number(L, "ops", info->ops);
+  ws_lua_set_number(L, "pieces", info->pieces);
+  ws_lua_set_number(L, "warps", info->warps);
+  ws_lua_set_number(L, "blocks", info->blocks);
+  ws_lua_set_number(L, "bytes", info->bytes);
+  ws_lua_set_number(L, "device_bytes", info->device_bytes);
+  ws_lua_set_number(L, "bulk", info->bulk);
+  ws_lua_set_number(L, "bulk_bytes", info->bulk_bytes);
 }
 
 // A plan's class: how its plan reports itself and (NULL for a synthetic plan,
@@ -715,13 +704,10 @@ static int synth_plan_result(lua_State *L) {
   if (status != WS_OK)
     return ws_lua_push_failure(L, status);
   lua_createtable(L, 0, 3);
-  lua_pushnumber(L, (lua_Number)result.mismatches);
-  lua_setfield(L, -2, "mismatches");
+  ws_lua_set_number(L, "mismatches", result.mismatches);
   if (result.mismatches > 0) {
-    lua_pushnumber(L, (lua_Number)result.first_op + 1);
-    lua_setfield(L, -2, "op");
-    lua_pushnumber(L, (lua_Number)result.first_element);
-    lua_setfield(L, -2, "element");
+    ws_lua_set_number(L, "op", result.first_op + 1);
+    ws_lua_set_number(L, "element", result.first_element);
   }
   return 1;
 }
@@ -784,9 +770,7 @@ static int cuda_counters(lua_State *L) {
   ws_cuda_counters counters;
   ws_cuda_counters_get(&counters);
   lua_createtable(L, 0, 9);
-#define WS_COUNTER_FIELD(name)                                                 \
-  lua_pushnumber(L, (lua_Number)counters.name);                                \
-  lua_setfield(L, -2, #name);
+#define WS_COUNTER_FIELD(name) ws_lua_set_number(L, #name, counters.name);
   WS_COUNTER_FIELD(allocations)
   WS_COUNTER_FIELD(frees)
   WS_COUNTER_FIELD(live_bytes)

@@ -107,6 +107,11 @@ int ws_lua_push_integer_result(lua_State *L, int status, lua_Integer value) {
   return 1;
 }
 
+void ws_lua_set_number(lua_State *L, const char *key, uint64_t value) {
+  lua_pushnumber(L, (lua_Number)value);
+  lua_setfield(L, -2, key);
+}
+
 void ws_lua_push_box(lua_State *L, const char *class_name, void *pointer) {
   void **box = lua_newuserdata(L, sizeof *box);
   *box = pointer;

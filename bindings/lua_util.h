@@ -52,6 +52,10 @@ int ws_lua_push_boolean_result(lua_State *L, int status, int value);
 /// The same for an integer result.
 int ws_lua_push_integer_result(lua_State *L, int status, lua_Integer value);
 
+/// Sets field `key` of the table on top to `value` (a count, a size or an
+/// address the core keeps as uint64_t) as a number: exact below 2^53.
+void ws_lua_set_number(lua_State *L, const char *key, uint64_t value);
+
 /// Creates a boxed-pointer userdata holding `pointer` with the named metatable
 /// (created by ws_lua_new_class) and leaves it on the stack.
 void ws_lua_push_box(lua_State *L, const char *class_name, void *pointer);
