@@ -789,19 +789,14 @@ int luaopen_wsync_cuda(lua_State *L) {
                                        NULL, describe_stream};
   static const ws_lua_class events = {event_class, "close", destroy_event,
                                       NULL, NULL};
-  static const luaL_Reg buffer_methods[] = {
-      {"region", region_table}, {"pointer", region_pointer},
-      {"size", region_size},    {"device", region_device},
-      {"read", cuda_read},      {"write", cuda_write},
-      {"fill", cuda_fill},      {"export", buffer_export},
-      {NULL, NULL},
-  };
-  static const luaL_Reg mapping_methods[] = {
+  static const luaL_Reg memory_methods[] = { // buffers' and mappings'
       {"region", region_table}, {"pointer", region_pointer},
       {"size", region_size},    {"device", region_device},
       {"read", cuda_read},      {"write", cuda_write},
       {"fill", cuda_fill},      {NULL, NULL},
   };
+  static const luaL_Reg buffer_methods[] = {
+      {"export", buffer_export}, {NULL, NULL}};
   static const luaL_Reg stream_methods[] = {
       {"synchronize", stream_synchronize},
       {"wait_value", stream_wait_value},
@@ -831,8 +826,9 @@ int luaopen_wsync_cuda(lua_State *L) {
       {"counters", cuda_counters},     {"export_region", cuda_export_region},
       {NULL, NULL},
   };
-  ws_lua_new_class(L, &buffers.base, buffer_methods);
-  ws_lua_new_class(L, &mappings.base, mapping_methods);
+  ws_lua_new_class(L, &buffers.base, memory_methods);
+  ws_lua_add_methods(L, &buffers.base, buffer_methods);
+  ws_lua_new_class(L, &mappings.base, memory_methods);
   ws_lua_new_class(L, &streams, stream_methods);
   ws_lua_new_class(L, &events, event_methods);
   ws_lua_new_class(L, &copy_plans.base, plan_methods);

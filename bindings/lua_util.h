@@ -107,6 +107,12 @@ int ws_lua_new_module(lua_State *L, const luaL_Reg *functions);
 void ws_lua_new_class(lua_State *L, const ws_lua_class *info,
                       const luaL_Reg *methods);
 
+/// Adds `methods` (each with the class as its upvalue) to the class of
+/// `info`, made by ws_lua_new_class: for methods that several classes share,
+/// listed once; leaves nothing on the stack.
+void ws_lua_add_methods(lua_State *L, const ws_lua_class *info,
+                        const luaL_Reg *methods);
+
 /// The class of the running method, release method, `__gc` or `__tostring`
 /// of a class made by ws_lua_new_class (their upvalue), so that one function
 /// serves several classes; the `describe` and `release` functions those call
