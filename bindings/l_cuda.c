@@ -127,6 +127,15 @@ void ws_lua_check_cuda_region(lua_State *L, int index, ws_cuda_region *out) {
   out->reserved = 0;
 }
 
+void ws_lua_check_region_copy(lua_State *L, int index,
+                              ws_lua_region_copy *out) {
+  ws_lua_check_cuda_region(L, index, &out->target);
+  out->target_offset = ws_lua_check_count(L, index + 1);
+  ws_lua_check_cuda_region(L, index + 2, &out->source);
+  out->source_offset = ws_lua_check_count(L, index + 3);
+  out->bytes = ws_lua_check_count(L, index + 4);
+}
+
 ws_cuda_region *ws_lua_check_cuda_regions(lua_State *L, int index,
                                           size_t *count) {
   luaL_checktype(L, index, LUA_TTABLE);
@@ -281,15 +290,12 @@ static int cuda_fill(lua_State *L) {
 // _cuda.memcpy(target, target_offset, source, source_offset, length[,
 // stream]) -> true | nil, message, CODE (one cudaMemcpyAsync, queued)
 static int cuda_memcpy(lua_State *L) {
-  ws_cuda_region target, source;
-  ws_lua_check_cuda_region(L, 1, &target);
-  uint64_t target_offset = ws_lua_check_count(L, 2);
-  ws_lua_check_cuda_region(L, 3, &source);
-  uint64_t source_offset = ws_lua_check_count(L, 4);
-  uint64_t length = ws_lua_check_count(L, 5);
+  ws_lua_region_copy copy;
+  ws_lua_check_region_copy(L, 1, &copy);
   ws_cuda_stream *stream = ws_lua_opt_cuda_stream(L, 6);
-  return ws_lua_push_ok(L, ws_cuda_memcpy(&target, target_offset, &source,
-                                                source_offset, length, stream));
+  return ws_lua_push_ok(
+      L, ws_cuda_memcpy(&copy.target, copy.target_offset, &copy.source,
+                        copy.source_offset, copy.bytes, stream));
 }
 
 // ---------------------------------------------------------------------------
