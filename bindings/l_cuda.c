@@ -127,6 +127,15 @@ void ws_lua_check_cuda_region(lua_State *L, int index, ws_cuda_region *out) {
   out->reserved = 0;
 }
 
+void ws_lua_check_region_copy(lua_State *L, int index,
+                              ws_lua_region_copy *out) {
+  ws_lua_check_cuda_region(L, index, &out->target);
+  out->target_offset = ws_lua_check_count(L, index + 1);
+  ws_lua_check_cuda_region(L, index + 2, &out->source);
+  out->source_offset = ws_lua_check_count(L, index + 3);
+  out->bytes = ws_lua_check_count(L, index + 4);
+}
+
 ws_cuda_region *ws_lua_check_cuda_regions(lua_State *L, int index,
                                           size_t *count) {
   luaL_checktype(L, index, LUA_TTABLE);
@@ -202,10 +211,8 @@ static int region_table(lua_State *L) {
   ws_cuda_region region;
   ws_lua_check_cuda_region(L, 1, &region);
   lua_createtable(L, 0, 3);
-  lua_pushnumber(L, (lua_Number)region.pointer);
-  lua_setfield(L, -2, "pointer");
-  lua_pushnumber(L, (lua_Number)region.size);
-  lua_setfield(L, -2, "size");
+  ws_lua_set_number(L, "pointer", region.pointer);
+  ws_lua_set_number(L, "size", region.size);
   lua_pushinteger(L, region.device);
   lua_setfield(L, -2, "device");
   return 1;
@@ -283,15 +290,12 @@ static int cuda_fill(lua_State *L) {
 // _cuda.memcpy(target, target_offset, source, source_offset, length[,
 // stream]) -> true | nil, message, CODE (one cudaMemcpyAsync, queued)
 static int cuda_memcpy(lua_State *L) {
-  ws_cuda_region target, source;
-  ws_lua_check_cuda_region(L, 1, &target);
-  uint64_t target_offset = ws_lua_check_count(L, 2);
-  ws_lua_check_cuda_region(L, 3, &source);
-  uint64_t source_offset = ws_lua_check_count(L, 4);
-  uint64_t length = ws_lua_check_count(L, 5);
+  ws_lua_region_copy copy;
+  ws_lua_check_region_copy(L, 1, &copy);
   ws_cuda_stream *stream = ws_lua_opt_cuda_stream(L, 6);
-  return ws_lua_push_ok(L, ws_cuda_memcpy(&target, target_offset, &source,
-                                                source_offset, length, stream));
+  return ws_lua_push_ok(
+      L, ws_cuda_memcpy(&copy.target, copy.target_offset, &copy.source,
+                        copy.source_offset, copy.bytes, stream));
 }
 
 // ---------------------------------------------------------------------------
@@ -475,24 +479,15 @@ static int destroy_event(void *event) { return ws_cuda_event_destroy(event); }
 
 static void push_info(lua_State *L, const ws_cuda_plan_info *info) {
   lua_createtable(L, 0, 9);
-  lua_pushnumber(L, (lua_Number)info->tile);
-  lua_setfield(L, -2, "tile");
-  lua_pushnumber(L, (lua_Number)info->ops);
-  lua_setfield(L, -2, "ops");
-  lua_pushnumber(L, (lua_Number)info->pieces);
-  lua_setfield(L, -2, "pieces");
-  lua_pushnumber(L, (lua_Number)info->warps);
-  lua_setfield(L, -2, "warps");
-  lua_pushnumber(L, (lua_Number)info->blocks);
-  lua_setfield(L, -2, "blocks");
-  lua_pushnumber(L, (lua_Number)info->bytes);
-  lua_setfield(L, -2, "bytes");
-  lua_pushnumber(L, (lua_Number)info->device_bytes);
-  lua_setfield(L, -2, "device_bytes");
-  lua_pushnumber(L, (lua_Number)info->bulk);
-  lua_setfield(L, -2, "bulk");
-  lua_pushnumber(L, (lua_Number)info->bulk_bytes);
-  lua_setfield(L, -2, "bulk_bytes");
+  ws_lua_set_number(L, "tile", info->tile);
+  ws_lua_set_number(L, "ops", info->ops);
+  ws_lua_set_number(L, "pieces", info->pieces);
+  ws_lua_set_number(L, "warps", info->warps);
+  ws_lua_set_number(L, "blocks", info->blocks);
+  ws_lua_set_number(L, "bytes", info->bytes);
+  ws_lua_set_number(L, "device_bytes", info->device_bytes);
+  ws_lua_set_number(L, "bulk", info->bulk);
+  ws_lua_set_number(L, "bulk_bytes", info->bulk_bytes);
 }
 
 // A plan's class: how its plan reports itself and (NULL for a synthetic plan,
@@ -715,13 +710,10 @@ static int synth_plan_result(lua_State *L) {
   if (status != WS_OK)
     return ws_lua_push_failure(L, status);
   lua_createtable(L, 0, 3);
-  lua_pushnumber(L, (lua_Number)result.mismatches);
-  lua_setfield(L, -2, "mismatches");
+  ws_lua_set_number(L, "mismatches", result.mismatches);
   if (result.mismatches > 0) {
-    lua_pushnumber(L, (lua_Number)result.first_op + 1);
-    lua_setfield(L, -2, "op");
-    lua_pushnumber(L, (lua_Number)result.first_element);
-    lua_setfield(L, -2, "element");
+    ws_lua_set_number(L, "op", result.first_op + 1);
+    ws_lua_set_number(L, "element", result.first_element);
   }
   return 1;
 }
@@ -784,9 +776,7 @@ static int cuda_counters(lua_State *L) {
   ws_cuda_counters counters;
   ws_cuda_counters_get(&counters);
   lua_createtable(L, 0, 9);
-#define WS_COUNTER_FIELD(name)                                                 \
-  lua_pushnumber(L, (lua_Number)counters.name);                                \
-  lua_setfield(L, -2, #name);
+#define WS_COUNTER_FIELD(name) ws_lua_set_number(L, #name, counters.name);
   WS_COUNTER_FIELD(allocations)
   WS_COUNTER_FIELD(frees)
   WS_COUNTER_FIELD(live_bytes)
@@ -805,19 +795,14 @@ int luaopen_wsync_cuda(lua_State *L) {
                                        NULL, describe_stream};
   static const ws_lua_class events = {event_class, "close", destroy_event,
                                       NULL, NULL};
-  static const luaL_Reg buffer_methods[] = {
-      {"region", region_table}, {"pointer", region_pointer},
-      {"size", region_size},    {"device", region_device},
-      {"read", cuda_read},      {"write", cuda_write},
-      {"fill", cuda_fill},      {"export", buffer_export},
-      {NULL, NULL},
-  };
-  static const luaL_Reg mapping_methods[] = {
+  static const luaL_Reg memory_methods[] = { // buffers' and mappings'
       {"region", region_table}, {"pointer", region_pointer},
       {"size", region_size},    {"device", region_device},
       {"read", cuda_read},      {"write", cuda_write},
       {"fill", cuda_fill},      {NULL, NULL},
   };
+  static const luaL_Reg buffer_methods[] = {
+      {"export", buffer_export}, {NULL, NULL}};
   static const luaL_Reg stream_methods[] = {
       {"synchronize", stream_synchronize},
       {"wait_value", stream_wait_value},
@@ -847,8 +832,9 @@ int luaopen_wsync_cuda(lua_State *L) {
       {"counters", cuda_counters},     {"export_region", cuda_export_region},
       {NULL, NULL},
   };
-  ws_lua_new_class(L, &buffers.base, buffer_methods);
-  ws_lua_new_class(L, &mappings.base, mapping_methods);
+  ws_lua_new_class(L, &buffers.base, memory_methods);
+  ws_lua_add_methods(L, &buffers.base, buffer_methods);
+  ws_lua_new_class(L, &mappings.base, memory_methods);
   ws_lua_new_class(L, &streams, stream_methods);
   ws_lua_new_class(L, &events, event_methods);
   ws_lua_new_class(L, &copy_plans.base, plan_methods);

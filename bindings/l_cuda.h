@@ -15,6 +15,21 @@
 WS_BINDING_INTERNAL void ws_lua_check_cuda_region(lua_State *L, int index,
                                                   ws_cuda_region *out);
 
+/// The arguments of a copy between two regions: bytes from `source_offset`
+/// in `source` to `target_offset` in `target`.
+typedef struct ws_lua_region_copy {
+  ws_cuda_region target;
+  uint64_t target_offset;
+  ws_cuda_region source;
+  uint64_t source_offset;
+  uint64_t bytes;
+} ws_lua_region_copy;
+
+/// Reads a copy's arguments from `index` on: target, target_offset, source,
+/// source_offset, bytes (regions as ws_lua_check_cuda_region reads them).
+WS_BINDING_INTERNAL void ws_lua_check_region_copy(lua_State *L, int index,
+                                                  ws_lua_region_copy *out);
+
 /// Reads the array of regions at `index` into scratch memory that the
 /// collector owns (so that a later argument error leaks nothing); pushes that
 /// scratch userdata and stores the count.

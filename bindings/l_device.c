@@ -32,16 +32,9 @@ static int device_query(lua_State *L) {
   lua_setfield(L, -2, "uuid");
   lua_pushstring(L, info.name);
   lua_setfield(L, -2, "name");
-  lua_pushnumber(L, (lua_Number)info.total_bytes);
-  lua_setfield(L, -2, "total_bytes");
-  lua_pushnumber(L, (lua_Number)info.free_bytes);
-  lua_setfield(L, -2, "free_bytes");
+  ws_lua_set_number(L, "total_bytes", info.total_bytes);
+  ws_lua_set_number(L, "free_bytes", info.free_bytes);
   return 1;
-}
-
-static void set_bytes(lua_State *L, const char *key, uint64_t bytes) {
-  lua_pushnumber(L, (lua_Number)bytes);
-  lua_setfield(L, -2, key);
 }
 
 // _device.gpu_memory(uuid) -> {total_bytes, used_bytes, free_bytes,
@@ -56,10 +49,10 @@ static int device_gpu_memory(lua_State *L) {
   if (status != WS_OK)
     return ws_lua_push_failure(L, status);
   lua_createtable(L, 0, 5);
-  set_bytes(L, "total_bytes", memory.total_bytes);
-  set_bytes(L, "used_bytes", memory.used_bytes);
-  set_bytes(L, "free_bytes", memory.free_bytes);
-  set_bytes(L, "reserved_bytes", memory.reserved_bytes);
+  ws_lua_set_number(L, "total_bytes", memory.total_bytes);
+  ws_lua_set_number(L, "used_bytes", memory.used_bytes);
+  ws_lua_set_number(L, "free_bytes", memory.free_bytes);
+  ws_lua_set_number(L, "reserved_bytes", memory.reserved_bytes);
   if (memory.process_count >= 0) {
     lua_createtable(L, memory.process_count, 0);
     for (int i = 0; i < memory.process_count; i++) {
@@ -67,7 +60,7 @@ static int device_gpu_memory(lua_State *L) {
       lua_pushinteger(L, (lua_Integer)memory.processes[i].pid);
       lua_setfield(L, -2, "pid");
       if (memory.processes[i].used_bytes != UINT64_MAX)
-        set_bytes(L, "used_bytes", memory.processes[i].used_bytes);
+        ws_lua_set_number(L, "used_bytes", memory.processes[i].used_bytes);
       lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "processes");

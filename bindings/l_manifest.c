@@ -37,22 +37,6 @@ static int check_shape(lua_State *L, int index, int64_t *shape) {
   return dims;
 }
 
-// A record's arguments (name, dtype, shape at 2, 3 and 4) as the core takes
-// them.
-struct record {
-  const char *name;
-  size_t name_length;
-  ws_dtype dtype;
-  int64_t shape[WS_MANIFEST_MAX_DIMS];
-  int dims;
-};
-
-static void check_record(lua_State *L, struct record *out) {
-  out->name = luaL_checklstring(L, 2, &out->name_length);
-  out->dtype = check_dtype(L, 3);
-  out->dims = check_shape(L, 4, out->shape);
-}
-
 // Returns the object at 1 (calls chain) when `status` is WS_OK; nil,
 // message, CODE otherwise.
 static int push_self_or_failure(lua_State *L, int status) {
@@ -62,22 +46,89 @@ static int push_self_or_failure(lua_State *L, int status) {
   return 1;
 }
 
+// A class whose objects take records one by one (manifests, segments): the
+// core's functions that the shared methods call.
+typedef struct records_class {
+  ws_lua_class base; // first: what ws_lua_class_of answers is this class
+  int (*add)(void *records, const char *name, size_t name_length,
+             ws_dtype dtype, const int64_t *shape, int dims);
+  uint64_t (*count)(const void *records);
+} records_class;
+
+// manifest:add(name, dtype, shape), segment:add(...) -> self | nil, message,
+// CODE
+static int records_add(lua_State *L) {
+  const records_class *class = (const records_class *)ws_lua_class_of(L);
+  void *records = ws_lua_check_box(L, 1, class->base.name);
+  size_t name_length = 0;
+  const char *name = luaL_checklstring(L, 2, &name_length);
+  ws_dtype dtype = check_dtype(L, 3);
+  int64_t shape[WS_MANIFEST_MAX_DIMS];
+  int dims = check_shape(L, 4, shape);
+  return push_self_or_failure(
+      L, class->add(records, name, name_length, dtype, shape, dims));
+}
+
+// manifest:count(), segment:count() -> records added
+static int records_count(lua_State *L) {
+  const records_class *class = (const records_class *)ws_lua_class_of(L);
+  void *records = ws_lua_check_box(L, 1, class->base.name);
+  lua_pushnumber(L, (lua_Number)class->count(records));
+  return 1;
+}
+
+// manifest:close(), segment:close() (no results); __gc frees the same way.
+static int records_close(lua_State *L) {
+  const ws_lua_class *class = ws_lua_class_of(L);
+  class->release(ws_lua_take_box(L, 1, class->name));
+  return 0;
+}
+
+// "(COUNT records)", after a manifest's or a segment's class name.
+static void describe_records(lua_State *L, void *records) {
+  const records_class *class = (const records_class *)ws_lua_class_of(L);
+  lua_pushfstring(L, "(%d records)", (int)class->count(records));
+}
+
+// The core's manifest and segment functions, typed for records_class.
+static int free_manifest(void *manifest) {
+  ws_manifest_free(manifest);
+  return WS_OK;
+}
+static int free_segment(void *segment) {
+  ws_manifest_segment_free(segment);
+  return WS_OK;
+}
+static int add_to_manifest(void *manifest, const char *name,
+                           size_t name_length, ws_dtype dtype,
+                           const int64_t *shape, int dims) {
+  return ws_manifest_add(manifest, name, name_length, dtype, shape, dims);
+}
+static int add_to_segment(void *segment, const char *name, size_t name_length,
+                          ws_dtype dtype, const int64_t *shape, int dims) {
+  return ws_manifest_segment_add(segment, name, name_length, dtype, shape,
+                                 dims);
+}
+static uint64_t manifest_records(const void *manifest) {
+  return ws_manifest_count(manifest);
+}
+static uint64_t segment_records(const void *segment) {
+  return ws_manifest_segment_count(segment);
+}
+
+static const records_class manifests = {
+    {manifest_class, NULL, free_manifest, NULL, describe_records},
+    add_to_manifest, manifest_records};
+static const records_class segments = {
+    {segment_class, NULL, free_segment, NULL, describe_records},
+    add_to_segment, segment_records};
+
 // _manifest.new() -> manifest | nil, message, CODE
 static int manifest_new(lua_State *L) {
   ws_lua_push_box(L, manifest_class, NULL); // first: its allocation may raise
   ws_manifest *manifest = NULL;
   int status = ws_manifest_new(&manifest);
   return ws_lua_fill_box(L, status, manifest);
-}
-
-// manifest:add(name, dtype, shape) -> manifest | nil, message, CODE
-static int manifest_add(lua_State *L) {
-  ws_manifest *manifest = ws_lua_check_box(L, 1, manifest_class);
-  struct record record;
-  check_record(L, &record);
-  return push_self_or_failure(
-      L, ws_manifest_add(manifest, record.name, record.name_length,
-                         record.dtype, record.shape, record.dims));
 }
 
 // manifest:finish() -> hex digest | nil, message, CODE
@@ -91,13 +142,6 @@ static int manifest_finish(lua_State *L) {
   return 1;
 }
 
-// manifest:count() -> records added
-static int manifest_count(lua_State *L) {
-  ws_manifest *manifest = ws_lua_check_box(L, 1, manifest_class);
-  lua_pushnumber(L, (lua_Number)ws_manifest_count(manifest));
-  return 1;
-}
-
 // manifest:bytes() -> sum of the records' byte counts
 static int manifest_bytes(lua_State *L) {
   ws_manifest *manifest = ws_lua_check_box(L, 1, manifest_class);
@@ -105,19 +149,11 @@ static int manifest_bytes(lua_State *L) {
   return 1;
 }
 
-// manifest:close() (no results); __gc frees the same way.
-static int manifest_close(lua_State *L) {
-  ws_manifest_free(ws_lua_take_box(L, 1, manifest_class));
-  return 0;
-}
-
-static int free_manifest(void *manifest) {
-  ws_manifest_free(manifest);
-  return WS_OK;
-}
-
-static void describe_manifest(lua_State *L, void *manifest) {
-  lua_pushfstring(L, "(%d records)", (int)ws_manifest_count(manifest));
+// manifest:add_segment(segment) -> manifest | nil, message, CODE
+static int manifest_add_segment(lua_State *L) {
+  ws_manifest *manifest = ws_lua_check_box(L, 1, manifest_class);
+  ws_manifest_segment *segment = ws_lua_check_box(L, 2, segment_class);
+  return push_self_or_failure(L, ws_manifest_add_segment(manifest, segment));
 }
 
 // _manifest.segment() -> segment | nil, message, CODE
@@ -128,60 +164,17 @@ static int segment_new(lua_State *L) {
   return ws_lua_fill_box(L, status, segment);
 }
 
-// segment:add(name, dtype, shape) -> segment | nil, message, CODE
-static int segment_add(lua_State *L) {
-  ws_manifest_segment *segment = ws_lua_check_box(L, 1, segment_class);
-  struct record record;
-  check_record(L, &record);
-  return push_self_or_failure(
-      L, ws_manifest_segment_add(segment, record.name, record.name_length,
-                                 record.dtype, record.shape, record.dims));
-}
-
-// segment:count() -> records in the segment
-static int segment_count(lua_State *L) {
-  ws_manifest_segment *segment = ws_lua_check_box(L, 1, segment_class);
-  lua_pushnumber(L, (lua_Number)ws_manifest_segment_count(segment));
-  return 1;
-}
-
-// segment:close() (no results); __gc frees the same way.
-static int segment_close(lua_State *L) {
-  ws_manifest_segment_free(ws_lua_take_box(L, 1, segment_class));
-  return 0;
-}
-
-static int free_segment(void *segment) {
-  ws_manifest_segment_free(segment);
-  return WS_OK;
-}
-
-static void describe_segment(lua_State *L, void *segment) {
-  lua_pushfstring(L, "(%d records)", (int)ws_manifest_segment_count(segment));
-}
-
-// manifest:add_segment(segment) -> manifest | nil, message, CODE
-static int manifest_add_segment(lua_State *L) {
-  ws_manifest *manifest = ws_lua_check_box(L, 1, manifest_class);
-  ws_manifest_segment *segment = ws_lua_check_box(L, 2, segment_class);
-  return push_self_or_failure(L, ws_manifest_add_segment(manifest, segment));
-}
-
 int luaopen_wsync_manifest(lua_State *L) {
-  static const ws_lua_class manifests = {manifest_class, NULL, free_manifest,
-                                         NULL, describe_manifest};
-  static const ws_lua_class segments = {segment_class, NULL, free_segment,
-                                        NULL, describe_segment};
   static const luaL_Reg methods[] = {
-      {"add", manifest_add},       {"finish", manifest_finish},
-      {"count", manifest_count},   {"bytes", manifest_bytes},
-      {"close", manifest_close},   {"add_segment", manifest_add_segment},
+      {"add", records_add},      {"finish", manifest_finish},
+      {"count", records_count},  {"bytes", manifest_bytes},
+      {"close", records_close},  {"add_segment", manifest_add_segment},
       {NULL, NULL},
   };
   static const luaL_Reg segment_methods[] = {
-      {"add", segment_add},
-      {"count", segment_count},
-      {"close", segment_close},
+      {"add", records_add},
+      {"count", records_count},
+      {"close", records_close},
       {NULL, NULL},
   };
   static const luaL_Reg functions[] = {
@@ -189,7 +182,7 @@ int luaopen_wsync_manifest(lua_State *L) {
       {"segment", segment_new},
       {NULL, NULL},
   };
-  ws_lua_new_class(L, &manifests, methods);
-  ws_lua_new_class(L, &segments, segment_methods);
+  ws_lua_new_class(L, &manifests.base, methods);
+  ws_lua_new_class(L, &segments.base, segment_methods);
   return ws_lua_new_module(L, functions);
 }

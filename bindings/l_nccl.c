@@ -114,15 +114,11 @@ static int comm_fill(lua_State *L) {
 static int comm_all_gather(lua_State *L) {
   ws_nccl_comm *comm = ws_lua_check_box(L, 1, comm_class);
   ws_cuda_stream *stream = ws_lua_opt_cuda_stream(L, 2);
-  ws_cuda_region target, source;
-  ws_lua_check_cuda_region(L, 3, &target);
-  uint64_t target_offset = ws_lua_check_count(L, 4);
-  ws_lua_check_cuda_region(L, 5, &source);
-  uint64_t source_offset = ws_lua_check_count(L, 6);
-  uint64_t bytes = ws_lua_check_count(L, 7);
+  ws_lua_region_copy copy;
+  ws_lua_check_region_copy(L, 3, &copy);
   return ws_lua_push_ok(
-      L, ws_nccl_all_gather(comm, stream, &target, target_offset, &source,
-                            source_offset, bytes));
+      L, ws_nccl_all_gather(comm, stream, &copy.target, copy.target_offset,
+                            &copy.source, copy.source_offset, copy.bytes));
 }
 
 // comm:abort() -> true | nil, message, CODE (without waiting: poison)

@@ -107,6 +107,11 @@ int ws_lua_push_integer_result(lua_State *L, int status, lua_Integer value) {
   return 1;
 }
 
+void ws_lua_set_number(lua_State *L, const char *key, uint64_t value) {
+  lua_pushnumber(L, (lua_Number)value);
+  lua_setfield(L, -2, key);
+}
+
 void ws_lua_push_box(lua_State *L, const char *class_name, void *pointer) {
   void **box = lua_newuserdata(L, sizeof *box);
   *box = pointer;
@@ -211,14 +216,22 @@ void ws_lua_new_class(lua_State *L, const ws_lua_class *info,
   set_class_function(L, info, "__gc", collect_box);
   set_class_function(L, info, "__tostring", describe_box);
   lua_newtable(L); // [meta, methods]
-  lua_pushlightuserdata(L, (void *)info); // [meta, methods, class]
-  luaL_openlib(L, NULL, methods, 1);      // [meta, methods]
   if (info->release_method != NULL)
     set_class_function(L, info, info->release_method, release_box);
   lua_setfield(L, -2, "__index");
   lua_pushstring(L, info->name);
   lua_setfield(L, -2, "__name");
   lua_pop(L, 1);
+  ws_lua_add_methods(L, info, methods);
+}
+
+void ws_lua_add_methods(lua_State *L, const ws_lua_class *info,
+                        const luaL_Reg *methods) {
+  luaL_getmetatable(L, info->name); // [meta]
+  lua_getfield(L, -1, "__index");   // [meta, methods]
+  lua_pushlightuserdata(L, (void *)info); // [meta, methods, class]
+  luaL_openlib(L, NULL, methods, 1);      // [meta, methods]
+  lua_pop(L, 2);
 }
 
 struct error_text {

@@ -52,6 +52,10 @@ int ws_lua_push_boolean_result(lua_State *L, int status, int value);
 /// The same for an integer result.
 int ws_lua_push_integer_result(lua_State *L, int status, lua_Integer value);
 
+/// Sets field `key` of the table on top to `value` (a count, a size or an
+/// address the core keeps as uint64_t) as a number: exact below 2^53.
+void ws_lua_set_number(lua_State *L, const char *key, uint64_t value);
+
 /// Creates a boxed-pointer userdata holding `pointer` with the named metatable
 /// (created by ws_lua_new_class) and leaves it on the stack.
 void ws_lua_push_box(lua_State *L, const char *class_name, void *pointer);
@@ -102,6 +106,12 @@ int ws_lua_new_module(lua_State *L, const luaL_Reg *functions);
 /// (closed)"); leaves nothing on the stack.
 void ws_lua_new_class(lua_State *L, const ws_lua_class *info,
                       const luaL_Reg *methods);
+
+/// Adds `methods` (each with the class as its upvalue) to the class of
+/// `info`, made by ws_lua_new_class: for methods that several classes share,
+/// listed once; leaves nothing on the stack.
+void ws_lua_add_methods(lua_State *L, const ws_lua_class *info,
+                        const luaL_Reg *methods);
 
 /// The class of the running method, release method, `__gc` or `__tostring`
 /// of a class made by ws_lua_new_class (their upvalue), so that one function
