@@ -148,8 +148,7 @@ if stage vllm || stage vllm-fp8 || stage vllm-faults || stage vllm-memory || sta
       echo "== vLLM: wsync native and direct against vLLM's own weight sync (tests/bench/vllm_publish.py)" \
         | tee -a "$out/summary.txt"
       # (The ways that fit one call beside vLLM's own twice; VLLM_WAYS names others: "fp8
-      # direct,fp8 direct storage" for issue 24's FP8 line, with vLLM's own into FP8; "fp8
-      # native" beside them would not fit one call.)
+      # direct storage,fp8 native" for issue 24's FP8 line, beside vLLM's own into FP8 only.)
       timeout 540 python3 tests/bench/vllm_publish.py 3 "${VLLM_WAYS:-direct storage,direct 2x4GiB,native}" \
         >"$out/vllm_publish.log" 2>&1 || status=1
       grep -E "^vllm_publish|^way|^floor|^vLLM|^wsync|^\(wsync|^fp8 publish|Error" "$out/vllm_publish.log" | tail -n 30 \
