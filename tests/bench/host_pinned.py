@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bindings" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from offload import best_copy_seconds  # noqa: E402 (tests/bench/offload.py: the same timed copy)
 
 MPOL_BIND = 2
 
@@ -72,15 +74,7 @@ def measure(torch, host, repeats: int) -> dict[str, float]:
     device = torch.empty(size, dtype=torch.uint8, device="cuda")
     try:
         for name, (dst, src) in {"to device": (device, host), "to host": (host, device)}.items():
-            best = None
-            for _ in range(repeats):
-                torch.cuda.synchronize()
-                started = time.perf_counter()
-                dst.copy_(src, non_blocking=True)
-                torch.cuda.synchronize()
-                took = time.perf_counter() - started
-                best = took if best is None else min(best, took)
-            found[name] = size / best / 1e9
+            found[name] = size / best_copy_seconds(torch, dst, src, repeats) / 1e9
     finally:
         cudart.cudaHostUnregister(host.data_ptr())
         del device
@@ -170,11 +164,7 @@ def copy_after_release(torch, host, release: int, by: str, settle: float) -> flo
     try:
         time.sleep(settle)
         device = torch.empty(host.numel(), dtype=torch.uint8, device="cuda")
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        device.copy_(host, non_blocking=True)
-        torch.cuda.synchronize()
-        took = time.perf_counter() - started
+        took = best_copy_seconds(torch, device, host, 1)
         del device
         torch.cuda.empty_cache()
     finally:

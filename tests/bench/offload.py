@@ -28,6 +28,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bindings" / "python"))
 
 
+def best_copy_seconds(torch, dst, src, repeats: int) -> float:
+    """The shortest of ``repeats`` copies of ``src`` into ``dst``, each timed alone on the
+    device."""
+    best = None
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        took = time.perf_counter() - started
+        best = took if best is None else min(best, took)
+    return best
+
+
 def pinned_bandwidth(torch, size: int, repeats: int = 5) -> dict[str, float]:
     """GB/s of one flat copy of ``size`` bytes device -> pinned host and back (best of
     ``repeats``)."""
@@ -35,15 +49,7 @@ def pinned_bandwidth(torch, size: int, repeats: int = 5) -> dict[str, float]:
     host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
     found = {}
     for name, (dst, src) in {"to host": (host, device), "to device": (device, host)}.items():
-        best = None
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            started = time.perf_counter()
-            dst.copy_(src, non_blocking=True)
-            torch.cuda.synchronize()
-            took = time.perf_counter() - started
-            best = took if best is None else min(best, took)
-        found[name] = size / best / 1e9
+        found[name] = size / best_copy_seconds(torch, dst, src, repeats) / 1e9
     del device, host
     torch.cuda.empty_cache()
     return found
