@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The pinned copy by how its host memory was allocated, on one CUDA device.
 
-    python3 tests/bench/host_pinned.py [--gb GB] [--repeats N]
+    python3 tests/bench/host_pinned.py [--gb GB] [--repeats N] [--release GB]
 
 Page-locks (cudaHostRegister) a host buffer of GB gigabytes allocated each way, and times the
 locking and one flat copy to the device and back (best of N):
@@ -16,12 +16,11 @@ setting, then one line a way:
 
     host_pinned: WAY: locking L GB/s, to device X GB/s, to host Y GB/s, 2 MiB pages H %
 
-Then the copy to the device into fresh device memory right after RELEASE gigabytes of the
+Then the copy each way started 0, 100, 250, 500 and 1000 ms after RELEASE gigabytes of the
 device were given back to the driver, by this process (torch's empty_cache) and by another
-process (as vLLM's sleep gives its memory back before the trainer's onload), against the
-same copy a second later:
+process (as vLLM's sleep gives its memory back before the trainer's onload):
 
-    host_pinned: to device right after BY released R GB: X GB/s (a second later: Y GB/s)
+    host_pinned: DIRECTION after BY released R GB: X GB/s 0 ms later, ...
 """
 from __future__ import annotations
 
@@ -119,60 +118,90 @@ def main() -> int:
     host = host_memory(torch, size)
     cudart = torch.cuda.cudart()
     cudart.cudaHostRegister(host.data_ptr(), size, 0)
+    release = int(args.release * 1e9)
     try:
         for by in ("this process", "another process"):
-            first = copy_after_release(torch, host, int(args.release * 1e9), by, settle=0.0)
-            later = copy_after_release(torch, host, int(args.release * 1e9), by, settle=1.0)
-            print(f"host_pinned: to device right after {by} released {args.release:g} GB: {first:.1f} GB/s "
-                  f"(a second later: {later:.1f} GB/s)")
+            with Releaser(torch, release, by) as releaser:
+                for direction in ("to device", "to host"):
+                    speeds = [copy_after_release(torch, host, releaser, direction, delay) for delay in DELAYS]
+                    print(f"host_pinned: {direction} after {by} released {args.release:g} GB: "
+                          + ", ".join(f"{speed:.1f} GB/s {delay * 1e3:.0f} ms later"
+                                      for delay, speed in zip(DELAYS, speeds)))
     finally:
         cudart.cudaHostUnregister(host.data_ptr())
     return 0
 
 
+#: How long after the release each timed copy starts (seconds).
+DELAYS = (0.0, 0.1, 0.25, 0.5, 1.0)
+
 HOLDER = """
 import sys, torch
-memory = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda")
-torch.cuda.synchronize()
-print("held", flush=True)
-sys.stdin.readline()
-del memory
-torch.cuda.empty_cache()
-print("released", flush=True)
-sys.stdin.readline()
+size = int(sys.argv[1])
+while sys.stdin.readline().strip() == "hold":
+    memory = torch.empty(size, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    print("held", flush=True)
+    sys.stdin.readline()
+    del memory
+    torch.cuda.empty_cache()
+    print("released", flush=True)
 """
 
 
-def copy_after_release(torch, host, release: int, by: str, settle: float) -> float:
-    """GB/s of one copy of ``host`` into device memory allocated after ``release`` bytes
-    were given back to the driver (``by`` this process or another), ``settle`` seconds
-    later."""
-    import subprocess  # noqa: PLC0415
-    holder = None
-    if by == "this process":
-        memory = torch.empty(release, dtype=torch.uint8, device="cuda")
-        torch.cuda.synchronize()
-        del memory
-        torch.cuda.empty_cache()
-    else:
-        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(release)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-        assert holder.stdout.readline().strip() == "held"
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        assert holder.stdout.readline().strip() == "released"
+class Releaser:
+    """Takes ``release`` bytes of the device and gives them back to the driver, again at each
+    ``cycle``: in this process (torch's empty_cache) or in another one it keeps for that (as
+    vLLM's sleep gives its memory back before the trainer's onload)."""
+
+    def __init__(self, torch, release: int, by: str) -> None:
+        self.torch, self.release, self.holder = torch, release, None
+        if by != "this process":
+            import subprocess  # noqa: PLC0415
+            self.holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(release)], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, text=True)
+
+    def _said(self, line: str, answer: str) -> None:
+        self.holder.stdin.write(line + "\n")
+        self.holder.stdin.flush()
+        heard = self.holder.stdout.readline().strip()
+        if heard != answer:
+            raise RuntimeError(f"the holder process answered {heard!r}, not {answer!r}")
+
+    def cycle(self) -> None:
+        """Takes the bytes, then gives them back; returns once they are given back."""
+        if self.holder is None:
+            memory = self.torch.empty(self.release, dtype=self.torch.uint8, device="cuda")
+            self.torch.cuda.synchronize()
+            del memory
+            self.torch.cuda.empty_cache()
+        else:
+            self._said("hold", "held")
+            self._said("free", "released")
+
+    def __enter__(self) -> "Releaser":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.holder is not None:
+            self.holder.stdin.close()  # (its loop ends at end of input)
+            self.holder.wait(timeout=60)
+
+
+def copy_after_release(torch, host, releaser: Releaser, direction: str, delay: float) -> float:
+    """GB/s of one copy of ``host``'s bytes to device memory allocated right after the
+    releaser gave its bytes back to the driver, as an onload's is (``direction`` "to
+    device"), or back from it ("to host"), started ``delay`` seconds after the release."""
+    releaser.cycle()
+    released = time.perf_counter()
+    device = torch.empty(host.numel(), dtype=torch.uint8, device="cuda")
     try:
-        time.sleep(settle)
-        device = torch.empty(host.numel(), dtype=torch.uint8, device="cuda")
-        took = best_copy_seconds(torch, device, host, 1)
+        time.sleep(max(0.0, released + delay - time.perf_counter()))
+        dst, src = (device, host) if direction == "to device" else (host, device)
+        return host.numel() / best_copy_seconds(torch, dst, src, 1) / 1e9
+    finally:
         del device
         torch.cuda.empty_cache()
-    finally:
-        if holder is not None:
-            holder.stdin.write("\n")
-            holder.stdin.close()
-            holder.wait(timeout=60)
-    return host.numel() / took / 1e9
 
 
 if __name__ == "__main__":

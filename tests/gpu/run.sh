@@ -21,7 +21,7 @@
 #     host-time: the host's time outside copies per publication at the 30B-A3B's and the
 #       235B's tensor counts (tests/bench/publish_bandwidth.lua layout)
 #     offload: the schedule's torch offloads against the pinned copy (tests/bench/offload.py)
-#     host-pinned: the pinned copy by how its host memory was allocated, and right after
+#     host-pinned: the pinned copy by how its host memory was allocated, and 0-1000 ms after
 #       another process released device memory
 #       (tests/bench/host_pinned.py)
 #     vllm-fp8: vllm_spec's FP8 rollout cases (#fp8: vllm_e2e.py --load direct-fp8 and
