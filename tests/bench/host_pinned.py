@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import re
 import sys
 import time
@@ -35,8 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bindings" / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from offload import best_copy_seconds  # noqa: E402 (tests/bench/offload.py: the same timed copy)
-
-MPOL_BIND = 2
+from wsync.offload import MPOL_BIND, device_node, host_memory, mbind, numa_nodes, page_lock  # noqa: E402
 
 
 def huge_share(pointer: int, size: int) -> float:
@@ -52,12 +50,7 @@ def huge_share(pointer: int, size: int) -> float:
 
 def bind(pointer: int, size: int, node: int) -> None:
     """Binds the (page-aligned, untouched) pages of [pointer, pointer + size) to ``node``."""
-    from wsync.offload import _SYS_MBIND
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    mask = ctypes.c_ulong(1 << node)
-    if libc.syscall(_SYS_MBIND[os.uname().machine], ctypes.c_void_p(pointer), ctypes.c_ulong(size), MPOL_BIND,
-                    ctypes.byref(mask), ctypes.c_ulong(64), 0) != 0:
+    if not mbind(pointer, size, node, MPOL_BIND):
         raise OSError(ctypes.get_errno(), f"mbind to node {node}")
 
 
@@ -65,10 +58,8 @@ def measure(torch, host, repeats: int) -> dict[str, float]:
     size = host.numel()
     cudart = torch.cuda.cudart()
     started = time.perf_counter()
-    status = cudart.cudaHostRegister(host.data_ptr(), size, 0)
+    page_lock(torch, host.data_ptr(), size, "the benchmark's buffer")
     locking = time.perf_counter() - started
-    if int(getattr(status, "value", status)) != 0:
-        raise RuntimeError(f"cudaHostRegister: {status}")
     found = {"locking": size / locking / 1e9, "huge": huge_share(host.data_ptr(), size)}
     device = torch.empty(size, dtype=torch.uint8, device="cuda")
     try:
@@ -90,13 +81,11 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from wsync.offload import device_node, host_memory
     if not torch.cuda.is_available():
         print("host_pinned: no CUDA device", file=sys.stderr)
         return 2
     size = int(args.gb * 1e9)
-    root = Path("/sys/devices/system/node")
-    nodes = sorted(int(p.name[4:]) for p in root.glob("node[0-9]*"))
+    nodes = numa_nodes()
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     print(f"host_pinned: {len(nodes)} NUMA node(s) {nodes}, the device's {device_node(torch)}; "
           f"transparent huge pages: {thp.read_text().strip() if thp.exists() else 'not said'}; {args.gb:g} GB")
@@ -117,7 +106,7 @@ def main() -> int:
               f"to host {figures['to host']:.1f} GB/s, 2 MiB pages {figures['huge'] * 100:.0f} %")
     host = host_memory(torch, size)
     cudart = torch.cuda.cudart()
-    cudart.cudaHostRegister(host.data_ptr(), size, 0)
+    page_lock(torch, host.data_ptr(), size, "the benchmark's buffer")
     release = int(args.release * 1e9)
     try:
         for by in ("this process", "another process"):

@@ -23,8 +23,8 @@ rounds every allocation up to a power of two, and the 53 GB of a 4.4 B model's
 mixed-precision optimizer state would ask it for 128 GiB. The mapping asks the kernel for
 2 MiB pages (fewer pages to lock, and for the device to translate as it reads them) and, on
 a host of several NUMA nodes, for pages on the device's node (a copy from another node's
-memory crosses the link between the sockets). The copies run on a CUDA stream of the offloader's own, ordered after what
-the current stream had queued.
+memory crosses the link between the sockets). The copies run on a CUDA stream of the
+offloader's own, ordered after what the current stream had queued.
 
 ``device_bytes`` is what one offload frees on the device (and what its onload takes back);
 ``last`` says what the last offload or onload moved and how long it took (and of that, how long
@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
+import os
 import time
 import weakref
 from pathlib import Path
@@ -61,21 +62,25 @@ def device_node(torch: Any, device: Any = None) -> int:
 
 
 _SYS_MBIND = {"x86_64": 237, "aarch64": 235}
-_MPOL_PREFERRED = 1
+MPOL_PREFERRED, MPOL_BIND = 1, 2
 
 
-def _prefer_node(pointer: int, size: int, node: int) -> bool:
-    """Asks the kernel to take the pages of [pointer, pointer + size) (page-aligned, not yet
-    touched) from NUMA node ``node``; whether it agreed. Nothing happens on a host of one node."""
-    import os  # noqa: PLC0415
+def numa_nodes() -> list[int]:
+    """The host's NUMA nodes, as sysfs lists them (none where it does not)."""
+    return sorted(int(path.name[4:]) for path in Path("/sys/devices/system/node").glob("node[0-9]*"))
+
+
+def mbind(pointer: int, size: int, node: int, policy: int) -> bool:
+    """Sets the NUMA policy (``MPOL_PREFERRED``, ``MPOL_BIND``) of the pages of [pointer,
+    pointer + size) (page-aligned, not yet touched) to node ``node``; whether the kernel took
+    it."""
     number = _SYS_MBIND.get(os.uname().machine)
-    nodes = list(Path("/sys/devices/system/node").glob("node[0-9]*"))
-    if number is None or node < 0 or len(nodes) < 2 or node >= 64:
+    if number is None or not 0 <= node < 64:
         return False
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     mask = ctypes.c_ulong(1 << node)
-    return libc.syscall(number, ctypes.c_void_p(pointer), ctypes.c_ulong(size), _MPOL_PREFERRED,
+    return libc.syscall(number, ctypes.c_void_p(pointer), ctypes.c_ulong(size), policy,
                         ctypes.byref(mask), ctypes.c_ulong(64), 0) == 0
 
 
@@ -87,21 +92,26 @@ def host_memory(torch: Any, size: int, node: int = -1) -> Any:
     tensor = torch.frombuffer(region, dtype=torch.uint8)
     with contextlib.suppress(AttributeError, OSError):  # (a kernel without THP: 4 KiB pages)
         region.madvise(mmap.MADV_HUGEPAGE)
-    _prefer_node(tensor.data_ptr(), len(region), node)
+    if node >= 0 and len(numa_nodes()) > 1:  # (on a host of one node there is nothing to prefer)
+        mbind(tensor.data_ptr(), len(region), node, MPOL_PREFERRED)
     return tensor
+
+
+def page_lock(torch: Any, pointer: int, size: int, what: str) -> None:
+    """Page-locks (cudaHostRegister) the host memory [pointer, pointer + size) for CUDA;
+    raises RuntimeError naming ``what`` when CUDA refuses."""
+    status = torch.cuda.cudart().cudaHostRegister(pointer, size, 0)
+    if int(getattr(status, "value", status)) != 0:
+        raise RuntimeError(f"cannot page-lock {size} bytes of host memory for {what} (cudaHostRegister: {status})")
 
 
 def _pin(torch: Any, arena: Any, owner: "_Offloader") -> Any:
     """Page-locks `arena` (a host tensor) for CUDA; returns what unregisters it, once: called
     before the arena is let go, or when `owner` is collected (before its arena is freed), or
     at exit."""
-    cudart = torch.cuda.cudart()
-    pointer, size = arena.data_ptr(), arena.numel()
-    status = cudart.cudaHostRegister(pointer, size, 0)
-    if int(getattr(status, "value", status)) != 0:
-        raise RuntimeError(f"cannot page-lock {size} bytes of host memory for {owner.what}'s offload "
-                           f"(cudaHostRegister: {status})")
-    return weakref.finalize(owner, cudart.cudaHostUnregister, pointer)
+    pointer = arena.data_ptr()
+    page_lock(torch, pointer, arena.numel(), f"{owner.what}'s offload")
+    return weakref.finalize(owner, torch.cuda.cudart().cudaHostUnregister, pointer)
 
 
 class _Offloader:
