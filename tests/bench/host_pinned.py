@@ -21,6 +21,12 @@ device were given back to the driver, by this process (torch's empty_cache) and 
 process (as vLLM's sleep gives its memory back before the trainer's onload):
 
     host_pinned: DIRECTION after BY released R GB: X GB/s 0 ms later, ...
+
+and the same for a copy to the device by a kernel (a torch elementwise op reading the
+page-locked memory through its device address, no copy engine), with its speed before any
+release:
+
+    host_pinned: to device by a kernel: X GB/s; after BY released R GB: ...
 """
 from __future__ import annotations
 
@@ -116,6 +122,12 @@ def main() -> int:
                     print(f"host_pinned: {direction} after {by} released {args.release:g} GB: "
                           + ", ".join(f"{speed:.1f} GB/s {delay * 1e3:.0f} ms later"
                                       for delay, speed in zip(DELAYS, speeds)))
+        alone = max(kernel_copy_speed(torch, host, None, 0.0) for _ in range(3))
+        for by in ("this process", "another process"):
+            with Releaser(torch, release, by) as releaser:
+                speeds = [kernel_copy_speed(torch, host, releaser, delay) for delay in DELAYS]
+            print(f"host_pinned: to device by a kernel: {alone:.1f} GB/s; after {by} released {args.release:g} GB: "
+                  + ", ".join(f"{speed:.1f} GB/s {delay * 1e3:.0f} ms later" for delay, speed in zip(DELAYS, speeds)))
     finally:
         cudart.cudaHostUnregister(host.data_ptr())
     return 0
@@ -190,6 +202,37 @@ def copy_after_release(torch, host, releaser: Releaser, direction: str, delay: f
         return host.numel() / best_copy_seconds(torch, dst, src, 1) / 1e9
     finally:
         del device
+        torch.cuda.empty_cache()
+
+
+def device_view(torch, host) -> "torch.Tensor":
+    """A CUDA tensor over the page-locked host tensor ``host``'s own bytes (64-bit words), at
+    its device address (the host address, under unified addressing): what a kernel reads
+    across the bus."""
+    class Interface:
+        __cuda_array_interface__ = {"shape": (host.numel() // 8,), "typestr": "<i8", "version": 3,
+                                    "data": (host.data_ptr(), False), "strides": None}
+    return torch.as_tensor(Interface(), device="cuda")
+
+
+def kernel_copy_speed(torch, host, releaser: "Releaser | None", delay: float) -> float:
+    """GB/s of one copy of ``host``'s bytes to device memory by a kernel (torch's elementwise
+    bitwise_or with 0: each thread reads host words, no copy engine), started ``delay``
+    seconds after the releaser's release (None: none)."""
+    if releaser is not None:
+        releaser.cycle()
+    released = time.perf_counter()
+    source = device_view(torch, host)
+    target = torch.empty_like(source)
+    try:
+        time.sleep(max(0.0, released + delay - time.perf_counter()))
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        torch.bitwise_or(source, 0, out=target)
+        torch.cuda.synchronize()
+        return source.numel() * 8 / (time.perf_counter() - started) / 1e9
+    finally:
+        del source, target
         torch.cuda.empty_cache()
 
 
