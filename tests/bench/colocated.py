@@ -68,6 +68,8 @@ WAITS = ("train_step", "publish_wait")
 HOST_COPIES = {"offload_optimizer": "to_host", "offload_actor": "to_host", "onload_actor": "to_device",
                "onload_optimizer": "to_device"}
 GIB = 1024 ** 3
+#: Who copies an onload's bytes (wsync's offloaders' ``onload_copy``).
+COPIERS = {"kernel": "a kernel", "engine": "the copy engine", "host": "the host"}
 
 
 def grpo() -> Any:
@@ -386,7 +388,8 @@ def main() -> int:
         print(f"colocated: {name} inside its callback: {own['seconds'] * 1e3:.0f} ms, of which "
               + (f"allocating the storages {own['allocate_seconds'] * 1e3:.0f} ms" if "onload" in name else
                  f"freeing them (and emptying the cache) {own['free_seconds'] * 1e3:.0f} ms")
-              + f" ({later[0]['storages']} storages); then waiting for its copies {own['wait_seconds'] * 1e3:.0f} ms, "
+              + f" ({later[0]['storages']} storages" + (f", copied by {COPIERS[later[0]['copy']]}" if "copy" in later[0]
+                                                         else "") + "); then waiting for its copies {own['wait_seconds'] * 1e3:.0f} ms, "
               f"the agent's look at its tensors {own['refresh_seconds'] * 1e3:.0f} ms; the host's step "
               f"{own['host_seconds'] * 1e3:.0f} ms, from its start to the callback {own['before_seconds'] * 1e3:.0f} "
               f"ms, from the copies' end to its end {own['after_seconds'] * 1e3:.0f} ms", flush=True)

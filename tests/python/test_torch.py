@@ -264,6 +264,23 @@ def test_host_memory_is_a_writable_mapping_of_its_own_of_the_bytes_asked():
     assert host_memory(torch, 0).numel() == 1  # (an empty arena is one byte, as torch.empty(1))
 
 
+@pytest.mark.parametrize("size,shift", [(4096, 0), (4098, 0), (4099, 0), (4100, 2), (4104, 4), (1, 1), (0, 0)])
+def test_the_kernel_copy_moves_every_byte_in_the_widest_unit_the_sizes_and_addresses_allow(size, shift):
+    from wsync.offload import kernel_copy  # noqa: PLC0415
+    source = torch.randint(0, 256, (size + 16,), dtype=torch.uint8)[shift:shift + size]
+    target = torch.zeros(size + 16, dtype=torch.uint8)
+    kernel_copy(torch, target[shift:shift + size], source)
+    assert torch.equal(target[shift:shift + size], source)
+    assert not target[:shift].any() and not target[shift + size:].any(), "bytes outside the target written"
+
+
+def test_an_offloader_refuses_an_unknown_onload_copy_naming_it():
+    with pytest.raises(ValueError, match="onload_copy 'dma' is neither 'kernel' nor 'engine'"):
+        wsync.ActorOffload(torch.nn.Linear(2, 2), onload_copy="dma")
+    assert wsync.OptimizerOffload(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()),
+                                  onload_copy="engine").onload_copy == "engine"
+
+
 def test_an_offloader_registers_its_two_callbacks_under_the_schedules_names():
     registered = []
 

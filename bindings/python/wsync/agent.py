@@ -315,6 +315,13 @@ class Agent:
         When every tensor is a torch tensor and all of them lie as they did when last found
         good (pointers, shapes, strides, dtypes, read at once), nothing is checked again;
         otherwise each entry is, whole."""
+        torch = sys.modules.get("torch")
+        # (Without autograd a DTensor's to_local() is its local tensor; with it, each call
+        # makes a new view and a graph node: this look runs after every step callback.)
+        with torch.no_grad() if torch is not None else contextlib.nullcontext():
+            self._look(strict)
+
+    def _look(self, strict: bool) -> None:
         now = None
         if self._entries and len(self._torch_entries) == len(self._entries):
             try:
