@@ -206,7 +206,10 @@ def main() -> int:
     fully_shard(model)
     optimizer = MixedAdamW(model.parameters(), args.lr)
     optimizer.materialize()
-    state, actor = wsync.OptimizerOffload(optimizer.inner, params=True), wsync.ActorOffload(model)
+    # (Onloads by a kernel: they follow vLLM's sleep, after which the copy engine copies to
+    # the device at half speed for 100-250 ms, tests/bench/host_pinned.py.)
+    state = wsync.OptimizerOffload(optimizer.inner, params=True, onload_copy="kernel")
+    actor = wsync.ActorOffload(model, onload_copy="kernel")
     floors = bandwidths(device)
     started = time.perf_counter()
     moved = state.offload()  # (before the runtime starts: vLLM takes its share of the device at its start)

@@ -61,6 +61,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gb", type=float, default=8.0, help="the optimizer state's size (default 8 GB)")
     parser.add_argument("--rounds", type=int, default=5, help="offload/onload rounds (default 5)")
+    parser.add_argument("--onload-copy", choices=("engine", "kernel"), default="engine",
+                        help="who copies the onloads (the offloaders' onload_copy; default engine)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     import torch
@@ -87,7 +89,8 @@ def main() -> int:
               *(state[key] for state in optimizer.state.values() for key in ("exp_avg", "exp_avg_sq"))]
     kept = [tensor.clone() for tensor in moving]  # (what every onload must bring back, bit for bit)
     torch.cuda.synchronize()
-    state, actor = wsync.OptimizerOffload(optimizer), wsync.ActorOffload(model)
+    state = wsync.OptimizerOffload(optimizer, onload_copy=args.onload_copy)
+    actor = wsync.ActorOffload(model, onload_copy=args.onload_copy)
     largest = sum(t.numel() * 4 * 2 for t in model.parameters())
     print(f"offload: {torch.cuda.get_device_name()}; {layers} layers of {width}x{width}: optimizer state "
           f"{largest / 1e9:.2f} GB, parameters and gradients {sum(p.numel() * 6 for p in model.parameters()) / 1e9:.2f} GB",

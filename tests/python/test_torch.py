@@ -274,11 +274,28 @@ def test_the_kernel_copy_moves_every_byte_in_the_widest_unit_the_sizes_and_addre
     assert not target[:shift].any() and not target[shift + size:].any(), "bytes outside the target written"
 
 
+def test_an_offloader_looks_for_its_arenas_device_address_once(monkeypatch):
+    import wsync.offload as offload  # noqa: PLC0415
+    found = []
+    alias = torch.zeros(8, dtype=torch.uint8)  # (a tensor of several values: no truth value)
+    monkeypatch.setattr(offload, "device_alias", lambda _torch, _host, _device: found.append(1) or alias)
+    actor = wsync.ActorOffload(torch.nn.Linear(2, 2), onload_copy="kernel")
+    actor._arena = torch.zeros(8, dtype=torch.uint8)
+    assert actor._arena_on_device(torch, "cuda") is alias and actor._arena_on_device(torch, "cuda") is alias
+    assert found == [1]
+    monkeypatch.setattr(offload, "device_alias", lambda _torch, _host, _device: found.append(2))
+    state = wsync.OptimizerOffload(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()), onload_copy="kernel")
+    state._arena = torch.zeros(8, dtype=torch.uint8)
+    assert state._arena_on_device(torch, "cuda") is None and state._arena_on_device(torch, "cuda") is None
+    assert found == [1, 2], "a missing address is looked for again"
+
+
 def test_an_offloader_refuses_an_unknown_onload_copy_naming_it():
     with pytest.raises(ValueError, match="onload_copy 'dma' is neither 'kernel' nor 'engine'"):
         wsync.ActorOffload(torch.nn.Linear(2, 2), onload_copy="dma")
+    assert wsync.ActorOffload(torch.nn.Linear(2, 2)).onload_copy == "engine"  # (the default)
     assert wsync.OptimizerOffload(torch.optim.AdamW(torch.nn.Linear(2, 2).parameters()),
-                                  onload_copy="engine").onload_copy == "engine"
+                                  onload_copy="kernel").onload_copy == "kernel"
 
 
 def test_an_offloader_registers_its_two_callbacks_under_the_schedules_names():

@@ -18,12 +18,13 @@ An onload's storages are carved from one device block: the block is allocated (o
 cudaMalloc) and handed back to torch's caching allocator just before the storages are, so
 that they take its parts, and the next offload gives it back to the driver as one block (one
 cudaFree): a 4.4 B model's 603 storages of optimizer state cost 47 ms of cudaMalloc and 74
-ms of cudaFree apart. An onload's copies are by default a kernel's (``onload_copy="kernel"``):
-the device's threads read the page-locked arena across the bus, at 51 GB/s on an H200
-against the copy engine's 55, but the copy engine runs at half its speed for the first
-100-250 ms after another process (the rollout engine going to sleep) gave device memory back
-to the driver, and an onload follows just that (tests/bench/host_pinned.py). Where the
-arena has no device address (no unified addressing) the copy engine copies.
+ms of cudaFree apart. An onload's copies are the copy engine's, or with
+``onload_copy="kernel"`` a kernel's: the device's threads read the page-locked arena across
+the bus, at 51 GB/s on an H200 against the copy engine's 55, but the copy engine runs at half
+its speed for the first 100-250 ms after another process (the rollout engine going to sleep)
+gave device memory back to the driver, and an onload follows just that, while the kernel
+keeps its speed (tests/bench/host_pinned.py). Where the arena has no device address the copy
+engine copies.
 
 The host buffers are one arena per offloader, pinned where CUDA is (page-locked: copies run
 at the bus's speed and asynchronously), allocated at the first offload (or ahead of it, by
@@ -188,7 +189,7 @@ class _Offloader:
     #: The callback names ``register`` gives (offload, onload).
     NAMES: tuple[str, str] = ("", "")
 
-    def __init__(self, what: str, tensors: Callable[[], Iterable[Any]], onload_copy: str = "kernel") -> None:
+    def __init__(self, what: str, tensors: Callable[[], Iterable[Any]], onload_copy: str = "engine") -> None:
         if onload_copy not in ("kernel", "engine"):
             raise ValueError(f"{what}'s offload: onload_copy {onload_copy!r} is neither 'kernel' nor 'engine'")
         self.what = what
@@ -280,8 +281,9 @@ class _Offloader:
         """The arena as a uint8 tensor of CUDA device ``device`` at its device address (what
         a kernel reads across the bus), or None where it has none."""
         if self._alias is None:
-            self._alias = device_alias(torch, self._arena, device) or False
-        return self._alias or None
+            alias = device_alias(torch, self._arena, device)
+            self._alias = False if alias is None else alias  # (False: looked for, none)
+        return None if self._alias is False else self._alias
 
     def offload(self) -> int:
         """Copies every storage to the host arena, then frees it on the device (the step
@@ -328,8 +330,9 @@ class _Offloader:
         source = arena
         if stream is not None:
             stream.wait_stream(current)
-            if self.onload_copy == "kernel":
-                source = self._arena_on_device(torch, device) or arena
+            alias = self._arena_on_device(torch, device) if self.onload_copy == "kernel" else None
+            if alias is not None:
+                source = alias
             _carve_block(torch, device, layout)
         by_kernel = source is not arena
         allocating = 0.0
@@ -373,7 +376,7 @@ class OptimizerOffload(_Offloader):
 
     NAMES = ("offload_optimizer", "onload_optimizer")
 
-    def __init__(self, optimizer: Any, params: bool = False, onload_copy: str = "kernel") -> None:
+    def __init__(self, optimizer: Any, params: bool = False, onload_copy: str = "engine") -> None:
         def tensors() -> Iterable[Any]:
             if params:
                 for group in optimizer.param_groups:
@@ -394,7 +397,7 @@ class ActorOffload(_Offloader):
 
     NAMES = ("offload_actor", "onload_actor")
 
-    def __init__(self, module: Any, onload_copy: str = "kernel") -> None:
+    def __init__(self, module: Any, onload_copy: str = "engine") -> None:
         def tensors() -> Iterable[Any]:
             for parameter in module.parameters():
                 yield parameter
