@@ -391,8 +391,9 @@ def main() -> int:
         print(f"colocated: {name} inside its callback: {own['seconds'] * 1e3:.0f} ms, of which "
               + (f"allocating the storages {own['allocate_seconds'] * 1e3:.0f} ms" if "onload" in name else
                  f"freeing them (and emptying the cache) {own['free_seconds'] * 1e3:.0f} ms")
-              + f" ({later[0]['storages']} storages" + (f", copied by {COPIERS[later[0]['copy']]}" if "copy" in later[0]
-                                                         else "") + "); then waiting for its copies {own['wait_seconds'] * 1e3:.0f} ms, "
+              + f" ({later[0]['storages']} storages"
+              + (f", copied by {COPIERS[later[0]['copy']]}" if "copy" in later[0] else "")
+              + f"); then waiting for its copies {own['wait_seconds'] * 1e3:.0f} ms, "
               f"the agent's look at its tensors {own['refresh_seconds'] * 1e3:.0f} ms; the host's step "
               f"{own['host_seconds'] * 1e3:.0f} ms, from its start to the callback {own['before_seconds'] * 1e3:.0f} "
               f"ms, from the copies' end to its end {own['after_seconds'] * 1e3:.0f} ms", flush=True)

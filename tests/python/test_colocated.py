@@ -39,7 +39,7 @@ def test_the_colocated_switch_runs_its_loop_on_the_cpu(marked, tmp_path):
                          r"from the copies' end to its end -?\d+ ms$", bench.out, re.MULTILINE), out
     for name in ("onload_actor", "onload_optimizer"):
         assert re.search(rf"^colocated: {name} inside its callback: \d+ ms, of which allocating the storages \d+ ms "
-                         r"\(\d+ storages, copied by the host\); .*; the host's step \d+ ms, from its start "
+                         r"\(\d+ storages, copied by the host\); then waiting for its copies \d+ ms, .*; the host's step \d+ ms, from its start "
                          r"to the callback -?\d+ ms, from the copies' "
                          r"end to its end -?\d+ ms$", bench.out, re.MULTILINE), out
     assert bench.out.rstrip().endswith("colocated: ok (2 RL steps, every rollout of the version just published)"), out

@@ -216,7 +216,7 @@ class _Offloader:
         sizes; and how many tensors lie in them."""
         found: dict[int, Any] = {}
         count = 0
-        with torch.no_grad():  # (a DTensor's to_local() is then its local tensor, no autograd node: 5x faster)
+        with torch.no_grad():  # (a DTensor's to_local() is then its local tensor: no new view, no graph node)
             for tensor in self._tensors():
                 if not torch.is_tensor(tensor):
                     continue
